@@ -1,0 +1,37 @@
+# Everything a fresh machine with only Python needs: `make demo`, `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench gpu-check install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Quick benchmark on built-in synthetic data: prints a table, writes bench.json and bench.png.
+demo: $(STAMP)
+	$(BIN)/python -m pincollate.bench --quick --json bench.json --plot bench.png
+
+## The whole suite: unit, parity, property, DataLoader worker, fault and notebook tests.
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+## The full benchmark (all scenarios, longer runs).
+bench: $(STAMP)
+	$(BIN)/python -m pincollate.bench --json bench.json --plot bench.png
+
+## On a machine with a CUDA GPU: the cuda tests plus the GPU benchmark, report in gpu-check.json.
+gpu-check:
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -m pip install -q --no-deps -e . || true
+	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -m cuda -p no:cacheprovider tests
+	PYTHONUNBUFFERED=1 $(BIN)/python -m pincollate.bench --gpu --json gpu-check.json
+
+clean:
+	rm -rf $(VENV) bench.json bench.png gpu-check.json .pytest_cache

@@ -1,0 +1,36 @@
+"""pincollate: multimodal batches in one buffer, from Dataset to accelerator.
+
+Example:
+    >>> import torch
+    >>> import pincollate
+    >>> loader = torch.utils.data.DataLoader(
+    ...     [{"image": torch.zeros(3, 8, 8), "label": i} for i in range(4)],
+    ...     batch_size=2,
+    ...     collate_fn=pincollate.mm_collate,
+    ... )
+    >>> next(iter(loader))["image"].shape
+    torch.Size([2, 3, 8, 8])
+"""
+
+from .batch import Batch, BatchList
+from .collate import MMCollate, mm_collate
+from .errors import CollateError
+from .policies import AsList, Concat, Jagged, Pad, Policy, Stack
+from .transfer import to_device
+
+__all__ = [
+    "AsList",
+    "Batch",
+    "BatchList",
+    "CollateError",
+    "Concat",
+    "Jagged",
+    "MMCollate",
+    "Pad",
+    "Policy",
+    "Stack",
+    "mm_collate",
+    "to_device",
+]
+
+__version__ = "0.1.0"

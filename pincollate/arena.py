@@ -1,0 +1,127 @@
+"""Where a batch's one buffer lives: shared memory, pinned memory or plain memory.
+
+The kind is decided per call, never cached across processes:
+
+* inside a DataLoader worker the buffer is one shared-memory storage, so the batch
+  reaches the main process as one file descriptor however many tensors it holds;
+  a worker never touches CUDA (a forked child cannot create a context);
+* in the main process it is pinned when pinning is wanted and possible;
+* otherwise it is plain pageable memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch.utils.data import get_worker_info
+
+from .errors import CollateError
+
+__all__ = ["ALIGN", "Kind", "accelerator_can_pin", "allocate", "resolve_kind", "set_pinned_allocator"]
+
+#: Every slot starts on a 64-byte boundary: a cache line, and enough for any dtype's
+#: ``view`` to be legal.
+ALIGN = 64
+
+Kind = Literal["shared", "pinned", "plain"]
+PinMode = bool | Literal["auto"]
+
+PinnedAllocator = Callable[[int], torch.Tensor]
+
+
+def _torch_pinned(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+_pinned_allocator: PinnedAllocator = _torch_pinned
+
+
+def set_pinned_allocator(allocator: PinnedAllocator | None) -> PinnedAllocator:
+    """Replace the function that allocates pinned ``uint8`` buffers; returns the old one.
+
+    ``None`` restores torch's own. Tests use this to count pinned allocations on
+    machines without an accelerator.
+    """
+    global _pinned_allocator
+    previous = _pinned_allocator
+    _pinned_allocator = allocator if allocator is not None else _torch_pinned
+    return previous
+
+
+def pinned_allocator() -> PinnedAllocator:
+    return _pinned_allocator
+
+
+@functools.cache
+def _accelerator_can_pin() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        if not accelerator.is_available():
+            return False
+        current = accelerator.current_accelerator()
+        return current is not None and current.type != "mps"
+    return torch.cuda.is_available()
+
+
+def accelerator_can_pin() -> bool:
+    """Whether this process can allocate page-locked memory for an accelerator.
+
+    Always ``False`` inside a DataLoader worker, where pinning is both impossible
+    (no CUDA in a forked child) and useless (pinned pages do not cross processes).
+    The answer is cached per process id, since a forked worker inherits the cache.
+    """
+    if get_worker_info() is not None:
+        return False
+    if _pinned_allocator is not _torch_pinned:
+        return True
+    return _accelerator_can_pin()
+
+
+def resolve_kind(pin_memory: PinMode) -> Kind:
+    """Pick the buffer kind for this call from the ``pin_memory`` setting."""
+    if get_worker_info() is not None:
+        return "shared"
+    if pin_memory is False:
+        return "plain"
+    if accelerator_can_pin():
+        return "pinned"
+    if pin_memory is True:
+        raise CollateError(
+            "pin_memory=True but no accelerator with pinned memory is available "
+            "in this process; use pin_memory='auto' to pin only when possible"
+        )
+    return "plain"
+
+
+def _check_shm_space(nbytes: int) -> None:
+    # A shared-memory file is created sparse: running out of space shows up later as
+    # SIGBUS on the first write. Checking first turns that into an error.
+    if not os.path.isdir("/dev/shm"):
+        return
+    stat = os.statvfs("/dev/shm")
+    free = stat.f_bavail * stat.f_frsize
+    if nbytes > free:
+        raise CollateError(
+            f"the batch needs {nbytes:,} bytes of shared memory but /dev/shm has only "
+            f"{free:,} bytes free; lower the batch size or enlarge /dev/shm"
+        )
+
+
+def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
+    """Allocate one flat ``uint8`` buffer of ``nbytes`` bytes of the given kind."""
+    if kind == "shared":
+        _check_shm_space(nbytes)
+    try:
+        if kind == "shared":
+            storage = torch.UntypedStorage._new_shared(nbytes)
+            return torch.empty(0, dtype=torch.uint8).set_(storage)
+        if kind == "pinned":
+            return _pinned_allocator(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+    except (RuntimeError, MemoryError, OSError) as exc:
+        where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
+        raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc

@@ -1,0 +1,44 @@
+"""The one exception type of pincollate, and key-path formatting."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+__all__ = ["CollateError", "format_path"]
+
+
+def format_path(path: Sequence[Hashable]) -> str:
+    """Render a key path the way a user would index into the sample.
+
+    Example:
+        >>> format_path(("meta", "boxes", 0))
+        "['meta']['boxes'][0]"
+        >>> format_path(())
+        'root'
+    """
+    if not path:
+        return "root"
+    return "".join(f"[{key!r}]" for key in path)
+
+
+class CollateError(TypeError, ValueError):
+    """A batch that cannot be collated, with the sample and key path that broke it.
+
+    It is both a ``TypeError`` and a ``ValueError`` so that code written against
+    ``default_collate``'s exceptions keeps catching it.
+
+    Attributes:
+        sample: index of the offending sample in the batch, or ``None`` when the
+            problem concerns the batch as a whole.
+        path: the key path inside the sample, as a tuple of keys and indices.
+    """
+
+    def __init__(self, message: str, *, sample: int | None = None, path: Sequence[Hashable] = ()):
+        self.sample = sample
+        self.path = tuple(path)
+        where = format_path(self.path)
+        if sample is not None:
+            message = f"sample {sample} at {where}: {message}"
+        elif self.path:
+            message = f"at {where}: {message}"
+        super().__init__(message)

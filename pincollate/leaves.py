@@ -1,0 +1,256 @@
+"""Leaf types: what a sample value becomes in the batch buffer.
+
+Each leaf type has one :class:`LeafHandler` in a registry. Lookup tries the exact
+type first, then ``isinstance`` in registration order, so a subclass handler
+(torchvision's ``Image``) registered before its base (``Tensor``) wins. Optional
+libraries (PIL, torchvision) register only when they import.
+
+A handler describes one value (``dtype`` and ``shape`` of its tensor, after
+validation) and fills a region with a whole column of values in one call.
+Handlers of one *family* may share a column: Python numbers with numpy scalars,
+say, as ``default_collate`` allows.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CollateError
+from .layout import Filler
+
+__all__ = ["LeafHandler", "lookup", "register", "type_name"]
+
+Path = tuple[Hashable, ...]
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+class LeafHandler:
+    """How one leaf type is described and copied.
+
+    Args:
+        name: what error messages call the type ("Tensor").
+        family: handlers of one family may be mixed in one column.
+        describe: ``describe(value, sample, path) -> (dtype, shape)``; validates and
+            raises :class:`CollateError` for values it cannot take. ``None`` for
+            leaves that are not tensors (strings), which are returned as a list.
+        fill: ``fill(region, values)`` copies values into ``region``, whose first
+            dimension indexes the values.
+        wrap: ``wrap(first_value)`` gives a function that turns the output view into
+            the output (keeps a tensor subclass and its metadata), or ``None``.
+        meta: ``meta(value)`` gives what must agree for values to stack beyond dtype
+            and shape (a bounding box's format and canvas size).
+    """
+
+    __slots__ = ("describe", "family", "fill", "meta", "name", "wrap")
+
+    def __init__(
+        self,
+        name: str,
+        family: str,
+        describe: Callable[[Any, int, Path], tuple[torch.dtype, tuple[int, ...]]] | None,
+        fill: Filler | None,
+        wrap: Callable[[Any], Callable[[torch.Tensor], Any] | None] | None = None,
+        meta: Callable[[Any], Hashable] | None = None,
+    ):
+        self.name = name
+        self.family = family
+        self.describe = describe
+        self.fill = fill
+        self.wrap = wrap
+        self.meta = meta
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.describe is not None
+
+
+_exact: dict[type, LeafHandler] = {}
+
+
+def register(cls: type | tuple[type, ...], handler: LeafHandler) -> None:
+    """Register ``handler`` for ``cls`` and its subclasses (one type or a tuple)."""
+    if not isinstance(handler, LeafHandler):
+        raise TypeError(f"handler must be a LeafHandler, got {type_name(handler)}")
+    for each in cls if isinstance(cls, tuple) else (cls,):
+        if not isinstance(each, type):
+            raise TypeError(f"cls must be a type or a tuple of types, got {each!r}")
+        _exact[each] = handler
+    lookup.cache_clear()
+
+
+@functools.lru_cache(maxsize=1024)
+def lookup(cls: type) -> LeafHandler | None:
+    """The handler for values of type ``cls``, or ``None`` if it is not a leaf.
+
+    The exact type wins; otherwise the nearest registered base class in ``cls``'s
+    method resolution order, so a subclass of torchvision's ``Image`` is an image.
+    """
+    for base in cls.__mro__:
+        handler = _exact.get(base)
+        if handler is not None:
+            return handler
+    return None
+
+
+# --- tensors -------------------------------------------------------------------------
+
+
+def _describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if value.layout != torch.strided:
+        raise CollateError(f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path)
+    if value.is_nested:
+        raise CollateError("nested tensors are not supported; pass their components as a list", sample=sample, path=path)
+    if value.device.type != "cpu":
+        raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
+    return value.dtype, tuple(value.shape)
+
+
+def _fill_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.stack(values, out=region)
+
+
+register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors))
+
+
+# --- numpy ---------------------------------------------------------------------------
+
+# default_collate rejects string, bytes, unicode and object arrays with this test.
+_NP_REJECTED = re.compile(r"[SaUO]")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
+    except TypeError:
+        return None
+
+
+def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path)
+    dtype = _torch_dtype(value.dtype)
+    if dtype is None:
+        raise CollateError(f"numpy dtype {value.dtype} has no torch equivalent", sample=sample, path=path)
+    return dtype, value.shape
+
+
+def _fill_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    # np.stack reads memmaps and read-only arrays without torch's "not writable"
+    # warning, and casts to the promoted dtype.
+    np.stack(values, out=region.numpy())
+
+
+register(np.ndarray, LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays))
+
+
+# --- numbers -------------------------------------------------------------------------
+
+
+def _describe_np_scalar(value: np.generic, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    dtype = _torch_dtype(value.dtype)
+    if dtype is None or _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(f"numpy scalar of dtype {value.dtype} cannot be collated", sample=sample, path=path)
+    return dtype, ()
+
+
+def _describe_bool(value: bool, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.bool, ()
+
+
+def _describe_int(value: int, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.int64, ()
+
+
+def _describe_float(value: float, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.get_default_dtype(), ()
+
+
+def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128, ()
+
+
+def _fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
+    # One numpy assignment is ten times cheaper than torch.tensor(values).
+    region.numpy()[...] = values
+
+
+register(bool, LeafHandler("bool", "number", _describe_bool, _fill_numbers))
+register(int, LeafHandler("int", "number", _describe_int, _fill_numbers))
+register(float, LeafHandler("float", "number", _describe_float, _fill_numbers))
+register(complex, LeafHandler("complex", "number", _describe_complex, _fill_numbers))
+register((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, _fill_numbers))
+
+# --- values kept as a list -----------------------------------------------------------
+
+register(str, LeafHandler("str", "str", None, None))
+register(bytes, LeafHandler("bytes", "bytes", None, None))
+register(type(None), LeafHandler("None", "None", None, None))
+
+
+# --- PIL -----------------------------------------------------------------------------
+
+
+def _register_pil() -> None:
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+
+    @functools.lru_cache(maxsize=None)
+    def mode_info(mode: str) -> tuple[torch.dtype, int]:
+        probe = np.asarray(Image.new(mode, (1, 1)))
+        dtype = _torch_dtype(probe.dtype)
+        if dtype is None:
+            raise TypeError(mode)
+        return dtype, len(Image.getmodebands(mode)) if mode not in ("I;16", "I;16B", "I;16L") else 1
+
+    def describe(value: Any, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+        try:
+            dtype, channels = mode_info(value.mode)
+        except (TypeError, ValueError) as exc:
+            raise CollateError(f"PIL images of mode {value.mode!r} are not supported", sample=sample, path=path) from exc
+        width, height = value.size
+        return dtype, (channels, height, width)
+
+    def fill(region: torch.Tensor, values: list[Any]) -> None:
+        # As torchvision's pil_to_tensor (HWC pixels as CHW), but straight into the
+        # slot: PIL's one export, then one transposing copy.
+        out = region.numpy()
+        for i, image in enumerate(values):
+            pixels = np.asarray(image)
+            out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+    register(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill))
+
+
+# --- torchvision tv_tensors ----------------------------------------------------------
+
+
+def _register_tv_tensors() -> None:
+    try:
+        from torchvision import tv_tensors
+    except ImportError:
+        return
+
+    def wrap(first: Any) -> Callable[[torch.Tensor], Any]:
+        return functools.partial(tv_tensors.wrap, like=first)
+
+    def meta(value: Any) -> Hashable:
+        return (type(value), getattr(value, "format", None), tuple(getattr(value, "canvas_size", ()) or ()))
+
+    for cls in (tv_tensors.BoundingBoxes, tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
+        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta))
+
+
+_register_pil()
+_register_tv_tensors()

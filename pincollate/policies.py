@@ -1,0 +1,481 @@
+"""Ragged-field policies, and the patterns that assign them to key paths.
+
+A policy turns one *column* (the values of one field across the batch) into an
+output node, plus optional extra tensors (lengths, mask, offsets) returned beside
+the field in its parent mapping under names the policy chooses::
+
+    collate = MMCollate(fields={"input_ids": Pad(mask_key="attention_mask")})
+    batch = collate(samples)
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+
+Every output, extras included, lives in the batch's one buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any, Literal
+
+import torch
+
+from .errors import CollateError
+from .layout import ListNode, Node, Segment, TensorNode, ValueNode
+from .leaves import LeafHandler
+
+__all__ = ["AsList", "Column", "Concat", "FieldRules", "Jagged", "Pad", "Policy", "Stack", "stack_or_list"]
+
+Path = tuple[Hashable, ...]
+
+
+class Column:
+    """The values of one tensor-like field: one per sample, or per item of a list.
+
+    ``dtypes[i]``/``shapes[i]`` describe ``values[i]``; ``None`` values (missing
+    entries, with ``missing="none"``) have ``None`` there. ``origin(i)`` gives the
+    sample index and key path to blame for value ``i``.
+    """
+
+    def __init__(
+        self,
+        values: list[Any],
+        path: Path,
+        handler: LeafHandler,
+        dtypes: list[torch.dtype | None],
+        shapes: list[tuple[int, ...] | None],
+        metas: list[Hashable] | None,
+        origins: list[tuple[int, Path]] | None,
+    ):
+        self.values = values
+        self.path = path
+        self.handler = handler
+        self.dtypes = dtypes
+        self.shapes = shapes
+        self.metas = metas
+        self.origins = origins
+
+    def origin(self, i: int) -> tuple[int, Path]:
+        return (i, self.path) if self.origins is None else self.origins[i]
+
+    def error(self, message: str, i: int | None = None) -> CollateError:
+        if i is None:
+            return CollateError(message, path=self.path)
+        sample, path = self.origin(i)
+        return CollateError(message, sample=sample, path=path)
+
+    @functools.cached_property
+    def present(self) -> list[int]:
+        return [i for i, shape in enumerate(self.shapes) if shape is not None]
+
+    @functools.cached_property
+    def dtype(self) -> torch.dtype:
+        """The promoted dtype of all present values (``torch.result_type`` rules)."""
+        dtypes = [d for d in self.dtypes if d is not None]
+        first = dtypes[0] if dtypes else torch.float32
+        for other in dtypes:
+            if other is not first:
+                first = torch.promote_types(first, other)
+        return first
+
+    @property
+    def uniform(self) -> bool:
+        """All values present, of one shape, with agreeing metadata: stackable."""
+        first = self.shapes[0]
+        if first is None or any(shape != first for shape in self.shapes):
+            return False
+        return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
+
+    def _wrap(self, i: int) -> Any:
+        return None if self.handler.wrap is None else self.handler.wrap(self.values[i])
+
+    def stacked(self) -> TensorNode:
+        """All values stacked along a new first dimension (requires :attr:`uniform`)."""
+        shape = (len(self.values), *self.shapes[0])
+        segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)
+        return TensorNode(self.dtype, shape, [segment], self._wrap(0))
+
+    def single(self, i: int) -> Node:
+        """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
+        shape = self.shapes[i]
+        if shape is None:
+            return ValueNode(None)
+        segment = Segment(0, (1, *shape), self.handler.fill, [self.values[i]], stacking=True)
+        return TensorNode(self.dtypes[i], shape, [segment], self._wrap(i))
+
+
+class Policy:
+    """How one field is collated. Subclasses implement :meth:`plan`."""
+
+    #: Whether per-sample values may be lists of items, flattened before planning.
+    takes_items = False
+
+    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+        """Return the field's node and its extra outputs keyed by their names."""
+        raise NotImplementedError
+
+    def _extra_name(self, template: str | None, name: Hashable) -> str | None:
+        return None if template is None else template.format(key=name)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(vars(self).items(), key=lambda kv: kv[0]))))
+
+
+def stack_or_list(column: Column) -> Node:
+    """The default: stack when the values agree, else a list of per-sample values."""
+    if column.uniform:
+        return column.stacked()
+    return ListNode([column.single(i) for i in range(len(column.values))])
+
+
+class Stack(Policy):
+    """Strict stacking: values of different shapes are an error naming them.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Stack
+        >>> collate = MMCollate(fields={"x": Stack()})
+        >>> collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+        Traceback (most recent call last):
+        ...
+        pincollate.errors.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
+    """
+
+    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+        if not column.uniform:
+            first = column.shapes[0]
+            for i, shape in enumerate(column.shapes):
+                if shape is None:
+                    raise column.error("Stack() got a missing value", i)
+                if shape != first:
+                    raise column.error(f"Stack() needs equal shapes, got {shape} here and {first} in sample {column.origin(0)[0]}", i)
+            raise column.error("Stack() needs equal metadata (a box format or canvas size differs)")
+        return column.stacked(), {}
+
+
+class AsList(Policy):
+    """Always a list of per-sample tensors, each in the batch buffer."""
+
+    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+        return ListNode([column.single(i) for i in range(len(column.values))]), {}
+
+
+def _fits(value: float | bool, dtype: torch.dtype) -> bool:
+    if dtype == torch.bool:
+        return value in (0, 1)
+    if dtype.is_floating_point or dtype.is_complex:
+        return True
+    info = torch.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
+
+
+def _lengths_node(rows: list[list[int]], flat: bool) -> TensorNode:
+    shape = (len(rows),) if flat else (len(rows), len(rows[0]) if rows else 0)
+    payload = [r[0] for r in rows] if flat else rows
+    return TensorNode(torch.int64, shape, [Segment(0, shape, _fill_array_like, payload)])
+
+
+def _fill_array_like(region: torch.Tensor, payload: Any) -> None:
+    region.numpy()[...] = payload
+
+
+class Pad(Policy):
+    """Pad ragged values to one shape; add their lengths and a validity mask.
+
+    Args:
+        value: the pad value; it must fit the field's dtype.
+        side: ``"right"`` pads after the values, ``"left"`` before them.
+        multiple_of: round each padded dimension up to a multiple of this.
+        dims: the dimensions to pad. ``None`` pads every dimension whose size varies
+            in the batch (dimension 0 when none does). Give it to keep the mask's
+            shape the same from batch to batch.
+        lengths_key: name of the lengths tensor (``int64``; shape ``(B,)`` for one
+            padded dimension, ``(B, len(dims))`` otherwise), or ``None``.
+        mask_key: name of the mask (``bool``, ``(B, *padded sizes)``, ``True`` on
+            real values), or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Pad
+        >>> collate = MMCollate(fields={"ids": Pad(value=-1)})
+        >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
+        >>> batch["ids"].tolist(), batch["ids_lengths"].tolist()
+        ([[1, 2, 3], [4, -1, -1]], [3, 1])
+        >>> batch["ids_mask"].tolist()
+        [[True, True, True], [True, False, False]]
+    """
+
+    def __init__(
+        self,
+        value: float | bool = 0,
+        side: Literal["right", "left"] = "right",
+        multiple_of: int | None = None,
+        dims: Iterable[int] | None = None,
+        lengths_key: str | None = "{key}_lengths",
+        mask_key: str | None = "{key}_mask",
+    ):
+        if side not in ("right", "left"):
+            raise CollateError(f"Pad(side=...) must be 'right' or 'left', got {side!r}")
+        if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of < 1):
+            raise CollateError(f"Pad(multiple_of=...) must be a positive int, got {multiple_of!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not isinstance(value, bool):
+                raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
+        self.value = value
+        self.side = side
+        self.multiple_of = multiple_of
+        self.dims = None if dims is None else tuple(dims)
+        self.lengths_key = lengths_key
+        self.mask_key = mask_key
+
+    def _round(self, size: int) -> int:
+        m = self.multiple_of
+        return size if m is None else -(-size // m) * m
+
+    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+        present = column.present
+        if not present:
+            raise column.error("Pad() got no values to pad (all missing)")
+        ndim = len(column.shapes[present[0]])
+        if ndim == 0:
+            raise column.error("Pad() cannot pad 0-d values", present[0])
+        for i in present:
+            if len(column.shapes[i]) != ndim:
+                raise column.error(f"Pad() needs values of one rank, got shape {column.shapes[i]} here and {column.shapes[present[0]]} in sample {column.origin(present[0])[0]}", i)
+        dtype = column.dtype
+        if not _fits(self.value, dtype):
+            raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
+        sizes = [max(column.shapes[i][d] for i in present) for d in range(ndim)]
+        if self.dims is None:
+            dims = tuple(d for d in range(ndim) if any(column.shapes[i][d] != sizes[d] for i in present)) or (0,)
+        else:
+            dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
+            if any(not 0 <= d < ndim for d in dims):
+                raise column.error(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
+            for i in present:
+                for d in range(ndim):
+                    if d not in dims and column.shapes[i][d] != sizes[d]:
+                        raise column.error(f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({column.shapes[i][d]} vs {sizes[d]})", i)
+        for d in dims:
+            sizes[d] = self._round(sizes[d])
+        n = len(column.values)
+        shape = (n, *sizes)
+        entries = [(i, column.values[i], column.shapes[i]) for i in present]
+        fill = functools.partial(_fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
+        node = TensorNode(dtype, shape, [Segment(0, shape, fill, entries)])
+        extras: dict[str, Node] = {}
+        lengths = [[column.shapes[i][d] if column.shapes[i] is not None else 0 for d in dims] for i in range(n)]
+        lengths_name = self._extra_name(self.lengths_key, name)
+        if lengths_name is not None:
+            extras[lengths_name] = _lengths_node(lengths, flat=len(dims) == 1)
+        mask_name = self._extra_name(self.mask_key, name)
+        if mask_name is not None:
+            mask_shape = (n, *(sizes[d] for d in dims))
+            mask_fill = functools.partial(_fill_mask, left=self.side == "left")
+            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, lengths)])
+        return node, extras
+
+
+def _box(sizes: tuple[int, ...], full: tuple[int, ...], left: bool) -> tuple[slice, ...]:
+    return tuple(slice(f - s, f) if left else slice(0, s) for s, f in zip(sizes, full))
+
+
+def _fill_padded(region: torch.Tensor, entries: list[tuple[int, Any, tuple[int, ...]]], *, value: Any, left: bool, handler: LeafHandler) -> None:
+    region.fill_(value)
+    full = tuple(region.shape[1:])
+    for i, item, shape in entries:
+        target = region[i][_box(shape, full, left)]
+        handler.fill(target.unsqueeze(0), [item])
+
+
+def _fill_mask(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:
+    region.fill_(False)
+    full = tuple(region.shape[1:])
+    for i, sizes in enumerate(lengths):
+        region[i][_box(tuple(sizes), full, left)] = True
+
+
+class Concat(Policy):
+    """Concatenate values along dim 0, with ``int32`` offsets of length ``B + 1``.
+
+    This is the packed layout of variable-length attention kernels (``cu_seqlens``).
+    A per-sample list of items is concatenated first, and its item counts are
+    returned too. Missing values (``missing="none"``) count as empty.
+
+    Args:
+        offsets_key: name of the offsets tensor, or ``None``.
+        counts_key: name of the per-sample item counts (``int64``, only for lists of
+            items), or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Concat
+        >>> collate = MMCollate(fields={"ids": Concat()})
+        >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
+        >>> batch["ids"].tolist(), batch["ids_offsets"].tolist()
+        ([1, 2, 3, 4], [0, 3, 4])
+    """
+
+    takes_items = True
+    _offsets_dtype = torch.int32
+
+    def __init__(self, offsets_key: str | None = "{key}_offsets", counts_key: str | None = "{key}_counts"):
+        self.offsets_key = offsets_key
+        self.counts_key = counts_key
+
+    def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
+        present = column.present
+        if not present:
+            raise column.error(f"{type(self).__name__}() got no values (all missing)")
+        first = present[0]
+        for i in present:
+            shape = column.shapes[i]
+            if len(shape) == 0:
+                raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
+            if shape[1:] != column.shapes[first][1:]:
+                raise column.error(
+                    f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
+                    f"{column.shapes[first]} in sample {column.origin(first)[0]}",
+                    i,
+                )
+        rows = [0 if shape is None else shape[0] for shape in column.shapes]
+        trailing = column.shapes[first][1:]
+        total = sum(rows)
+        segments = []
+        start = 0
+        row_numel = math.prod(trailing)
+        for i in present:
+            # Each value is its own segment: a stack of one into a region of its rows.
+            segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
+            start += rows[i] * row_numel
+        return TensorNode(column.dtype, (total, *trailing), segments), rows
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        node, rows = self._values(column)
+        return node, self._extras(rows, counts, name)
+
+    def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:
+        extras: dict[str, Node] = {}
+        offsets_name = self._extra_name(self.offsets_key, name)
+        if offsets_name is not None:
+            extras[offsets_name] = _offsets_node(rows, self._offsets_dtype)
+        counts_name = self._extra_name(self.counts_key, name)
+        if counts is not None and counts_name is not None:
+            extras[counts_name] = TensorNode(torch.int64, (len(counts),), [Segment(0, (len(counts),), _fill_array_like, counts)])
+        return extras
+
+
+def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
+    offsets = [0]
+    for r in rows:
+        offsets.append(offsets[-1] + r)
+    shape = (len(offsets),)
+    return TensorNode(dtype, shape, [Segment(0, shape, _fill_array_like, offsets)])
+
+
+class Jagged(Concat):
+    """A ``torch.nested`` jagged tensor over the concatenated values, no extra copy.
+
+    The values and ``int64`` offsets both live in the batch buffer; the nested
+    tensor is built on them with ``torch.nested.nested_tensor_from_jagged``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Jagged
+        >>> batch = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(3)}, {"ids": torch.arange(2)}])
+        >>> batch["ids"].is_nested, [t.tolist() for t in batch["ids"].unbind()]
+        (True, [[0, 1, 2], [0, 1]])
+    """
+
+    _offsets_dtype = torch.int64
+
+    def __init__(self, counts_key: str | None = "{key}_counts"):
+        super().__init__(offsets_key=None, counts_key=counts_key)
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        values, rows = self._values(column)
+        offsets = _offsets_node(rows, torch.int64)
+        node = _JaggedNode(values, offsets)
+        return node, self._extras(rows, counts, name)
+
+
+class _JaggedNode(Node):
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, values: TensorNode, offsets: TensorNode):
+        self.values = values
+        self.offsets = offsets
+
+    def tensors(self):
+        yield self.values
+        yield self.offsets
+
+    def build(self, views) -> torch.Tensor:
+        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
+
+
+# --- field patterns -------------------------------------------------------------------
+
+_SEGMENT = re.compile(r"^(\*|[^.*]+)$")
+
+
+class FieldRules:
+    """Field patterns compiled once; the most specific match wins.
+
+    A pattern is dot-separated segments matched against a key path's keys (list
+    indices as digits); ``*`` matches any one key. More literal segments is more
+    specific; ties go to the pattern given first.
+
+    Example:
+        >>> rules = FieldRules({"*.boxes": Pad(), "images.*": Concat(), "meta.boxes": Stack()})
+        >>> rules.lookup(("meta", "boxes"))
+        Stack()
+        >>> rules.lookup(("images", 0))
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts')
+    """
+
+    def __init__(self, fields: Mapping[str, Policy] | None):
+        self._rules: list[tuple[int, int, tuple[str, ...], str, Policy]] = []
+        for order, (pattern, policy) in enumerate((fields or {}).items()):
+            if not isinstance(pattern, str) or not pattern:
+                raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
+            parts = tuple(pattern.split("."))
+            if not all(_SEGMENT.match(p) for p in parts):
+                raise CollateError(f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key")
+            if not isinstance(policy, Policy):
+                raise CollateError(f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}")
+            literal = sum(p != "*" for p in parts)
+            self._rules.append((-literal, order, parts, pattern, policy))
+        self._rules.sort(key=lambda rule: rule[:2])
+        self._cache: dict[Path, Policy | None] = {}
+        self.matched: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    @property
+    def patterns(self) -> list[str]:
+        return [rule[3] for rule in self._rules]
+
+    def lookup(self, path: Path) -> Policy | None:
+        try:
+            return self._cache[path]
+        except KeyError:
+            pass
+        found = None
+        keys = tuple(str(k) for k in path)
+        for _, _, parts, pattern, policy in self._rules:
+            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys)):
+                found = policy
+                self.matched.add(pattern)
+                break
+        self._cache[path] = found
+        return found
