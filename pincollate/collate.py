@@ -20,8 +20,9 @@ import torch
 
 from .arena import PinMode, allocate, resolve_kind
 from .batch import Batch, BatchList, pinnable
+from .compiled import CompiledPlans
 from .errors import CollateError, format_path
-from .layout import ContainerNode, Layout, ListNode, Node, TensorNode, ValueNode
+from .layout import ContainerNode, FillError, Layout, ListNode, Node, Segment, TensorNode, ValueNode
 from .leaves import LeafHandler, lookup, type_name
 from .policies import Column, FieldRules, Policy, stack_or_list
 
@@ -60,6 +61,7 @@ class _Planner:
     """One batch's walk. Collects leaves into columns and columns into nodes."""
 
     def __init__(self, collate: MMCollate):
+        self.careful = collate._careful
         self.items = collate.sequences == "items"
         self.missing = collate.missing == "none"
         self.rules = collate._rules
@@ -173,6 +175,10 @@ class _Planner:
         if not handler.is_tensor:
             # Every value is None (missing="none").
             return ValueNode([None] * len(values))
+        if policy is None and self.default is None and path not in self.careful:
+            node = _optimistic(values, path)
+            if node is not None:
+                return node
         column = self._column(values, path, origins, handler)
         if policy is None:
             policy = self.default
@@ -231,12 +237,23 @@ class _Planner:
                 raise self._error(f"keys differ from sample {self._blame(0, path, origins)[0]}: {detail} (pass missing='none' to allow absent keys)", i, path, origins)
         out_keys: list[Hashable] = []
         children: list[Node] = []
+        # Fields with no policy try the optimistic plan first, without the generic
+        # dispatch: a many-field sample spends most of its planning here.
+        quick = not self.rules and self.default is None and not self.missing
+        careful = self.careful
         for key in keys:
             if self.missing:
                 column = [None if v is None else v.get(key) for v in values]
             else:
                 column = [v[key] for v in values]
-            node, extras = self._child(column, (*path, key), origins, depth, items)
+            child_path = (*path, key)
+            if quick and child_path not in careful:
+                node = _optimistic(column, child_path)
+                if node is not None:
+                    out_keys.append(key)
+                    children.append(node)
+                    continue
+            node, extras = self._child(column, child_path, origins, depth, items)
             out_keys.append(key)
             children.append(node)
             for name, extra in extras.items():
@@ -342,6 +359,35 @@ class _Planner:
         node, extras = policy.plan(column, path[-1] if path else None, counts=counts)  # type: ignore[call-arg]
         self._pending_extras = extras
         return node
+
+
+_fill_tensor = lookup(torch.Tensor).fill
+_NUMBERS = {int: (torch.int64, lookup(int).fill), float: (torch.float64, lookup(float).fill), bool: (torch.bool, lookup(bool).fill)}
+
+
+def _optimistic(values: list[Any], path: Path) -> TensorNode | None:
+    """The common case at C speed: plain tensors of one dtype, or numbers of one type.
+
+    Tensor shapes are not compared here: ``torch.stack`` compares them while it
+    fills, and a mismatch sends this path to careful planning (see
+    ``MMCollate.__call__``). ``None`` means "plan carefully now".
+    """
+    types = set(map(type, values))
+    if len(types) != 1:
+        return None
+    cls = types.pop()
+    n = len(values)
+    if cls is torch.Tensor:
+        first = values[0]
+        if len({v.dtype for v in values}) != 1 or first.layout != torch.strided or first.is_nested or first.device.type != "cpu":
+            return None
+        shape = (n, *first.shape)
+        return TensorNode(first.dtype, shape, [Segment(0, shape, _fill_tensor, values, stacking=True)], unchecked=path)
+    number = _NUMBERS.get(cls)
+    if number is None:
+        return None
+    dtype, fill = number
+    return TensorNode(dtype, (n,), [Segment(0, (n,), fill, values, stacking=True)], unchecked=path)
 
 
 def _unstack(node: TensorNode) -> TensorNode:
@@ -476,6 +522,12 @@ class MMCollate:
         self._rules = FieldRules(self.fields)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
+        # Key paths whose values once failed the optimistic plan (ragged, mixed):
+        # planned carefully from then on. Only ever grows, so no lock is needed.
+        self._careful: set[Path] = set()
+        # Flat dict samples with no field policies: compiled plans per structure.
+        plain = not self._rules and ragged is None and missing == "error" and sequences == "transpose"
+        self._compiled = CompiledPlans() if plain else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("pin_memory", "sequences", "fields", "ragged", "missing")}
@@ -513,10 +565,25 @@ class MMCollate:
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
-        layout = self.plan(batch)
-        buffer = allocate(layout.nbytes, resolve_kind(self.pin_memory))
-        layout.fill(buffer)
-        out = layout.build(buffer)
+        kind = resolve_kind(self.pin_memory)
+        if self._compiled is not None and batch and isinstance(batch, abc.Sequence):
+            out = self._compiled.run(batch, kind)
+            if out is not None:
+                return out
+        while True:
+            layout = self.plan(batch)
+            buffer = allocate(layout.nbytes, kind)
+            try:
+                out = layout.materialize(buffer)
+                break
+            except FillError as failure:
+                path = failure.node.unchecked
+                if path is None:
+                    raise CollateError(f"cannot copy values into the batch: {failure.error}") from failure.error
+                # Plan this path carefully from now on; the replan either handles
+                # the values (ragged shapes) or raises an error naming the sample.
+                # Each retry adds a path that is never optimistic again, so this ends.
+                self._careful.add(path)
         if isinstance(out, (Batch, BatchList)):
             out.buffer = buffer
         return out

@@ -15,6 +15,7 @@ assignment, a pad), so a key stacked across 32 samples costs one call, not 32.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from .arena import ALIGN
 
-__all__ = ["ContainerNode", "Layout", "ListNode", "Node", "Segment", "TensorNode", "ValueNode"]
+__all__ = ["ContainerNode", "FillError", "Layout", "ListNode", "Node", "Segment", "TensorNode", "ValueNode"]
 
 Filler = Callable[[torch.Tensor, Any], None]
 
@@ -32,7 +33,8 @@ def _align(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=4096)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     step = 1
     for size in reversed(shape):
@@ -93,10 +95,12 @@ class TensorNode(Node):
     """An output tensor: ``dtype``, ``shape`` and the segments that fill it.
 
     ``wrap``, when set, turns the plain view into the output (a torchvision
-    ``tv_tensors`` subclass with its metadata, say).
+    ``tv_tensors`` subclass with its metadata, say). ``unchecked``, when set, is the
+    key path of a node planned optimistically: its values' shapes were left for
+    the fill to check, and a failed fill means "plan this path carefully".
     """
 
-    __slots__ = ("dtype", "offset", "segments", "shape", "wrap")
+    __slots__ = ("dtype", "offset", "segments", "shape", "unchecked", "wrap")
 
     def __init__(
         self,
@@ -104,11 +108,13 @@ class TensorNode(Node):
         shape: tuple[int, ...],
         segments: list[Segment],
         wrap: Callable[[torch.Tensor], Any] | None = None,
+        unchecked: tuple[Any, ...] | None = None,
     ):
         self.dtype = dtype
         self.shape = shape
         self.segments = segments
         self.wrap = wrap
+        self.unchecked = unchecked
         self.offset = -1
 
     @property
@@ -123,7 +129,7 @@ class TensorNode(Node):
         yield self
 
     def build(self, views: _Views) -> Any:
-        view = views.region(self.dtype, self.offset, 0, self.shape)
+        view = views.node(self)
         return view if self.wrap is None else self.wrap(view)
 
 
@@ -172,14 +178,30 @@ class ContainerNode(Node):
         return self.make([child.build(views) for child in self.children])
 
 
-class _Views:
-    """Typed, strided views into one flat ``uint8`` buffer."""
+class FillError(Exception):
+    """A segment's fill failed; ``node`` is the tensor node it was filling."""
 
-    __slots__ = ("buffer", "typed")
+    def __init__(self, node: TensorNode, error: Exception):
+        super().__init__(str(error))
+        self.node = node
+        self.error = error
+
+
+class _Views:
+    """Typed, strided views into one flat ``uint8`` buffer, one per node reused."""
+
+    __slots__ = ("buffer", "nodes", "typed")
 
     def __init__(self, buffer: torch.Tensor):
         self.buffer = buffer
         self.typed: dict[torch.dtype, torch.Tensor] = {}
+        self.nodes: dict[int, torch.Tensor] = {}
+
+    def node(self, node: TensorNode) -> torch.Tensor:
+        view = self.nodes.get(id(node))
+        if view is None:
+            view = self.nodes[id(node)] = self.region(node.dtype, node.offset, 0, node.shape)
+        return view
 
     def region(self, dtype: torch.dtype, offset: int, start: int, shape: tuple[int, ...]) -> torch.Tensor:
         flat = self.typed.get(dtype)
@@ -217,14 +239,32 @@ class Layout:
         self.nbytes = offset
 
     def fill(self, buffer: torch.Tensor) -> None:
-        """Copy every sample leaf into its region of ``buffer``."""
-        views = _Views(buffer)
-        with torch.no_grad():
-            for node in self.tensor_nodes:
-                for segment in node.segments:
-                    region = views.region(node.dtype, node.offset, segment.start, segment.shape)
-                    segment.fill(region, segment.payload)
+        """Copy every sample leaf into its region of ``buffer``.
+
+        Raises:
+            FillError: a copy failed; it names the node.
+        """
+        self._fill(_Views(buffer))
 
     def build(self, buffer: torch.Tensor) -> Any:
         """Return the output tree, every tensor a view of ``buffer``."""
         return self.root.build(_Views(buffer))
+
+    def materialize(self, buffer: torch.Tensor) -> Any:
+        """:meth:`fill` then :meth:`build`, sharing the views they both need."""
+        views = _Views(buffer)
+        self._fill(views)
+        return self.root.build(views)
+
+    def _fill(self, views: _Views) -> None:
+        with torch.no_grad():
+            for node in self.tensor_nodes:
+                for segment in node.segments:
+                    if segment.start == 0 and segment.shape == node.shape:
+                        region = views.node(node)
+                    else:
+                        region = views.region(node.dtype, node.offset, segment.start, segment.shape)
+                    try:
+                        segment.fill(region, segment.payload)
+                    except Exception as exc:
+                        raise FillError(node, exc) from exc

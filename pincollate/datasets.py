@@ -1,0 +1,160 @@
+"""Synthetic multimodal datasets: deterministic, built in, nothing downloaded.
+
+Each is a map-style ``Dataset`` whose item ``i`` is the same on every call and in
+every process, so benchmarks and tests compare methods on identical samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+__all__ = ["AudioDataset", "DetectionDataset", "InMemory", "ManyLeafDataset", "SCENARIOS", "VideoDataset", "VLMDataset"]
+
+
+def _gen(index: int, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+class ManyLeafDataset(Dataset):
+    """An image plus ``fields`` small tensor and number fields: a typical multimodal record.
+
+    Example:
+        >>> sample = ManyLeafDataset(4)[0]
+        >>> len(sample), sample["image"].shape
+        (43, torch.Size([3, 64, 64]))
+    """
+
+    def __init__(self, length: int = 512, fields: int = 40, image_size: int = 64):
+        self.length = length
+        self.fields = fields
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 1)
+        sample: dict[str, Any] = {"image": torch.randint(0, 256, (3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)}
+        for j in range(self.fields):
+            kind = j % 4
+            if kind == 0:
+                sample[f"feat{j}"] = torch.randn(8, generator=g)
+            elif kind == 1:
+                sample[f"ids{j}"] = torch.randint(0, 1000, (4,), generator=g)
+            elif kind == 2:
+                sample[f"score{j}"] = float(torch.rand((), generator=g))
+            else:
+                sample[f"count{j}"] = int(torch.randint(0, 100, (), generator=g))
+        sample["label"] = index % 10
+        sample["caption"] = f"sample {index}"
+        return sample
+
+
+class VideoDataset(Dataset):
+    """Few, large leaves: a uint8 video clip and a float16 optical-flow tensor (over 1 MB each)."""
+
+    def __init__(self, length: int = 64, frames: int = 16, size: int = 160):
+        self.length = length
+        self.frames = frames
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 2)
+        f, s = self.frames, self.size
+        return {
+            "video": torch.randint(0, 256, (f, 3, s, s), dtype=torch.uint8, generator=g),
+            "flow": torch.randn(f, 2, s, s, generator=g).to(torch.float16),
+            "label": index % 400,
+        }
+
+
+class VLMDataset(Dataset):
+    """Token ids of varying length and a varying number of variable-resolution patch tensors."""
+
+    def __init__(self, length: int = 256, max_tokens: int = 256, max_images: int = 4, patch_dim: int = 588):
+        self.length = length
+        self.max_tokens = max_tokens
+        self.max_images = max_images
+        self.patch_dim = patch_dim
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 3)
+        tokens = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
+        images = int(torch.randint(1, self.max_images + 1, (), generator=g))
+        patches = [torch.randn(int(torch.randint(4, 17, (), generator=g)) * 4, self.patch_dim, generator=g).to(torch.bfloat16) for _ in range(images)]
+        return {"input_ids": torch.randint(0, 32000, (tokens,), generator=g), "pixel_values": patches}
+
+
+class AudioDataset(Dataset):
+    """Mono waveforms of 0.5 to 2 seconds at 16 kHz, with a label."""
+
+    def __init__(self, length: int = 256, rate: int = 16000):
+        self.length = length
+        self.rate = rate
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 4)
+        samples = int(torch.randint(self.rate // 2, 2 * self.rate + 1, (), generator=g))
+        return {"audio": torch.randn(1, samples, generator=g), "label": index % 35}
+
+
+class DetectionDataset(Dataset):
+    """Images with a different number of boxes (and labels) per image."""
+
+    def __init__(self, length: int = 256, size: int = 128, max_boxes: int = 20):
+        self.length = length
+        self.size = size
+        self.max_boxes = max_boxes
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 5)
+        n = int(torch.randint(0, self.max_boxes + 1, (), generator=g))
+        xy = torch.rand(n, 2, generator=g) * (self.size - 8)
+        wh = torch.rand(n, 2, generator=g) * 32 + 4
+        return {
+            "image": torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g),
+            "boxes": torch.cat([xy, xy + wh], dim=1),
+            "labels": torch.randint(0, 80, (n,), generator=g),
+        }
+
+
+class InMemory(Dataset):
+    """Another dataset's items, built once up front.
+
+    Benchmarks use it so that workers spend their time collating and sending,
+    not generating random data; forked workers share the items copy-on-write.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.items = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+
+#: name -> (dataset class, batch size)
+SCENARIOS: dict[str, tuple[type[Dataset], int]] = {
+    "manyleaf": (ManyLeafDataset, 32),
+    "video": (VideoDataset, 8),
+    "vlm": (VLMDataset, 16),
+    "audio": (AudioDataset, 32),
+    "detection": (DetectionDataset, 32),
+}
