@@ -21,7 +21,7 @@ from torch.utils.data import get_worker_info
 
 from .errors import CollateError
 
-__all__ = ["ALIGN", "Kind", "accelerator_can_pin", "allocate", "resolve_kind", "set_pinned_allocator"]
+__all__ = ["ALIGN", "Kind", "accelerator_can_pin", "allocate", "is_pinned", "pinned_allocator", "resolve_kind", "set_pinned_allocator"]
 
 #: Every slot starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -37,23 +37,36 @@ def _torch_pinned(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
+def _torch_is_pinned(tensor: torch.Tensor) -> bool:
+    return tensor.is_pinned()
+
+
 _pinned_allocator: PinnedAllocator = _torch_pinned
+_is_pinned: Callable[[torch.Tensor], bool] = _torch_is_pinned
 
 
-def set_pinned_allocator(allocator: PinnedAllocator | None) -> PinnedAllocator:
-    """Replace the function that allocates pinned ``uint8`` buffers; returns the old one.
+def set_pinned_allocator(
+    allocator: PinnedAllocator | None, is_pinned: Callable[[torch.Tensor], bool] | None = None
+) -> tuple[PinnedAllocator, Callable[[torch.Tensor], bool]]:
+    """Replace how pinned ``uint8`` buffers are allocated and recognised.
 
-    ``None`` restores torch's own. Tests use this to count pinned allocations on
-    machines without an accelerator.
+    ``None`` restores torch's own. Returns the previous pair, to restore later.
+    Tests use this to count pinned allocations on machines without an accelerator.
     """
-    global _pinned_allocator
-    previous = _pinned_allocator
+    global _pinned_allocator, _is_pinned
+    previous = (_pinned_allocator, _is_pinned)
     _pinned_allocator = allocator if allocator is not None else _torch_pinned
+    _is_pinned = is_pinned if is_pinned is not None else _torch_is_pinned
     return previous
 
 
 def pinned_allocator() -> PinnedAllocator:
     return _pinned_allocator
+
+
+def is_pinned(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory is pinned (by torch, or by the injected allocator)."""
+    return _is_pinned(tensor)
 
 
 @functools.cache

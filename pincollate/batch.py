@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from .arena import is_pinned
 from .transfer import pin, to_device
 
 __all__ = ["Batch", "BatchList", "pinnable"]
@@ -32,7 +33,7 @@ class _Movable:
 
     def pin_memory(self: T, device: Any = None) -> T:
         """Pin the batch: one pinned allocation and one copy; itself when pinned."""
-        if all(t.is_pinned() for t in _leaves(self)):
+        if all(is_pinned(t) for t in _leaves(self)):
             return self
         return _carry(self, pin(_plain(self)))
 

@@ -106,7 +106,7 @@ class _Planner:
                 return container(values, path, origins, depth, items)
             finally:
                 del self._open[id(first)]
-        i = values.index(first)
+        i = next(i for i, v in enumerate(values) if v is first)
         raise self._error(
             f"unsupported type {type_name(first)}: expected a tensor, numpy array, number, str, bytes, None, "
             "PIL image, mapping, sequence, namedtuple or dataclass",
@@ -306,9 +306,10 @@ class _Planner:
         if any(len(value) != size for value in values):
             # default_collate raises here; per-sample item lists are what such data means.
             return self._items(values, path, origins, depth)
+        # zip's tuples, as default_collate: a column of strings comes back as one.
         children = [
-            self._with_extras(*self._child([v[j] for v in values], (*path, j), origins, depth, False), (*path, j), origins)
-            for j in range(size)
+            self._with_extras(*self._child(column, (*path, j), origins, depth, False), (*path, j), origins)  # type: ignore[arg-type]
+            for j, column in enumerate(zip(*values))
         ]
         return ContainerNode(_sequence_maker(first, top=depth == 0), children)
 
@@ -414,7 +415,7 @@ def _merge(children: list[Node]) -> Node:
             segment = segment.shifted(i * numel)
             if segments and segment.follows(segments[-1]):
                 prev = segments[-1]
-                segments[-1] = type(prev)(prev.start, (prev.shape[0] + segment.shape[0], *prev.shape[1:]), prev.fill, prev.payload + segment.payload, True)
+                segments[-1] = type(prev)(prev.start, (prev.shape[0] + segment.shape[0], *prev.shape[1:]), prev.fill, [*prev.payload, *segment.payload], True)
             else:
                 segments.append(segment)
     return TensorNode(dtype, (len(tensors), *shape), segments, tensors[0].wrap)

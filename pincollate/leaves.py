@@ -105,10 +105,10 @@ def lookup(cls: type) -> LeafHandler | None:
 
 
 def _describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
-    if value.layout != torch.strided:
-        raise CollateError(f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path)
     if value.is_nested:
         raise CollateError("nested tensors are not supported; pass their components as a list", sample=sample, path=path)
+    if value.layout != torch.strided:
+        raise CollateError(f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path)
     if value.device.type != "cpu":
         raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
     return value.dtype, tuple(value.shape)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .arena import ALIGN, pinned_allocator
+from .arena import ALIGN, is_pinned, pinned_allocator
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 
@@ -167,7 +167,14 @@ def pin(tree: T) -> T:
         return out
 
     cpu = torch.device("cpu")
-    return _move(tree, copy_span, cpu, lambda t: t.pin_memory(), lambda s: s.device.type != "cpu" or s.is_pinned())
+    def keep(storage: torch.UntypedStorage) -> bool:
+        return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8).set_(storage))
+
+    def per_leaf(t: torch.Tensor) -> torch.Tensor:
+        out = pinned_allocator()(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)
+        return out.copy_(t)
+
+    return _move(tree, copy_span, cpu, per_leaf, keep)
 
 
 def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) -> T:

@@ -1,0 +1,165 @@
+"""The shared sample trees every test module draws from.
+
+``PARITY`` holds batches ``default_collate`` accepts (it is the oracle there);
+``RAGGED`` holds batches it rejects and pincollate handles. Each is a dict from a
+readable id to a function building a fresh batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@dataclasses.dataclass
+class Record:
+    image: Any
+    label: Any
+    name: str = "r"
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    value: Any
+
+
+class Meta(collections.OrderedDict):
+    """A user mapping type that default_collate keeps."""
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(*shape, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(*shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.randn(*shape, dtype=dtype, generator=g)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+def _multimodal(n: int = 4) -> list[dict[str, Any]]:
+    return [
+        {
+            "image": _t(3, 8, 8, dtype=torch.uint8, seed=i),
+            "audio": _t(1, 50, seed=10 + i),
+            "tokens": _t(12, dtype=torch.int64, seed=20 + i),
+            "label": i,
+            "score": 0.5 * i,
+            "flag": bool(i % 2),
+            "caption": f"caption {i}",
+            "meta": {"boxes": _t(2, 4, seed=30 + i), "source": b"cam"},
+        }
+        for i in range(n)
+    ]
+
+
+PARITY: dict[str, Callable[[], list[Any]]] = {
+    "multimodal-dict": _multimodal,
+    "tensors": lambda: [_t(2, 3, seed=i) for i in range(3)],
+    "tuple-samples": lambda: [(_t(2, seed=i), i, "s") for i in range(3)],
+    "list-samples": lambda: [[_t(2, seed=i), float(i)] for i in range(3)],
+    "namedtuple": lambda: [Point(i, _t(2, seed=i)) for i in range(3)],
+    "nested-namedtuple": lambda: [{"p": Point(_t(1, seed=i), [i, i + 1])} for i in range(2)],
+    "ordered-mapping": lambda: [Meta(a=_t(2, seed=i), b=i) for i in range(3)],
+    "ints": lambda: [1, 2, 3],
+    "floats": lambda: [1.5, 2.5],
+    "bools": lambda: [True, False, True],
+    "int-then-float": lambda: [1, 2.5, 3],
+    "float-then-int": lambda: [2.5, 1],
+    "bool-then-int": lambda: [True, 2],
+    "strings": lambda: ["a", "bb", "ccc"],
+    "bytes": lambda: [b"a", b"b"],
+    "numpy-arrays": lambda: [np.full((2, 2), i, dtype=np.float32) for i in range(3)],
+    "numpy-int16": lambda: [np.arange(3, dtype=np.int16) + i for i in range(2)],
+    "numpy-bool": lambda: [np.array([True, False]), np.array([False, False])],
+    "numpy-scalars": lambda: [np.float32(1.5), np.float32(2.5)],
+    "numpy-scalars-mixed": lambda: [np.int8(1), np.int64(300)],
+    "numpy-0d": lambda: [np.array(1.0), np.array(2.0)],
+    "bfloat16": lambda: [_t(4, dtype=torch.bfloat16, seed=i) for i in range(2)],
+    "float16": lambda: [_t(4, dtype=torch.float16, seed=i) for i in range(2)],
+    "complex64": lambda: [_t(3, dtype=torch.complex64, seed=i) for i in range(2)],
+    "bool-tensors": lambda: [_t(5, dtype=torch.bool, seed=i) for i in range(3)],
+    "int8": lambda: [_t(5, dtype=torch.int8, seed=i) for i in range(3)],
+    "zero-dim": lambda: [torch.tensor(1.0), torch.tensor(2.0)],
+    "zero-size": lambda: [torch.zeros(0, 3), torch.zeros(0, 3)],
+    "non-contiguous": lambda: [_t(4, 3, seed=i).t() for i in range(3)],
+    "sliced": lambda: [_t(10, seed=i)[::3] for i in range(3)],
+    "expanded": lambda: [torch.ones(1, 3).expand(4, 3) for _ in range(2)],
+    "batch-of-one": lambda: [{"x": _t(2, seed=0), "y": 1}],
+    "deep": lambda: [{"a": {"b": {"c": [_t(2, seed=i), {"d": i}]}}} for i in range(3)],
+    "list-of-equal-lists": lambda: [{"img": [_t(2, seed=i), _t(2, seed=i + 9)]} for i in range(3)],
+    "empty-lists": lambda: [{"x": []}, {"x": []}],
+    "dict-of-strings": lambda: [{"s": "a"}, {"s": "b"}],
+}
+
+
+def _ragged_images() -> list[dict[str, Any]]:
+    a, b, c = (torch.full((2, 2), float(i)) for i in range(3))
+    return [{"img": [a, b]}, {"img": [c]}]
+
+
+RAGGED: dict[str, Callable[[], list[Any]]] = {
+    "unequal-shapes": lambda: [{"x": _t(3, seed=0)}, {"x": _t(5, seed=1)}],
+    "unequal-lists": _ragged_images,
+    "mixed-dtypes": lambda: [{"x": _t(3, dtype=torch.int32, seed=0)}, {"x": _t(3, seed=1)}],
+    "ragged-boxes": lambda: [{"image": _t(3, 4, 4, seed=i), "boxes": _t(i, 4, seed=i)} for i in range(1, 4)],
+    "dataclass": lambda: [Record(_t(3, seed=i), i) for i in range(3)],
+    "frozen-dataclass": lambda: [Frozen(_t(2, seed=i)) for i in range(2)],
+    "nones": lambda: [{"x": None}, {"x": None}],
+}
+
+
+class TreeDataset(Dataset):
+    """A dataset over one named sample tree, for DataLoader tests (picklable for spawn)."""
+
+    def __init__(self, name: str, repeat: int = 4):
+        builder = PARITY.get(name) or RAGGED[name]
+        self.items = builder() * repeat
+        self.name = name
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+
+def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
+    """Equal containers (types kept), dtypes, shapes and values."""
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor), f"{path}: expected a tensor, got {type(ours).__name__}"
+        assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != {theirs.dtype}"
+        assert ours.shape == theirs.shape, f"{path}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"
+        assert torch.equal(ours, theirs), f"{path}: values differ"
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, type(theirs)), f"{path}: {type(ours).__name__} is not a {type(theirs).__name__}"
+        assert list(ours) == list(theirs), f"{path}: keys {list(ours)} != {list(theirs)}"
+        for key in theirs:
+            assert_same(ours[key], theirs[key], f"{path}[{key!r}]")
+    elif isinstance(theirs, (list, tuple)):
+        assert isinstance(ours, type(theirs)), f"{path}: {type(ours).__name__} is not a {type(theirs).__name__}"
+        assert len(ours) == len(theirs), f"{path}: length {len(ours)} != {len(theirs)}"
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same(a, b, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(theirs):
+        assert type(ours) is type(theirs)
+        for field in dataclasses.fields(theirs):
+            assert_same(getattr(ours, field.name), getattr(theirs, field.name), f"{path}.{field.name}")
+    else:
+        assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
+
+
+def storages(tree: Any) -> set[int]:
+    """The data pointers of the storages behind every tensor of ``tree``."""
+    from pincollate.transfer import tensors
+
+    return {t.untyped_storage().data_ptr() for t in tensors(tree)}

@@ -1,0 +1,207 @@
+"""mm_collate against default_collate, and what it does where that one gives up."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import pincollate
+from pincollate import Batch, BatchList, CollateError, MMCollate, mm_collate
+from samples import PARITY, RAGGED, Frozen, Point, Record, assert_same, storages
+
+
+@pytest.mark.parametrize("name", sorted(PARITY))
+def test_parity_with_default_collate(name):
+    batch = PARITY[name]()
+    assert_same(mm_collate(batch), default_collate(PARITY[name]()))
+
+
+@pytest.mark.parametrize("name", sorted(PARITY))
+def test_parity_holds_when_the_compiled_plan_is_reused(name):
+    collate = MMCollate()
+    for _ in range(3):
+        assert_same(collate(PARITY[name]()), default_collate(PARITY[name]()))
+
+
+@pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
+def test_every_tensor_is_a_view_of_one_buffer(name):
+    out = mm_collate(PARITY.get(name, RAGGED.get(name))())
+    assert len(storages(out)) <= 1
+
+
+def test_top_level_containers_know_their_buffer():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    assert type(batch) is Batch and isinstance(batch, dict)
+    assert batch.buffer.dtype == torch.uint8
+    assert storages(batch) == {batch.buffer.untyped_storage().data_ptr()}
+    listed = mm_collate(PARITY["tuple-samples"]())
+    assert type(listed) is BatchList and listed.buffer is not None
+
+
+def test_namedtuple_batches_keep_their_type_and_pickle():
+    out = mm_collate([Point(1, torch.zeros(2)), Point(2, torch.ones(2))])
+    assert isinstance(out, Point) and out._fields == ("x", "y")
+    again = pickle.loads(pickle.dumps(out))
+    assert isinstance(again, Point) and hasattr(again, "pin_memory")
+    assert torch.equal(again.y, out.y)
+
+
+def test_slots_are_aligned_for_every_dtype():
+    layout = mm_collate.plan(PARITY["multimodal-dict"]())
+    assert all(node.offset % 64 == 0 for node in layout.tensor_nodes)
+    assert layout.nbytes % 64 == 0
+
+
+# --- beyond default_collate -----------------------------------------------------------
+
+
+def test_unequal_shapes_come_back_as_a_list():
+    a, b = torch.arange(3.0), torch.arange(5.0)
+    out = mm_collate([{"x": a}, {"x": b}])
+    assert isinstance(out["x"], list)
+    assert_same(out["x"], [a, b])
+
+
+def test_unequal_lists_use_item_semantics():
+    a, b, c = (torch.full((2, 2), float(i)) for i in range(3))
+    out = mm_collate([{"img": [a, b]}, {"img": [c]}])
+    assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
+    assert len(storages(out)) == 1
+
+
+def test_equal_lists_transpose_like_default_collate():
+    a, b, c, d = (torch.full((2,), float(i)) for i in range(4))
+    out = mm_collate([{"img": [a, b]}, {"img": [c, d]}])
+    assert_same(out["img"], [torch.stack([a, c]), torch.stack([b, d])])
+
+
+@pytest.mark.parametrize(
+    "first,second,expected",
+    [
+        (torch.int32, torch.float32, torch.float32),
+        (torch.uint8, torch.int8, torch.int16),
+        (torch.bfloat16, torch.float16, torch.float32),
+        (torch.bool, torch.int64, torch.int64),
+        (torch.float32, torch.complex64, torch.complex64),
+    ],
+)
+def test_mixed_dtypes_promote_like_result_type(first, second, expected):
+    x, y = torch.ones(3, dtype=first), torch.ones(3, dtype=second)
+    out = mm_collate([{"v": x}, {"v": y}])
+    assert out["v"].dtype == expected == torch.result_type(x, y)
+    assert torch.equal(out["v"], torch.stack([x.to(expected), y.to(expected)]))
+
+
+def test_requires_grad_values_are_collated_detached():
+    x = torch.ones(2, requires_grad=True)
+    out = mm_collate([x, x * 2])
+    assert not out.requires_grad
+    assert torch.equal(out, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
+
+
+def test_dataclasses_keep_type_field_by_field():
+    out = mm_collate(RAGGED["dataclass"]())
+    assert type(out) is Record
+    assert out.image.shape == (3, 3) and out.label.tolist() == [0, 1, 2] and out.name == ["r", "r", "r"]
+    frozen = mm_collate(RAGGED["frozen-dataclass"]())
+    assert type(frozen) is Frozen and frozen.value.shape == (2, 2)
+
+
+def test_none_values_are_kept_as_a_list():
+    assert mm_collate(RAGGED["nones"]())["x"] == [None, None]
+
+
+def test_memmap_and_read_only_arrays(tmp_path):
+    path = tmp_path / "data.npy"
+    np.save(path, np.arange(12, dtype=np.float32).reshape(3, 4))
+    mm = np.load(path, mmap_mode="r")
+    out = mm_collate([mm, mm])
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 4)
+    assert torch.equal(out[1], torch.arange(12.0).reshape(3, 4))
+
+
+def test_ragged_column_after_uniform_batches_is_handled():
+    collate = MMCollate()
+    for _ in range(3):
+        collate([{"x": torch.zeros(2)}, {"x": torch.zeros(2)}])
+    out = collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+    assert [t.shape[0] for t in out["x"]] == [2, 3]
+    assert_same(collate([{"x": torch.ones(2)}, {"x": torch.ones(2)}])["x"], torch.ones(2, 2))
+
+
+def test_collate_is_picklable_with_its_settings():
+    collate = MMCollate(pin_memory=False, sequences="items", fields={"x": pincollate.Pad()})
+    again = pickle.loads(pickle.dumps(collate))
+    assert repr(again) == repr(collate)
+
+
+def test_default_collate_keeps_user_mapping_types():
+    out = mm_collate(PARITY["ordered-mapping"]())
+    assert type(out).__name__ == "Meta"
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+class Unsupported:
+    pass
+
+
+def _self_referencing():
+    d: dict = {"x": torch.zeros(1)}
+    d["me"] = d
+    return [d, d]
+
+
+BAD = {
+    "empty-batch": ([], "empty batch"),
+    "not-a-sequence": (42, "expected a sequence of samples"),
+    "missing-key": ([{"a": 1, "b": 2}, {"a": 1}], r"sample 1 at root: keys differ from sample 0: missing keys \['b'\]"),
+    "extra-key": ([{"a": 1}, {"a": 1, "z": 2}], r"sample 1 at root: .*extra keys \['z'\]"),
+    "missing-deep-key": ([{"m": {"a": 1, "b": 2}}, {"m": {"a": 1}}], r"sample 1 at \['m'\]: .*missing keys \['b'\]"),
+    "unsupported-type": ([{"a": Unsupported()}, {"a": Unsupported()}], r"sample 0 at \['a'\]: unsupported type Unsupported"),
+    "leaf-type-mismatch": ([{"a": torch.zeros(1)}, {"a": "x"}], r"sample 1 at \['a'\]: expected Tensor, got str"),
+    "container-mismatch": ([{"a": {"b": 1}}, {"a": [1]}], r"sample 1 at \['a'\]: expected a mapping, got sequence"),
+    "namedtuple-mismatch": ([Point(1, 2), (1, 2)], r"sample 1 at root: expected Point, got tuple"),
+    "string-array": ([np.array(["a"]), np.array(["b"])], r"sample 0 at root: numpy arrays of dtype <U1"),
+    "object-array": ([{"o": np.array([object()])}] * 2, r"sample 0 at \['o'\]: numpy arrays of dtype object"),
+    "sparse": ([{"s": torch.eye(2).to_sparse()}] * 2, r"sample 0 at \['s'\]: sparse"),
+    "nested-tensor": ([{"n": torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)}] * 2, r"sample 0 at \['n'\]: nested tensors"),
+    "meta-device": ([{"d": torch.zeros(2)}, {"d": torch.zeros(2, device="meta")}], r"sample 1 at \['d'\]: expected a CPU tensor, got one on meta"),
+    "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
+    "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
+    "string-vs-number": (["a", 1], r"sample 1 at root: expected str, got int"),
+    "int-overflow": ([2**70, 1], r"int too big|cannot copy"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_names_sample_and_key_path(name):
+    batch, pattern = BAD[name]
+    with pytest.raises(CollateError, match=pattern):
+        mm_collate(batch)
+
+
+def test_collate_error_is_both_type_and_value_error():
+    assert issubclass(CollateError, TypeError) and issubclass(CollateError, ValueError)
+    error = CollateError("boom", sample=3, path=("meta", "boxes"))
+    assert str(error) == "sample 3 at ['meta']['boxes']: boom"
+    assert error.sample == 3 and error.path == ("meta", "boxes")
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        ({"pin_memory": "yes"}, "pin_memory must be"),
+        ({"sequences": "zip"}, "sequences must be"),
+        ({"missing": "drop"}, "missing must be"),
+        ({"ragged": "pad"}, "ragged must be a policy"),
+    ],
+)
+def test_invalid_settings(kwargs, pattern):
+    with pytest.raises(CollateError, match=pattern):
+        MMCollate(**kwargs)

@@ -1,0 +1,128 @@
+"""Real DataLoaders: workers (fork and spawn), one storage per batch, one fd, the pin thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.multiprocessing import reductions
+from torch.utils.data import DataLoader, default_collate
+from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
+
+from pincollate import Batch, MMCollate, mm_collate
+from samples import PARITY, RAGGED, Point, TreeDataset, assert_same, storages
+
+pytestmark = pytest.mark.slow
+
+WORKER_TREES = ["multimodal-dict", "tuple-samples", "namedtuple", "numpy-arrays", "deep", "strings"]
+
+
+def _batches(dataset, collate, **kwargs):
+    if kwargs.get("num_workers"):
+        kwargs.setdefault("timeout", 60)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=collate, **kwargs)
+    return list(loader)
+
+
+@pytest.mark.parametrize("name", WORKER_TREES)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_parity_through_dataloader(name, workers):
+    dataset = TreeDataset(name)
+    ours = _batches(dataset, mm_collate, num_workers=workers)
+    theirs = _batches(dataset, default_collate, num_workers=0)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert_same(a, b)
+        assert len(storages(a)) <= 1
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_batches_share_one_storage(context):
+    dataset = TreeDataset("multimodal-dict", repeat=3)
+    batches = _batches(dataset, mm_collate, num_workers=2, multiprocessing_context=context)
+    assert batches
+    for batch in batches:
+        assert type(batch) is Batch
+        assert len(storages(batch)) == 1
+        assert batch["image"].untyped_storage().is_shared()
+
+
+@pytest.mark.parametrize("name", ["unequal-lists", "mixed-dtypes", "ragged-boxes"])
+def test_ragged_results_are_the_same_in_workers_and_main_process(name):
+    dataset = TreeDataset(name)
+    in_workers = _batches(dataset, MMCollate(), num_workers=2)
+    in_main = _batches(dataset, MMCollate(), num_workers=0)
+    for a, b in zip(in_workers, in_main):
+        assert_same(a, b)
+
+
+def test_one_file_descriptor_per_worker_batch(monkeypatch):
+    received = []
+    rebuild = reductions.rebuild_storage_fd
+
+    def counting(*args):
+        received.append(1)
+        return rebuild(*args)
+
+    dataset = TreeDataset("multimodal-dict", repeat=4)  # 16 samples, 4 batches
+    counts = {}
+    for label, collate in (("mm", mm_collate), ("default", default_collate)):
+        loader = DataLoader(dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60)
+        iterator = iter(loader)  # workers fork here, before the patch below
+        # The main process unpickles each storage through this module attribute.
+        monkeypatch.setattr(reductions, "rebuild_storage_fd", counting)
+        received.clear()
+        batches = list(iterator)
+        monkeypatch.setattr(reductions, "rebuild_storage_fd", rebuild)
+        counts[label] = len(received) / len(batches)
+    assert counts["mm"] == 1
+    # image, audio, tokens, label, score, flag and meta.boxes: one storage each.
+    assert counts["default"] == 7
+
+
+def _pretend_accelerator(monkeypatch):
+    """Make DataLoader believe an accelerator exists so its pin thread runs on CPU."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+
+
+@pytest.mark.parametrize("name", ["multimodal-dict", "tuple-samples", "namedtuple", "list-samples"])
+def test_pin_thread_makes_one_pinned_copy_per_batch(monkeypatch, fake_pinned, name):
+    _pretend_accelerator(monkeypatch)
+    dataset = TreeDataset(name, repeat=4)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=MMCollate(), num_workers=2, pin_memory=True, timeout=60)
+    batches = list(loader)
+    assert len(fake_pinned) == len(batches)
+    for batch in batches:
+        assert len(storages(batch)) == 1
+    reference = _batches(dataset, default_collate)
+    for a, b in zip(batches, reference):
+        assert_same(a, b)
+
+
+def test_inline_pinning_allocates_pinned_directly(monkeypatch, fake_pinned):
+    # num_workers=0: the buffer is allocated pinned, and DataLoader's pin step
+    # finds it pinned and copies nothing more.
+    _pretend_accelerator(monkeypatch)
+    dataset = TreeDataset("multimodal-dict", repeat=2)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=MMCollate(pin_memory="auto"), num_workers=0, pin_memory=True)
+    batches = list(loader)
+    assert len(fake_pinned) == len(batches) == 2
+    assert all(len(storages(b)) == 1 for b in batches)
+
+
+def test_pin_memory_function_calls_our_pin_before_walking():
+    batch = mm_collate([Point(1, torch.zeros(2)), Point(2, torch.ones(2))])
+    assert hasattr(batch, "pin_memory")
+    assert hasattr(mm_collate(PARITY["multimodal-dict"]()), "pin_memory")
+    assert hasattr(mm_collate(RAGGED["unequal-lists"]()), "pin_memory")
+    assert dataloader_pin is not None
+
+
+def test_persistent_workers_many_epochs():
+    dataset = TreeDataset("multimodal-dict", repeat=2)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=mm_collate, num_workers=2, persistent_workers=True, timeout=60)
+    for _ in range(5):
+        batches = list(loader)
+        assert len(batches) == 2 and all(len(storages(b)) == 1 for b in batches)
