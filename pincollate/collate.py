@@ -393,12 +393,12 @@ def _optimistic(values: list[Any], path: Path) -> TensorNode | None:
 
 def _unstack(node: TensorNode) -> TensorNode:
     """A stack of one value, seen as that value (its leading 1 dropped)."""
-    return TensorNode(node.dtype, node.shape[1:], node.segments, node.wrap)
+    return TensorNode(node.dtype, node.shape[1:], node.segments, node.wrap, stackable=node.stackable)
 
 
 def _merge(children: list[Node]) -> Node:
     """Stack children that are tensors of one shape into one node, else list them."""
-    if not children or not all(isinstance(c, TensorNode) for c in children):
+    if not children or not all(isinstance(c, TensorNode) and c.stackable for c in children):
         return ListNode(children)
     tensors: list[TensorNode] = children  # type: ignore[assignment]
     shape = tensors[0].shape

@@ -98,9 +98,10 @@ class TensorNode(Node):
     ``tv_tensors`` subclass with its metadata, say). ``unchecked``, when set, is the
     key path of a node planned optimistically: its values' shapes were left for
     the fill to check, and a failed fill means "plan this path carefully".
+    ``stackable=False`` keeps item semantics from stacking it with its siblings.
     """
 
-    __slots__ = ("dtype", "offset", "segments", "shape", "unchecked", "wrap")
+    __slots__ = ("dtype", "offset", "segments", "shape", "stackable", "unchecked", "wrap")
 
     def __init__(
         self,
@@ -109,7 +110,9 @@ class TensorNode(Node):
         segments: list[Segment],
         wrap: Callable[[torch.Tensor], Any] | None = None,
         unchecked: tuple[Any, ...] | None = None,
+        stackable: bool = True,
     ):
+        self.stackable = stackable
         self.dtype = dtype
         self.shape = shape
         self.segments = segments

@@ -47,10 +47,12 @@ class LeafHandler:
         wrap: ``wrap(first_value)`` gives a function that turns the output view into
             the output (keeps a tensor subclass and its metadata), or ``None``.
         meta: ``meta(value)`` gives what must agree for values to stack beyond dtype
-            and shape (a bounding box's format and canvas size).
+            and shape (a mask's type, say).
+        stackable: ``False`` for types kept one per sample even when shapes agree
+            (torchvision's ``BoundingBoxes`` must stay 2-D).
     """
 
-    __slots__ = ("describe", "family", "fill", "meta", "name", "wrap")
+    __slots__ = ("describe", "family", "fill", "meta", "name", "stackable", "wrap")
 
     def __init__(
         self,
@@ -60,8 +62,10 @@ class LeafHandler:
         fill: Filler | None,
         wrap: Callable[[Any], Callable[[torch.Tensor], Any] | None] | None = None,
         meta: Callable[[Any], Hashable] | None = None,
+        stackable: bool = True,
     ):
         self.name = name
+        self.stackable = stackable
         self.family = family
         self.describe = describe
         self.fill = fill
@@ -212,7 +216,7 @@ def _register_pil() -> None:
         dtype = _torch_dtype(probe.dtype)
         if dtype is None:
             raise TypeError(mode)
-        return dtype, len(Image.getmodebands(mode)) if mode not in ("I;16", "I;16B", "I;16L") else 1
+        return dtype, Image.getmodebands(mode)
 
     def describe(value: Any, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
         try:
@@ -246,10 +250,16 @@ def _register_tv_tensors() -> None:
         return functools.partial(tv_tensors.wrap, like=first)
 
     def meta(value: Any) -> Hashable:
-        return (type(value), getattr(value, "format", None), tuple(getattr(value, "canvas_size", ()) or ()))
+        return type(value)
 
-    for cls in (tv_tensors.BoundingBoxes, tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
+    for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
         register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta))
+    # Boxes stay one tensor per image, with their own format and canvas size:
+    # torchvision's BoundingBoxes are 2-D by definition.
+    register(
+        tv_tensors.BoundingBoxes,
+        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False),
+    )
 
 
 _register_pil()

@@ -83,7 +83,7 @@ class Column:
     def uniform(self) -> bool:
         """All values present, of one shape, with agreeing metadata: stackable."""
         first = self.shapes[0]
-        if first is None or any(shape != first for shape in self.shapes):
+        if not self.handler.stackable or first is None or any(shape != first for shape in self.shapes):
             return False
         return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
 
@@ -102,7 +102,7 @@ class Column:
         if shape is None:
             return ValueNode(None)
         segment = Segment(0, (1, *shape), self.handler.fill, [self.values[i]], stacking=True)
-        return TensorNode(self.dtypes[i], shape, [segment], self._wrap(i))
+        return TensorNode(self.dtypes[i], shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 
 class Policy:
@@ -307,13 +307,17 @@ class Concat(Policy):
     """Concatenate values along dim 0, with ``int32`` offsets of length ``B + 1``.
 
     This is the packed layout of variable-length attention kernels (``cu_seqlens``).
-    A per-sample list of items is concatenated first, and its item counts are
-    returned too. Missing values (``missing="none"``) count as empty.
+    Per-sample lists of items (several images of one prompt) are concatenated in
+    order: the offsets still bound each sample, and the item counts and item
+    offsets (``int32``, one more than the number of items in the batch) bound each
+    item. Missing values (``missing="none"``) count as empty.
 
     Args:
-        offsets_key: name of the offsets tensor, or ``None``.
-        counts_key: name of the per-sample item counts (``int64``, only for lists of
-            items), or ``None``.
+        offsets_key: name of the per-sample offsets, or ``None``.
+        counts_key: name of the per-sample item counts (``int64``, lists of items
+            only), or ``None``.
+        item_offsets_key: name of the per-item offsets (lists of items only), or
+            ``None``.
 
     Example:
         >>> import torch
@@ -327,9 +331,15 @@ class Concat(Policy):
     takes_items = True
     _offsets_dtype = torch.int32
 
-    def __init__(self, offsets_key: str | None = "{key}_offsets", counts_key: str | None = "{key}_counts"):
+    def __init__(
+        self,
+        offsets_key: str | None = "{key}_offsets",
+        counts_key: str | None = "{key}_counts",
+        item_offsets_key: str | None = "{key}_item_offsets",
+    ):
         self.offsets_key = offsets_key
         self.counts_key = counts_key
+        self.item_offsets_key = item_offsets_key
 
     def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
         present = column.present
@@ -363,14 +373,28 @@ class Concat(Policy):
         return node, self._extras(rows, counts, name)
 
     def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:
+        """Offsets per sample; with lists of items, also counts and item offsets."""
         extras: dict[str, Node] = {}
+        per_sample = rows if counts is None else _group(rows, counts)
         offsets_name = self._extra_name(self.offsets_key, name)
         if offsets_name is not None:
-            extras[offsets_name] = _offsets_node(rows, self._offsets_dtype)
-        counts_name = self._extra_name(self.counts_key, name)
-        if counts is not None and counts_name is not None:
-            extras[counts_name] = TensorNode(torch.int64, (len(counts),), [Segment(0, (len(counts),), _fill_array_like, counts)])
+            extras[offsets_name] = _offsets_node(per_sample, self._offsets_dtype)
+        if counts is not None:
+            counts_name = self._extra_name(self.counts_key, name)
+            if counts_name is not None:
+                extras[counts_name] = TensorNode(torch.int64, (len(counts),), [Segment(0, (len(counts),), _fill_array_like, counts)])
+            items_name = self._extra_name(self.item_offsets_key, name)
+            if items_name is not None:
+                extras[items_name] = _offsets_node(rows, self._offsets_dtype)
         return extras
+
+
+def _group(rows: list[int], counts: list[int]) -> list[int]:
+    grouped, start = [], 0
+    for count in counts:
+        grouped.append(sum(rows[start : start + count]))
+        start += count
+    return grouped
 
 
 def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
@@ -397,14 +421,13 @@ class Jagged(Concat):
 
     _offsets_dtype = torch.int64
 
-    def __init__(self, counts_key: str | None = "{key}_counts"):
-        super().__init__(offsets_key=None, counts_key=counts_key)
+    def __init__(self, counts_key: str | None = "{key}_counts", item_offsets_key: str | None = "{key}_item_offsets"):
+        super().__init__(offsets_key=None, counts_key=counts_key, item_offsets_key=item_offsets_key)
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         values, rows = self._values(column)
-        offsets = _offsets_node(rows, torch.int64)
-        node = _JaggedNode(values, offsets)
-        return node, self._extras(rows, counts, name)
+        offsets = _offsets_node(rows if counts is None else _group(rows, counts), torch.int64)
+        return _JaggedNode(values, offsets), self._extras(rows, counts, name)
 
 
 class _JaggedNode(Node):
@@ -439,7 +462,7 @@ class FieldRules:
         >>> rules.lookup(("meta", "boxes"))
         Stack()
         >>> rules.lookup(("images", 0))
-        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts')
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
     """
 
     def __init__(self, fields: Mapping[str, Policy] | None):

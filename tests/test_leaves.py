@@ -1,0 +1,100 @@
+"""The leaf registry: lookup order, PIL images, torchvision tv_tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import tv_tensors
+from torchvision.transforms.functional import pil_to_tensor
+
+from pincollate import CollateError, mm_collate
+from pincollate.leaves import LeafHandler, lookup, register
+from samples import storages
+
+
+def _image(mode: str, size=(5, 3), seed=0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    base = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    if mode == "I;16":
+        return Image.fromarray(rng.integers(0, 65536, (size[1], size[0]), dtype=np.uint16))
+    return base.convert(mode)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "I;16", "I", "F", "P", "1", "LA", "CMYK"])
+def test_pil_images_match_pil_to_tensor(mode):
+    images = [_image(mode, seed=i) for i in range(3)]
+    out = mm_collate(images)
+    expected = torch.stack([pil_to_tensor(im) for im in images])
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    assert torch.equal(out, expected)
+
+
+def test_pil_images_of_different_sizes_come_back_as_a_list():
+    images = [_image("RGB", (4, 4)), _image("RGB", (6, 2))]
+    out = mm_collate([{"im": im} for im in images])
+    assert [tuple(t.shape) for t in out["im"]] == [(3, 4, 4), (3, 2, 6)]
+    assert all(torch.equal(a, pil_to_tensor(b)) for a, b in zip(out["im"], images))
+    assert len(storages(out)) == 1
+
+
+def test_pil_image_beside_another_type_is_reported():
+    image = Image.new("RGB", (2, 2))
+    with pytest.raises(CollateError, match=r"sample 1 at \['im'\]: expected PIL.Image, got str"):
+        mm_collate([{"im": image}, {"im": "x"}])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: tv_tensors.Image(torch.full((3, 4, 4), i, dtype=torch.uint8)),
+        lambda i: tv_tensors.Video(torch.full((2, 3, 4, 4), i, dtype=torch.uint8)),
+        lambda i: tv_tensors.Mask(torch.full((4, 4), i, dtype=torch.uint8)),
+    ],
+    ids=["Image", "Video", "Mask"],
+)
+def test_tv_tensors_keep_their_subclass(make):
+    values = [make(i) for i in range(3)]
+    out = mm_collate(values)
+    assert type(out) is type(values[0])
+    assert torch.equal(out.as_subclass(torch.Tensor), torch.stack([v.as_subclass(torch.Tensor) for v in values]))
+
+
+def test_bounding_boxes_with_different_counts_keep_format_and_canvas():
+    boxes = [
+        tv_tensors.BoundingBoxes(torch.rand(n, 4) * 10, format="XYXY", canvas_size=(10, 12))
+        for n in (1, 3, 0)
+    ]
+    out = mm_collate([{"boxes": b} for b in boxes])
+    assert isinstance(out["boxes"], list) and len(out["boxes"]) == 3
+    for got, want in zip(out["boxes"], boxes):
+        assert type(got) is tv_tensors.BoundingBoxes
+        assert got.format == want.format and got.canvas_size == want.canvas_size
+        assert torch.equal(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
+    assert len(storages(out)) == 1
+
+
+def test_bounding_boxes_stay_per_image_even_when_counts_agree():
+    boxes = [tv_tensors.BoundingBoxes(torch.full((2, 4), float(s)), format="XYWH", canvas_size=(8, s)) for s in (8, 9)]
+    listed = mm_collate(boxes)
+    assert isinstance(listed, list) and [b.canvas_size for b in listed] == [(8, 8), (8, 9)]
+    assert all(type(b) is tv_tensors.BoundingBoxes and b.shape == (2, 4) for b in listed)
+    assert [b[0, 0].item() for b in listed] == [8.0, 9.0]
+
+
+def test_lookup_prefers_the_nearest_registered_base():
+    class MyImage(tv_tensors.Image):
+        pass
+
+    assert lookup(MyImage) is lookup(tv_tensors.Image)
+    assert lookup(bool).name == "bool" and lookup(int).name == "int"
+    assert lookup(np.float16).name == "numpy scalar"
+    assert lookup(object) is None
+
+
+def test_register_validates_its_arguments():
+    with pytest.raises(TypeError, match="LeafHandler"):
+        register(complex, object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="type or a tuple of types"):
+        register("str", LeafHandler("x", "x", None, None))  # type: ignore[arg-type]

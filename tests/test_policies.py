@@ -1,0 +1,286 @@
+"""Ragged-field policies, key-path patterns, item semantics and mixed modality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, Stack
+from pincollate.policies import FieldRules
+from samples import assert_same, storages
+
+
+def _ids(*lengths: int) -> list[dict]:
+    return [{"ids": torch.arange(1, n + 1)} for n in lengths]
+
+
+# --- Pad ---------------------------------------------------------------------------------
+
+
+def test_pad_right_matches_pad_sequence_with_lengths_and_mask():
+    samples = _ids(3, 1, 4)
+    out = MMCollate(fields={"ids": Pad(value=-1)})(samples)
+    expected = pad_sequence([s["ids"] for s in samples], batch_first=True, padding_value=-1)
+    assert_same(out["ids"], expected)
+    assert out["ids_lengths"].tolist() == [3, 1, 4]
+    assert out["ids_mask"].tolist() == [[True] * 3 + [False], [True] + [False] * 3, [True] * 4]
+    assert len(storages(out)) == 1
+
+
+def test_pad_left_and_multiple_of():
+    out = MMCollate(fields={"ids": Pad(side="left", multiple_of=4, mask_key="attention_mask")})(_ids(2, 5))
+    assert out["ids"].tolist() == [[0] * 6 + [1, 2], [0] * 3 + [1, 2, 3, 4, 5]]
+    assert out["attention_mask"].sum(1).tolist() == [2, 5]
+    assert out["attention_mask"][0, -2:].all() and not out["attention_mask"][0, :-2].any()
+
+
+def test_pad_every_ragged_dim_of_images():
+    images = [torch.ones(3, 2, 4), torch.ones(3, 5, 3)]
+    out = MMCollate(fields={"img": Pad()})([{"img": im} for im in images])
+    assert out["img"].shape == (2, 3, 5, 4)
+    assert out["img_lengths"].tolist() == [[2, 4], [5, 3]]
+    assert out["img_mask"].shape == (2, 5, 4)
+    assert out["img"][0].sum().item() == 3 * 2 * 4 and out["img"][1].sum().item() == 3 * 5 * 3
+
+
+def test_pad_keeps_its_shape_on_a_uniform_batch():
+    out = MMCollate(fields={"ids": Pad()})(_ids(3, 3))
+    assert out["ids"].shape == (2, 3) and out["ids_mask"].all() and out["ids_lengths"].tolist() == [3, 3]
+
+
+def test_pad_waveforms_along_time_with_explicit_dims():
+    waves = [{"audio": torch.randn(1, n)} for n in (5, 9)]
+    out = MMCollate(fields={"audio": Pad(dims=[-1])})(waves)
+    assert out["audio"].shape == (2, 1, 9) and out["audio_lengths"].tolist() == [5, 9]
+    assert torch.equal(out["audio"][0, :, :5], waves[0]["audio"]) and not out["audio"][0, :, 5:].any()
+
+
+@pytest.mark.parametrize(
+    "policy,pattern",
+    [
+        (Pad(value=300), r"at \['ids'\]: pad value 300 does not fit dtype torch.uint8"),
+        (Pad(value=0.5), r"pad value 0.5 does not fit"),
+        (Pad(dims=[5]), r"out of range"),
+    ],
+)
+def test_pad_bad_settings_name_the_key_path(policy, pattern):
+    samples = [{"ids": torch.ones(n, dtype=torch.uint8)} for n in (2, 3)]
+    with pytest.raises(CollateError, match=pattern):
+        MMCollate(fields={"ids": policy})(samples)
+
+
+def test_pad_rejects_bad_arguments_up_front():
+    with pytest.raises(CollateError, match="side"):
+        Pad(side="middle")  # type: ignore[arg-type]
+    with pytest.raises(CollateError, match="multiple_of"):
+        Pad(multiple_of=0)
+    with pytest.raises(CollateError, match="must be a number"):
+        Pad(value="x")  # type: ignore[arg-type]
+
+
+# --- Concat and Jagged ---------------------------------------------------------------
+
+
+def test_concat_gives_cu_seqlens_offsets():
+    out = MMCollate(fields={"ids": Concat()})(_ids(3, 1, 2))
+    assert out["ids"].tolist() == [1, 2, 3, 1, 1, 2]
+    assert out["ids_offsets"].dtype == torch.int32 and out["ids_offsets"].tolist() == [0, 3, 4, 6]
+
+
+def test_concat_of_items_gives_flat_layout_with_counts():
+    patches = [[torch.full((2, 4), 1.0), torch.full((3, 4), 2.0)], [torch.full((1, 4), 3.0)]]
+    out = MMCollate(fields={"pixel_values": Concat()})([{"pixel_values": p} for p in patches])
+    assert out["pixel_values"].shape == (6, 4)
+    assert out["pixel_values"][:, 0].tolist() == [1, 1, 2, 2, 2, 3]
+    assert out["pixel_values_offsets"].tolist() == [0, 5, 6]
+    assert out["pixel_values_counts"].tolist() == [2, 1]
+    assert out["pixel_values_item_offsets"].tolist() == [0, 2, 5, 6]
+    assert len(storages(out)) == 1
+
+
+def test_jagged_of_items_is_one_row_per_sample():
+    patches = [[torch.ones(2, 4), torch.ones(3, 4)], [torch.ones(1, 4)]]
+    out = MMCollate(fields={"p": Jagged()})([{"p": p} for p in patches])
+    assert [t.shape for t in out["p"].unbind()] == [(5, 4), (1, 4)]
+    assert out["p_item_offsets"].tolist() == [0, 2, 5, 6]
+
+
+def test_concat_trailing_dims_must_agree():
+    with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: Concat\(\) needs equal trailing dims"):
+        MMCollate(fields={"x": Concat()})([{"x": torch.zeros(2, 3)}, {"x": torch.zeros(2, 4)}])
+
+
+def test_jagged_builds_a_nested_tensor_on_the_buffer():
+    out = MMCollate(fields={"ids": Jagged()})(_ids(3, 1))
+    nested = out["ids"]
+    assert nested.is_nested and [t.tolist() for t in nested.unbind()] == [[1, 2, 3], [1]]
+    assert nested.values().untyped_storage().data_ptr() == nested.offsets().untyped_storage().data_ptr()
+
+
+def test_jagged_rejects_zero_dim_values():
+    with pytest.raises(CollateError, match=r"sample 0 at \['x'\]: Jagged\(\) cannot concatenate 0-d values"):
+        MMCollate(fields={"x": Jagged()})([{"x": torch.tensor(1)}, {"x": torch.tensor(2)}])
+
+
+# --- Stack and AsList -----------------------------------------------------------------
+
+
+def test_stack_names_key_path_and_shapes():
+    with pytest.raises(CollateError, match=r"sample 1 at \['ids'\]: Stack\(\) needs equal shapes, got \(1,\) here and \(3,\) in sample 0"):
+        MMCollate(fields={"ids": Stack()})(_ids(3, 1))
+
+
+def test_aslist_is_a_list_even_when_shapes_agree():
+    out = MMCollate(fields={"ids": AsList()})(_ids(2, 2))
+    assert isinstance(out["ids"], list) and [t.tolist() for t in out["ids"]] == [[1, 2], [1, 2]]
+
+
+def test_ragged_default_policy_applies_to_unnamed_fields():
+    out = MMCollate(ragged=Pad())(_ids(1, 2))
+    assert out["ids"].tolist() == [[1, 0], [1, 2]]
+
+
+# --- patterns ------------------------------------------------------------------------------
+
+
+def test_most_specific_pattern_wins():
+    rules = FieldRules({"*.boxes": AsList(), "meta.boxes": Stack(), "*.*": Pad()})
+    assert rules.lookup(("meta", "boxes")) == Stack()
+    assert rules.lookup(("det", "boxes")) == AsList()
+    assert rules.lookup(("a", "b")) == Pad()
+    assert rules.lookup(("a",)) is None
+
+
+@pytest.mark.parametrize("pattern", ["", "a..b", "a.b*", "*x"])
+def test_malformed_patterns_are_rejected(pattern):
+    with pytest.raises(CollateError, match="pattern"):
+        MMCollate(fields={pattern: Pad()})
+
+
+def test_a_policy_must_be_a_policy():
+    with pytest.raises(CollateError, match=r"field 'x': expected a policy"):
+        MMCollate(fields={"x": "pad"})  # type: ignore[dict-item]
+
+
+def test_a_pattern_matching_nothing_is_reported_once():
+    collate = MMCollate(fields={"typo": Pad()})
+    with pytest.warns(UserWarning, match="'typo' matched no key path"):
+        collate(_ids(1, 2))
+    collate(_ids(1, 2))  # no second warning: filterwarnings=error would fail here
+
+
+def test_extra_outputs_must_not_clash_with_keys():
+    samples = [{"ids": torch.ones(1), "ids_mask": 1}, {"ids": torch.ones(2), "ids_mask": 2}]
+    with pytest.raises(CollateError, match="'ids_mask' of field 'ids' clashes"):
+        MMCollate(fields={"ids": Pad()})(samples)
+
+
+# --- item semantics ---------------------------------------------------------------------------
+
+
+def _abcd():
+    return tuple(torch.full((2, 2), float(i)) for i in range(4))
+
+
+def test_items_stack_when_all_agree():
+    a, b, c, d = _abcd()
+    out = MMCollate(sequences="items")([{"img": [a, b]}, {"img": [c, d]}])
+    assert_same(out["img"], torch.stack([torch.stack([a, b]), torch.stack([c, d])]))
+    assert len(storages(out)) == 1
+
+
+def test_items_fall_back_to_a_list():
+    a, b, c, _ = _abcd()
+    out = MMCollate(sequences="items")([{"img": [a, b]}, {"img": [c]}])
+    assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
+
+
+def test_items_deeper_nesting():
+    a, b, c, d = _abcd()
+    samples = [{"img": [[a, b], [c]]}, {"img": [[d]]}]
+    out = MMCollate(sequences="items")(samples)
+    assert_same(out["img"], [[torch.stack([a, b]), c.unsqueeze(0)], torch.stack([d.unsqueeze(0)])])
+    samples = [{"img": [[a, b], [c, d]]}, {"img": [[d, c], [b, a]]}]
+    out = MMCollate(sequences="items")(samples)
+    assert out["img"].shape == (2, 2, 2, 2, 2)
+
+
+def test_items_mode_single_sample_single_item():
+    (a, *_) = _abcd()
+    out = MMCollate(sequences="items")([{"img": [a]}])
+    assert out["img"].shape == (1, 1, 2, 2)
+
+
+def test_items_of_dicts_collate_by_key():
+    samples = [{"objs": [{"box": torch.zeros(4), "cls": 1}, {"box": torch.ones(4), "cls": 2}]}, {"objs": [{"box": torch.ones(4), "cls": 3}]}]
+    out = MMCollate(sequences="items")(samples)
+    assert isinstance(out["objs"], list)
+    assert out["objs"][0]["box"].shape == (2, 4) and out["objs"][0]["cls"].tolist() == [1, 2]
+    assert out["objs"][1]["cls"].tolist() == [3]
+
+
+# --- mixed modality ------------------------------------------------------------------------------
+
+
+def _mixed():
+    return [
+        {"ids": torch.arange(3), "pixels": torch.ones(2, 4)},
+        {"ids": torch.arange(2)},
+        {"ids": torch.arange(4), "pixels": torch.ones(1, 4)},
+    ]
+
+
+def test_missing_key_is_an_error_by_default():
+    with pytest.raises(CollateError, match=r"sample 1 at root: keys differ from sample 0: missing keys \['pixels'\]"):
+        MMCollate()(_mixed())
+
+
+def test_missing_none_gives_none_entries_for_aslist():
+    out = MMCollate(missing="none", fields={"ids": Pad()})(_mixed())
+    assert out["pixels"][1] is None and out["pixels"][0].shape == (2, 4)
+
+
+@pytest.mark.parametrize("policy,rows", [(Concat(), 3), (Pad(), 2)])
+def test_missing_none_gives_empty_entries_for_concat_and_pad(policy, rows):
+    out = MMCollate(missing="none", fields={"pixels": policy})(_mixed())
+    if isinstance(policy, Concat):
+        assert out["pixels"].shape == (3, 4) and out["pixels_offsets"].tolist() == [0, 2, 2, 3]
+    else:
+        assert out["pixels"].shape == (3, rows, 4) and out["pixels_lengths"].tolist() == [2, 0, 1]
+        assert not out["pixels"][1].any()
+
+
+def test_missing_none_gives_empty_entries_for_jagged():
+    out = MMCollate(missing="none", fields={"pixels": Jagged()})(_mixed())
+    assert [t.shape[0] for t in out["pixels"].unbind()] == [2, 0, 1]
+
+
+# --- through a DataLoader with workers -----------------------------------------------------------
+
+
+class _VLM(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        n_images = 1 + i % 3
+        return {
+            "input_ids": torch.randint(0, 100, (3 + i,), generator=g),
+            "pixel_values": [torch.randn(2 + j, 6, generator=g) for j in range(n_images)],
+            "image": [torch.randn(3, 4, 4, generator=g) for _ in range(n_images)],
+        }
+
+
+@pytest.mark.slow
+def test_policies_through_dataloader_workers_match_main_process():
+    collate = MMCollate(sequences="items", fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat()})
+    in_workers = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=2, timeout=60))
+    in_main = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=0))
+    for a, b in zip(in_workers, in_main):
+        assert_same(a, b)
+        assert len(storages(a)) == 1
+        assert a["attention_mask"].dtype == torch.bool
+        assert a["pixel_values_offsets"][-1].item() == a["pixel_values"].shape[0]
