@@ -12,11 +12,14 @@ Example:
     torch.Size([2, 3, 8, 8])
 """
 
+from .arena import pinned_footprint
 from .batch import Batch, BatchList
 from .collate import MMCollate, mm_collate
 from .errors import CollateError
 from .policies import AsList, Concat, Jagged, Pad, Policy, Stack
+from .prefetch import Prefetcher
 from .transfer import to_device
+from .transforms import Normalize
 
 __all__ = [
     "AsList",
@@ -26,10 +29,13 @@ __all__ = [
     "Concat",
     "Jagged",
     "MMCollate",
+    "Normalize",
     "Pad",
     "Policy",
+    "Prefetcher",
     "Stack",
     "mm_collate",
+    "pinned_footprint",
     "to_device",
 ]
 

@@ -21,7 +21,18 @@ from torch.utils.data import get_worker_info
 
 from .errors import CollateError
 
-__all__ = ["ALIGN", "Kind", "accelerator_can_pin", "allocate", "is_pinned", "pinned_allocator", "resolve_kind", "set_pinned_allocator"]
+__all__ = [
+    "ALIGN",
+    "Kind",
+    "accelerator_can_pin",
+    "allocate",
+    "is_pinned",
+    "pinned_allocator",
+    "pinned_footprint",
+    "resolve_kind",
+    "set_pinned_allocator",
+    "trim_pinned",
+]
 
 #: Every slot starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -138,3 +149,34 @@ def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
     except (RuntimeError, MemoryError, OSError) as exc:
         where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
         raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc
+
+
+def pinned_footprint() -> dict[str, int]:
+    """Bytes of pinned host memory held by the CUDA caching host allocator.
+
+    ``reserved`` is what the allocator holds (in use or cached), ``active`` what is
+    handed out now, ``peak`` the most ever reserved. All zero without CUDA.
+    """
+    if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
+        return {"reserved": 0, "active": 0, "peak": 0}
+    stats = torch.cuda.host_memory_stats()
+    return {
+        "reserved": int(stats.get("allocated_bytes.current", 0)),
+        "active": int(stats.get("active_bytes.current", 0)),
+        "peak": int(stats.get("allocated_bytes.peak", 0)),
+    }
+
+
+def trim_pinned(limit: int) -> bool:
+    """Empty the pinned-memory cache when it holds more than ``limit`` bytes.
+
+    Cached blocks are returned to the driver; blocks in use are untouched. Returns
+    whether it trimmed.
+    """
+    if pinned_footprint()["reserved"] <= limit:
+        return False
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is None:
+        return False
+    empty()
+    return True

@@ -1,0 +1,319 @@
+"""``Prefetcher``: batches copied to the accelerator ahead of the compute that needs them.
+
+Design choices, in short:
+
+1. **One side stream per prefetcher, created once.** A new stream per epoch would
+   strand the caching allocator's blocks on streams nobody uses again.
+2. **One copy per batch.** :func:`~pincollate.to_device` moves each storage's used
+   span in one ``non_blocking`` copy; a pincollate batch has one storage.
+3. **Pinning off the critical path.** When the loader did not pin (``pin_memory=False``,
+   or a torch whose pin thread walks dicts leaf by leaf), a background thread pins
+   each batch with one pinned allocation, ``depth`` batches ahead.
+4. **Memory safety across streams by** ``record_stream``. Device memory is
+   allocated on the side stream and read on the consumer's; ``record_stream`` on
+   one tensor per storage tells the caching allocator not to reuse it until the
+   consumer's work is done. It costs one call per storage (one per batch), and
+   unlike holding references until a later step it is correct however long the
+   consumer keeps the batch. Pinned host memory needs nothing: the caching host
+   allocator records an event for each non-blocking copy from it.
+5. **The consumer waits on an event**, not on the whole side stream, so the copy of
+   batch ``i + 1`` overlaps the compute of batch ``i``.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+from .arena import accelerator_can_pin, is_pinned, trim_pinned
+from .errors import CollateError
+from .transfer import pin, tensors, to_device
+
+__all__ = ["Prefetcher"]
+
+T = TypeVar("T")
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class Prefetcher(Generic[T]):
+    """Iterate a loader with each batch already on ``device``, copied in advance.
+
+    Args:
+        loader: any iterable of batches, usually a ``DataLoader`` with
+            ``collate_fn=pincollate.mm_collate``.
+        device: where batches go; ``None`` picks the current CUDA device, else CPU.
+        depth: how many batches are copied (and transformed) ahead, at least 1.
+        transform: a callable applied to each batch on the device, in the prefetch
+            stream (``pincollate.Normalize``, say).
+        pin_memory: ``"auto"`` pins unpinned batches on a background thread when
+            ``device`` is CUDA; ``True`` always does (an error if pinning is
+            impossible); ``False`` never does.
+        pinned_limit: bytes of pinned memory the CUDA host allocator may keep
+            cached; past it the cache is emptied, so variable-size batches cannot
+            grow pinned memory without bound. ``None``: no limit.
+
+    Without an accelerator (``device`` is CPU) it is a synchronous passthrough that
+    applies ``transform``. ``len()``, ``sampler``, ``batch_sampler``, ``dataset``
+    and ``set_epoch`` pass through to the loader.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> import pincollate
+        >>> loader = DataLoader([{"x": torch.ones(2)}] * 4, batch_size=2, collate_fn=pincollate.mm_collate)
+        >>> batches = pincollate.Prefetcher(loader, device="cpu")
+        >>> len(batches), [b["x"].shape for b in batches]
+        (2, [torch.Size([2, 2]), torch.Size([2, 2])])
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        device: torch.device | str | None = None,
+        depth: int = 2,
+        transform: Callable[[Any], Any] | None = None,
+        pin_memory: bool | Literal["auto"] = "auto",
+        pinned_limit: int | None = 4 << 30,
+    ):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        if pin_memory not in (True, False, "auto"):
+            raise ValueError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self.loader = loader
+        self.device = _default_device() if device is None else torch.device(device)
+        self.depth = depth
+        self.transform = transform
+        self.pinned_limit = pinned_limit
+        cuda = self.device.type == "cuda"
+        if pin_memory is True and not accelerator_can_pin():
+            raise CollateError("pin_memory=True but pinned memory is not available in this process")
+        self.pin = pin_memory is True or (pin_memory == "auto" and cuda and accelerator_can_pin())
+        self._stream: Any = None
+
+    # loader passthrough --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset  # type: ignore[attr-defined]
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler  # type: ignore[attr-defined]
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.loader.batch_sampler  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it."""
+        seen: set[int] = set()
+        found = False
+        for name in ("sampler", "batch_sampler", "dataset"):
+            target = getattr(self.loader, name, None)
+            if target is None or id(target) in seen:
+                continue
+            seen.add(id(target))
+            if callable(getattr(target, "set_epoch", None)):
+                target.set_epoch(epoch)
+                found = True
+        if not found and callable(getattr(self.loader, "set_epoch", None)):
+            self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    # iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T]:
+        source: Iterator[Any] = iter(self.loader)
+        if self.pin:
+            source = _PinThread(source, self.depth)
+        if self.device.type == "cuda":
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            return _CudaPrefetch(source, self)
+        return _Passthrough(source, self)
+
+
+class _Pinning:
+    """What the pin thread works on; it holds no reference to the iterator, so
+    dropping the iterator (an early ``break``) lets ``__del__`` stop the thread."""
+
+    def __init__(self, source: Iterator[Any], depth: int):
+        self.source: Iterator[Any] | None = source
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        # Thread-local: keeps the copies in pin() from competing with the consumer.
+        torch.set_num_threads(1)
+        try:
+            for batch in self.source:  # type: ignore[union-attr]
+                if self.stop.is_set():
+                    return
+                if not all(is_pinned(t) for t in tensors(batch)):
+                    batch = pin(batch)
+                if not self.put(batch):
+                    return
+            self.put(_END)
+        except BaseException as error:  # re-raised in the consumer
+            self.put(_Failure(error))
+        finally:
+            # Drop the loader's iterator here, on this thread: a DataLoader
+            # iterator shuts its workers down when it is released.
+            self.source = None
+
+    def put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class _PinThread(Iterator[Any]):
+    """Batches from the loader, pinned ``depth`` ahead on a background thread."""
+
+    def __init__(self, source: Iterator[Any], depth: int):
+        self._state = _Pinning(source, depth)
+        self._done = False
+        self._thread = threading.Thread(target=self._state.run, name="pincollate-pin", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._state.queue.get()
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            error = item.error
+            if hasattr(error, "add_note"):
+                error.add_note("(raised while pincollate.Prefetcher read the loader on its pin thread)")
+            raise error
+        return item
+
+    def close(self) -> None:
+        """Stop the thread and release what it holds; safe to call twice."""
+        self._done = True
+        state = self._state
+        state.stop.set()
+        while True:
+            try:
+                state.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def __del__(self) -> None:
+        if not self._done:
+            self.close()
+
+
+class _Passthrough(Iterator[Any]):
+    """No accelerator: move (a no-op on CPU) and transform, synchronously."""
+
+    def __init__(self, source: Iterator[Any], owner: Prefetcher):
+        self._source = source
+        self._owner = owner
+
+    def __next__(self) -> Any:
+        batch = next(self._source)
+        owner = self._owner
+        if owner.device.type != "cpu":
+            batch = to_device(batch, owner.device)
+        if owner.transform is not None:
+            batch = owner.transform(batch)
+        return batch
+
+    def close(self) -> None:
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _CudaPrefetch(Iterator[Any]):
+    """Copies and transforms ``depth`` batches ahead on the prefetcher's side stream."""
+
+    def __init__(self, source: Iterator[Any], owner: Prefetcher):
+        self._source = source
+        self._owner = owner
+        self._inflight: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._exhausted = False
+        self._count = 0
+
+    def _launch(self) -> None:
+        try:
+            host = next(self._source)
+        except StopIteration:
+            self._exhausted = True
+            return
+        owner = self._owner
+        stream = owner._stream
+        with torch.cuda.device(owner.device), torch.cuda.stream(stream):
+            batch = to_device(host, owner.device, non_blocking=True)
+            if owner.transform is not None:
+                batch = owner.transform(batch)
+            event = torch.cuda.Event()
+            event.record(stream)
+        self._inflight.append((batch, event))
+
+    def __next__(self) -> Any:
+        while not self._exhausted and len(self._inflight) < self._owner.depth:
+            self._launch()
+        if not self._inflight:
+            self.close()
+            raise StopIteration
+        batch, event = self._inflight.popleft()
+        consumer = torch.cuda.current_stream(self._owner.device)
+        consumer.wait_event(event)
+        seen: set[int] = set()
+        for t in tensors(batch):
+            if t.device.type == "cuda":
+                storage = t.untyped_storage().data_ptr()
+                if storage not in seen:
+                    seen.add(storage)
+                    t.record_stream(consumer)
+        self._count += 1
+        if self._owner.pinned_limit is not None and self._count % 16 == 0:
+            trim_pinned(self._owner.pinned_limit)
+        return batch
+
+    def close(self) -> None:
+        self._inflight.clear()
+        self._exhausted = True
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        self.close()

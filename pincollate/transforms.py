@@ -1,0 +1,101 @@
+"""Transforms for the device side of the pipeline, run in the prefetch stream."""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["Normalize"]
+
+
+class Normalize:
+    """Turn image tensors into normalised floats on the device: ``(x * scale - mean) / std``.
+
+    Integer images are scaled to ``[0, 1]`` first (``uint8`` by 1/255), as
+    torchvision's ``ToDtype(..., scale=True)`` does. Works on any batch of
+    mappings; the batch is copied shallowly, never changed in place.
+
+    Args:
+        mean: per-channel means (channel dim is ``-3``: ``(..., C, H, W)``).
+        std: per-channel standard deviations.
+        keys: key paths of the images, dot-separated for nested mappings.
+        dtype: the floating dtype of the result.
+        channels_last: return ``channels_last`` memory format (4-D images).
+
+    Example:
+        >>> import torch
+        >>> norm = Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+        >>> out = norm({"image": torch.full((1, 3, 2, 2), 255, dtype=torch.uint8), "label": 3})
+        >>> out["image"].unique().tolist(), out["label"]
+        ([1.0], 3)
+    """
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        keys: Sequence[str] = ("image",),
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+    ):
+        if len(mean) != len(std):
+            raise ValueError(f"mean and std need one value per channel, got {len(mean)} and {len(std)}")
+        if any(s == 0 for s in std):
+            raise ValueError("std must not contain zeros")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be floating point, got {dtype}")
+        if isinstance(keys, str):
+            keys = (keys,)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.keys = tuple(tuple(k.split(".")) for k in keys)
+        self.dtype = dtype
+        self.channels_last = channels_last
+        self._constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __repr__(self) -> str:
+        keys = [".".join(k) for k in self.keys]
+        return f"Normalize(mean={list(self.mean)}, std={list(self.std)}, keys={keys}, dtype={self.dtype}, channels_last={self.channels_last})"
+
+    def _stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (device, self.dtype)
+        if key not in self._constants:
+            shape = (len(self.mean), 1, 1)
+            mean = torch.tensor(self.mean, dtype=self.dtype, device=device).view(shape)
+            std = torch.tensor(self.std, dtype=self.dtype, device=device).view(shape)
+            self._constants[key] = (mean, std)
+        return self._constants[key]
+
+    def normalize(self, image: torch.Tensor) -> torch.Tensor:
+        """Normalise one image tensor ``(..., C, H, W)``."""
+        if image.dim() < 3 or image.shape[-3] != len(self.mean):
+            raise ValueError(f"expected images (..., {len(self.mean)}, H, W), got shape {tuple(image.shape)}")
+        mean, std = self._stats(image.device)
+        out = image.to(self.dtype)
+        if not image.dtype.is_floating_point:
+            out = out / (torch.iinfo(image.dtype).max if image.dtype != torch.bool else 1)
+        out = (out - mean) / std
+        if self.channels_last and out.dim() == 4:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out
+
+    def __call__(self, batch: Any) -> Any:
+        for path in self.keys:
+            batch = _replace(batch, path, self.normalize)
+        return batch
+
+
+def _replace(tree: Any, path: tuple[str, ...], fn: Any) -> Any:
+    if not isinstance(tree, abc.Mapping) or path[0] not in tree:
+        raise KeyError(f"Normalize: no key {'.'.join(path)!r} in the batch")
+    clone = copy.copy(tree)
+    value = tree[path[0]]
+    if len(path) == 1:
+        clone[path[0]] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+    else:
+        clone[path[0]] = _replace(value, path[1:], fn)
+    return clone

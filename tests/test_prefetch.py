@@ -1,0 +1,219 @@
+"""Prefetcher on CPU (what CI runs) and on CUDA (behind the cuda marker)."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from pincollate import MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
+from pincollate.transfer import tensors
+from samples import TreeDataset, storages
+
+
+def _loader(n=8, **kwargs):
+    data = [{"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "label": i} for i in range(n)]
+    return DataLoader(data, batch_size=2, collate_fn=mm_collate, **kwargs)
+
+
+def _pin_threads() -> int:
+    return sum(t.name == "pincollate-pin" for t in threading.enumerate())
+
+
+def test_cpu_passthrough_yields_every_batch_in_order():
+    batches = list(Prefetcher(_loader(), device="cpu"))
+    assert [b["label"].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_len_and_loader_attributes_pass_through():
+    loader = _loader()
+    prefetcher = Prefetcher(loader, device="cpu")
+    assert len(prefetcher) == 4
+    assert prefetcher.dataset is loader.dataset
+    assert prefetcher.sampler is loader.sampler and prefetcher.batch_sampler is loader.batch_sampler
+
+
+def test_set_epoch_reaches_the_sampler():
+    data = list(range(16))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=1)
+    prefetcher = Prefetcher(DataLoader(data, batch_size=4, sampler=sampler, collate_fn=mm_collate), device="cpu")
+    prefetcher.set_epoch(0)
+    first = [b.tolist() for b in prefetcher]
+    prefetcher.set_epoch(1)
+    second = [b.tolist() for b in prefetcher]
+    assert sampler.epoch == 1 and first != second
+
+
+def test_empty_loader_yields_nothing():
+    assert list(Prefetcher(DataLoader([], batch_size=2, collate_fn=mm_collate), device="cpu")) == []
+    assert list(Prefetcher([], device="cpu", pin_memory=False)) == []
+
+
+def test_each_iter_starts_a_fresh_epoch():
+    prefetcher = Prefetcher(_loader(), device="cpu")
+    assert len(list(prefetcher)) == len(list(prefetcher)) == 4
+
+
+def test_transform_runs_on_each_batch():
+    norm = Normalize(mean=[0.0] * 3, std=[1.0] * 3)
+    batches = list(Prefetcher(_loader(), device="cpu", transform=norm))
+    assert batches[1]["image"].dtype == torch.float32
+    assert torch.allclose(batches[1]["image"][0], torch.full((3, 4, 4), 2 / 255))
+
+
+@pytest.mark.parametrize("kwargs,error", [({"depth": 0}, ValueError), ({"pin_memory": "x"}, ValueError), ({"transform": 3}, TypeError)])
+def test_bad_arguments(kwargs, error):
+    with pytest.raises(error):
+        Prefetcher(_loader(), device="cpu", **kwargs)
+
+
+# --- the pin thread, driven on CPU through the injected pinned allocator ---------------
+
+
+def test_pin_thread_pins_each_batch_once(fake_pinned):
+    loader = DataLoader(TreeDataset("multimodal-dict", repeat=2), batch_size=4, collate_fn=MMCollate(pin_memory=False))
+    batches = list(Prefetcher(loader, device="cpu", pin_memory=True))
+    assert len(batches) == 2 and len(fake_pinned) == 2
+    assert all(len(storages(b)) == 1 for b in batches)
+    assert _pin_threads() == 0
+
+
+class _Exploding(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise ValueError(f"bad record {i}")
+        return {"x": torch.tensor(i)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_errors_surface_with_their_message(fake_pinned, workers):
+    loader = DataLoader(_Exploding(), batch_size=2, collate_fn=mm_collate, num_workers=workers, timeout=60 if workers else 0)
+    seen = []
+    with pytest.raises(ValueError, match="bad record 5"):
+        for batch in Prefetcher(loader, device="cpu", pin_memory=True):
+            seen.append(batch["x"].tolist())
+    assert seen == [[0, 1], [2, 3]]
+    assert _pin_threads() == 0
+
+
+def test_early_break_and_garbage_collection_release_the_thread(fake_pinned):
+    prefetcher = Prefetcher(_loader(64), device="cpu", pin_memory=True, depth=3)
+    for i, _ in enumerate(prefetcher):
+        if i == 1:
+            break
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _pin_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pin_threads() == 0
+    assert len(list(prefetcher)) == 32
+
+
+def test_pin_true_without_pinning_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("pinning is available here")
+    with pytest.raises(TypeError, match="pin_memory=True"):
+        Prefetcher(_loader(), device="cpu", pin_memory=True)
+
+
+def test_pinned_footprint_reports_zero_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert pinned_footprint() == {"reserved": 0, "active": 0, "peak": 0}
+
+
+# --- Normalize ---------------------------------------------------------------------------
+
+
+def test_normalize_matches_torchvision():
+    from torchvision.transforms import v2
+
+    images = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    ours = Normalize(mean, std)({"image": images})["image"]
+    theirs = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(images))
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_normalize_nested_keys_lists_and_channels_last():
+    batch = {"inputs": {"pixels": [torch.zeros(2, 3, 4, 4, dtype=torch.uint8)]}, "y": 1}
+    out = Normalize([0.5] * 3, [0.5] * 3, keys=["inputs.pixels"], channels_last=True)(batch)
+    assert out["inputs"]["pixels"][0].is_contiguous(memory_format=torch.channels_last)
+    assert batch["inputs"]["pixels"][0].dtype == torch.uint8  # the input is not changed
+
+
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [({"mean": [0.5], "std": [0.5, 0.5]}, "one value per channel"), ({"mean": [0.5], "std": [0.0]}, "zeros"), ({"mean": [0.5], "std": [1.0], "dtype": torch.int64}, "floating")],
+)
+def test_normalize_bad_arguments(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        Normalize(**kwargs)
+
+
+def test_normalize_reports_missing_key_and_wrong_channels():
+    with pytest.raises(KeyError, match="no key 'img'"):
+        Normalize([0.5] * 3, [0.5] * 3, keys=["img"])({"image": torch.zeros(3, 2, 2)})
+    with pytest.raises(ValueError, match=r"expected images \(\.\.\., 3, H, W\)"):
+        Normalize([0.5] * 3, [0.5] * 3)({"image": torch.zeros(1, 2, 2)})
+
+
+# --- CUDA ------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_cuda_batches_are_pinned_and_one_storage():
+    loader = DataLoader(TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate, num_workers=2, pin_memory=True)
+    for batch in loader:
+        assert all(t.is_pinned() for t in tensors(batch))
+        assert len(storages(batch)) == 1
+
+
+@pytest.mark.cuda
+def test_cuda_one_host_to_device_memcpy_per_batch():
+    from torch.profiler import ProfilerActivity, profile
+
+    loader = DataLoader(TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate, pin_memory=True)
+    prefetcher = Prefetcher(loader, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        n = sum(1 for _ in prefetcher)
+        torch.cuda.synchronize()
+    copies = [e for e in prof.events() if "Memcpy HtoD" in e.name]
+    assert n == 4 and len(copies) == n
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("depth", [1, 2, 3, 4])
+def test_cuda_values_survive_allocator_reuse(depth):
+    rng = random.Random(depth)
+    data = [{"x": torch.full((256, 256), float(i)), "i": i} for i in range(200)]
+    loader = DataLoader(data, batch_size=1, collate_fn=mm_collate)
+    for batch in Prefetcher(loader, device="cuda", depth=depth):
+        work = torch.randn(1024, 1024, device="cuda")
+        for _ in range(rng.randint(0, 4)):
+            work = work @ work
+        del work
+        if rng.random() < 0.3:
+            time.sleep(rng.random() * 0.002)
+        assert bool((batch["x"] == batch["i"].to("cuda", torch.float32)).all())
+
+
+@pytest.mark.cuda
+def test_cuda_pinned_memory_stays_flat_over_ragged_batches():
+    rng = random.Random(0)
+    data = [{"x": torch.randn(rng.randint(1, 64) * 1024)} for _ in range(500)]
+    loader = DataLoader(data, batch_size=1, collate_fn=MMCollate(), pin_memory=False)
+    prefetcher = Prefetcher(loader, device="cuda", pinned_limit=64 << 20)
+    reserved = []
+    for i, _ in enumerate(prefetcher):
+        if i % 50 == 49:
+            reserved.append(pinned_footprint()["reserved"])
+    assert max(reserved) <= 2 * reserved[0] + (64 << 20)

@@ -1,0 +1,107 @@
+"""pin() and to_device(): one copy per storage span, leaves rebuilt exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from pincollate import Batch, MMCollate, mm_collate, to_device
+from pincollate.transfer import map_tensors, pin, tensors
+from samples import PARITY, RAGGED, Point, assert_same, storages
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset() * t.dtype.itemsize
+
+
+@pytest.mark.parametrize("name", ["multimodal-dict", "tuple-samples", "namedtuple", "unequal-lists", "ragged-boxes"])
+def test_pin_makes_one_allocation_per_batch_and_keeps_views(fake_pinned, name):
+    batch = MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
+    pinned = pin(batch)
+    assert len(fake_pinned) == 1 and fake_pinned[0] <= batch_nbytes(batch)
+    assert len(storages(pinned)) == 1
+    assert_same(pinned, batch)
+    before = sorted(_layout(t)[:3] for t in tensors(batch))
+    after = sorted(_layout(t)[:3] for t in tensors(pinned))
+    assert before == after
+
+
+def batch_nbytes(batch) -> int:
+    return next(iter(tensors(batch))).untyped_storage().nbytes()
+
+
+def test_batch_pin_memory_returns_itself_when_pinned(fake_pinned):
+    batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
+    pinned = batch.pin_memory()
+    assert type(pinned) is Batch and len(fake_pinned) == 1
+    assert pinned.buffer.untyped_storage().data_ptr() == next(iter(storages(pinned)))
+    assert pinned.pin_memory() is pinned and len(fake_pinned) == 1
+
+
+def test_namedtuple_batch_pins_in_one_copy(fake_pinned):
+    batch = MMCollate(pin_memory=False)([Point(1, torch.zeros(3)), Point(2, torch.ones(3))])
+    pinned = batch.pin_memory()
+    assert isinstance(pinned, Point) and len(fake_pinned) == 1
+    assert torch.equal(pinned.y, batch.y)
+
+
+def test_foreign_batches_pin_one_allocation_per_storage(fake_pinned):
+    batch = default_collate(PARITY["multimodal-dict"]())
+    pinned = pin(batch)
+    assert len(fake_pinned) == len(storages(batch))
+    assert_same(pinned, batch)
+
+
+def test_sparse_spans_fall_back_to_per_leaf_copies(fake_pinned):
+    big = torch.arange(1_000_000, dtype=torch.float32)
+    tree = {"a": big[:10], "b": big[-10:], "text": "kept"}
+    pinned = pin(tree)
+    assert sorted(fake_pinned) == [40, 40]
+    assert pinned["text"] == "kept"
+    assert torch.equal(pinned["a"], big[:10]) and torch.equal(pinned["b"], big[-10:])
+
+
+def test_strided_and_offset_views_survive_a_move(fake_pinned):
+    base = torch.arange(64.0).view(8, 8)
+    tree = [base.t(), base[2:5, ::2], base[0]]
+    moved = pin(tree)
+    assert len(fake_pinned) == 1
+    for a, b in zip(moved, tree):
+        assert a.stride() == b.stride() and torch.equal(a, b)
+
+
+def test_to_device_same_device_is_a_noop():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    moved = to_device(batch, "cpu")
+    assert all(a is b for a, b in zip(tensors(moved), tensors(batch)))
+
+
+def test_to_device_meta_rebuilds_structure():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    moved = to_device(batch, "meta")
+    assert type(moved) is Batch
+    for a, b in zip(tensors(moved), tensors(batch)):
+        assert a.device.type == "meta" and _layout(a)[:3] == _layout(b)[:3]
+    assert moved["caption"] == batch["caption"]
+
+
+def test_map_tensors_keeps_container_types():
+    tree = {"p": Point(torch.zeros(1), [torch.ones(1), "s"]), "n": None}
+    out = map_tensors(tree, lambda t: t + 1)
+    assert isinstance(out["p"], Point) and out["p"].x.item() == 1 and out["p"].y[1] == "s" and out["n"] is None
+
+
+def test_jagged_tensors_move_with_their_parts(fake_pinned):
+    from pincollate import Jagged, MMCollate
+
+    batch = MMCollate(pin_memory=False, fields={"x": Jagged()})([{"x": torch.arange(3)}, {"x": torch.arange(2)}])
+    pinned = pin(batch)
+    assert len(fake_pinned) == 1
+    assert [t.tolist() for t in pinned["x"].unbind()] == [[0, 1, 2], [0, 1]]
+
+
+def test_main_process_collate_allocates_pinned_directly(fake_pinned):
+    batch = MMCollate(pin_memory="auto")(PARITY["multimodal-dict"]())
+    assert len(fake_pinned) == 1
+    assert batch.pin_memory() is batch and len(fake_pinned) == 1
