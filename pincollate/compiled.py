@@ -12,12 +12,12 @@ is dropped for good, so ragged data does not pay for two plans every batch.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .arena import Kind, allocate
@@ -48,26 +48,39 @@ def signature(first: Any) -> tuple | None:
 
 
 class _Plan:
-    __slots__ = ("fields", "keys", "nbytes")
+    """A compiled flat-dict plan: tensor fields, number groups, kept fields.
+
+    Number fields of one Python type are laid out as the rows of one block, so a
+    group costs one type check, one numpy assignment and one ``unbind``, however
+    many fields it has.
+    """
+
+    __slots__ = ("keys", "kept", "nbytes", "numbers", "tensors")
 
     def __init__(self, sig: tuple, batch_size: int):
-        self.fields: list[tuple[Hashable, type, torch.dtype | None, tuple[int, ...], tuple[int, ...], int]] = []
+        self.keys = [entry[0] for entry in sig]
+        self.tensors: list[tuple[Hashable, torch.dtype, tuple[int, ...], tuple[int, ...], int]] = []
+        self.kept: list[tuple[Hashable, type]] = []
+        groups: dict[type, list[Hashable]] = {}
         offset = 0
         for entry in sig:
             key, cls = entry[0], entry[1]
-            if cls in _KEPT:
-                self.fields.append((key, cls, None, (), (), 0))
-                continue
             if cls is torch.Tensor:
                 dtype, shape = entry[2], (batch_size, *entry[3])
+                numel = 1
+                for size in shape:
+                    numel *= size
+                self.tensors.append((key, dtype, shape, _contiguous_strides(shape), offset // dtype.itemsize))
+                offset = _align(offset + numel * dtype.itemsize)
+            elif cls in _KEPT:
+                self.kept.append((key, cls))
             else:
-                dtype, shape = _NUMBER_DTYPES[cls], (batch_size,)
-            numel = 1
-            for size in shape:
-                numel *= size
-            self.fields.append((key, cls, dtype, shape, _contiguous_strides(shape), offset // dtype.itemsize))
-            offset = _align(offset + numel * dtype.itemsize)
-        self.keys = [entry[0] for entry in sig]
+                groups.setdefault(cls, []).append(key)
+        self.numbers: list[tuple[type, list[Hashable], torch.dtype, int]] = []
+        for cls, keys in groups.items():
+            dtype = _NUMBER_DTYPES[cls]
+            self.numbers.append((cls, keys, dtype, offset // dtype.itemsize))
+            offset = _align(offset + len(keys) * batch_size * dtype.itemsize)
         self.nbytes = offset
 
     def run(self, batch: Sequence[dict], kind: Kind) -> Batch | None:
@@ -75,37 +88,47 @@ class _Plan:
         for sample in batch:
             if type(sample) is not dict or sample.keys() != key_set:
                 return None
+        n = len(batch)
         buffer = allocate(self.nbytes, kind)
         typed: dict[torch.dtype, torch.Tensor] = {}
-        out = Batch()
+        out: dict[Hashable, Any] = {}
         with torch.no_grad():
-            for key, cls, dtype, shape, strides, offset in self.fields:
+            for key, dtype, shape, strides, offset in self.tensors:
                 column = [sample[key] for sample in batch]
                 types = set(map(type, column))
-                if len(types) != 1 or types.pop() is not cls:
+                if len(types) != 1 or types.pop() is not torch.Tensor or len({value.dtype for value in column}) != 1:
                     return None
-                if dtype is None:
-                    out[key] = column
-                    continue
                 flat = typed.get(dtype)
                 if flat is None:
                     flat = typed[dtype] = buffer.view(dtype)
                 view = flat.as_strided(shape, strides, offset)
-                if cls is torch.Tensor:
-                    if len({value.dtype for value in column}) != 1:
-                        return None
-                    try:
-                        torch.stack(column, out=view)
-                    except (RuntimeError, TypeError, ValueError):
-                        return None
-                else:
-                    try:
-                        view.numpy()[...] = column
-                    except (OverflowError, TypeError, ValueError):
-                        return None
+                try:
+                    torch.stack(column, out=view)
+                except (RuntimeError, TypeError, ValueError):
+                    return None
                 out[key] = view
-        out.buffer = buffer
-        return out
+            for cls, keys, dtype, offset in self.numbers:
+                rows = [[sample[key] for key in keys] for sample in batch]
+                if set(map(type, itertools.chain.from_iterable(rows))) != {cls}:
+                    return None
+                flat = typed.get(dtype)
+                if flat is None:
+                    flat = typed[dtype] = buffer.view(dtype)
+                block = flat.as_strided((len(keys), n), (n, 1), offset)
+                try:
+                    block.numpy().T[...] = rows
+                except (OverflowError, TypeError, ValueError):
+                    return None
+                out.update(zip(keys, block.unbind(0)))
+            for key, cls in self.kept:
+                column = [sample[key] for sample in batch]
+                types = set(map(type, column))
+                if len(types) != 1 or types.pop() is not cls:
+                    return None
+                out[key] = column
+        result = Batch((key, out[key]) for key in self.keys)
+        result.buffer = buffer
+        return result
 
 
 class CompiledPlans:

@@ -50,9 +50,11 @@ class LeafHandler:
             and shape (a mask's type, say).
         stackable: ``False`` for types kept one per sample even when shapes agree
             (torchvision's ``BoundingBoxes`` must stay 2-D).
+        concat: ``concat(region, values)`` writes values concatenated along dim 0
+            in one call, or ``None`` (then each value is copied on its own).
     """
 
-    __slots__ = ("describe", "family", "fill", "meta", "name", "stackable", "wrap")
+    __slots__ = ("concat", "describe", "family", "fill", "meta", "name", "stackable", "wrap")
 
     def __init__(
         self,
@@ -63,9 +65,11 @@ class LeafHandler:
         wrap: Callable[[Any], Callable[[torch.Tensor], Any] | None] | None = None,
         meta: Callable[[Any], Hashable] | None = None,
         stackable: bool = True,
+        concat: Filler | None = None,
     ):
         self.name = name
         self.stackable = stackable
+        self.concat = concat
         self.family = family
         self.describe = describe
         self.fill = fill
@@ -122,7 +126,11 @@ def _fill_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
     torch.stack(values, out=region)
 
 
-register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors))
+def _concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.cat(values, out=region)
+
+
+register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors, concat=_concat_tensors))
 
 
 # --- numpy ---------------------------------------------------------------------------
@@ -154,7 +162,11 @@ def _fill_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
     np.stack(values, out=region.numpy())
 
 
-register(np.ndarray, LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays))
+def _concat_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    np.concatenate(values, out=region.numpy())
+
+
+register(np.ndarray, LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, concat=_concat_arrays))
 
 
 # --- numbers -------------------------------------------------------------------------
@@ -253,12 +265,12 @@ def _register_tv_tensors() -> None:
         return type(value)
 
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
-        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta))
+        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, concat=_concat_tensors))
     # Boxes stay one tensor per image, with their own format and canvas size:
     # torchvision's BoundingBoxes are 2-D by definition.
     register(
         tv_tensors.BoundingBoxes,
-        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False),
+        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False, concat=_concat_tensors),
     )
 
 

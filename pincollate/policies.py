@@ -279,8 +279,8 @@ class Pad(Policy):
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
-            mask_fill = functools.partial(_fill_mask, left=self.side == "left")
-            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, lengths)])
+            mask_fill = _fill_mask_1d if len(dims) == 1 else _fill_mask
+            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)])
         return node, extras
 
 
@@ -291,9 +291,25 @@ def _box(sizes: tuple[int, ...], full: tuple[int, ...], left: bool) -> tuple[sli
 def _fill_padded(region: torch.Tensor, entries: list[tuple[int, Any, tuple[int, ...]]], *, value: Any, left: bool, handler: LeafHandler) -> None:
     region.fill_(value)
     full = tuple(region.shape[1:])
+    plain = handler.family == "tensor"
     for i, item, shape in entries:
         target = region[i][_box(shape, full, left)]
-        handler.fill(target.unsqueeze(0), [item])
+        if plain:
+            target.copy_(item)
+        else:
+            handler.fill(target.unsqueeze(0), [item])
+
+
+def _fill_mask_1d(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:
+    # mask[i, j] = j < length[i] (or, padded on the left, j >= size - length[i]),
+    # as one comparison instead of a slice assignment per row.
+    size = region.shape[1]
+    positions = torch.arange(size).unsqueeze(0)
+    bounds = torch.tensor([row[0] for row in lengths]).unsqueeze(1)
+    if left:
+        torch.ge(positions, size - bounds, out=region)
+    else:
+        torch.lt(positions, bounds, out=region)
 
 
 def _fill_mask(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:
@@ -359,13 +375,17 @@ class Concat(Policy):
         rows = [0 if shape is None else shape[0] for shape in column.shapes]
         trailing = column.shapes[first][1:]
         total = sum(rows)
-        segments = []
-        start = 0
-        row_numel = math.prod(trailing)
-        for i in present:
-            # Each value is its own segment: a stack of one into a region of its rows.
-            segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
-            start += rows[i] * row_numel
+        concat = column.handler.concat
+        if concat is not None:
+            # One call for the whole field: torch.cat straight into the region.
+            segments = [Segment(0, (total, *trailing), concat, [column.values[i] for i in present])]
+        else:
+            segments = []
+            start = 0
+            row_numel = math.prod(trailing)
+            for i in present:
+                segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
+                start += rows[i] * row_numel
         return TensorNode(column.dtype, (total, *trailing), segments), rows
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:

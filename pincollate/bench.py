@@ -1,0 +1,431 @@
+"""``python -m pincollate.bench``: collate and transfer methods side by side, as ratios.
+
+Every method runs on the same samples in the same process, in interleaved rounds
+(A, B, C, A, B, C, ...), and the table reports medians and each method's ratio to
+the baseline: ``default_collate``, or for ragged scenarios (which it rejects) a
+hand-written ``pad_sequence``/``torch.cat`` collate. Machines are noisy; ratios
+from one run are the claim, never absolute times from different runs.
+
+Modes: ``main`` times one collate call in this process; ``workers`` times a
+``DataLoader`` with ``--workers`` worker processes end to end (collate in the
+workers, batches sent to this process). With ``--gpu`` and a CUDA device it adds
+host-to-device transfer and compute/copy overlap rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from .arena import accelerator_can_pin
+from .collate import MMCollate
+from .datasets import SCENARIOS, InMemory
+from .policies import Concat, Pad
+
+__all__ = ["machine", "main", "run"]
+
+Collate = Callable[[list[Any]], Any]
+
+
+# --- baselines written from their published behaviour -----------------------------------
+
+
+def per_leaf_pinned_stack(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each field stacked into its own fresh tensor, pinned where possible (the vLLM change)."""
+    pin = accelerator_can_pin()
+    out: dict[str, Any] = {}
+    for key, first in samples[0].items():
+        values = [s[key] for s in samples]
+        if isinstance(first, torch.Tensor):
+            target = torch.empty((len(values), *first.shape), dtype=first.dtype, pin_memory=pin)
+            out[key] = torch.stack(values, out=target)
+        elif isinstance(first, (int, float)):
+            out[key] = torch.tensor(values, dtype=torch.float64 if isinstance(first, float) else None)
+        else:
+            out[key] = values
+    return out
+
+
+def tensordict_consolidate(samples: list[dict[str, Any]]) -> Any:
+    """``default_collate`` then ``TensorDict(...).consolidate()``: one storage, two copies."""
+    from tensordict import TensorDict
+
+    batch = default_collate(samples)
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return TensorDict(tensors, batch_size=[len(samples)]).consolidate()
+
+
+def vlm_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    ids = [s["input_ids"] for s in samples]
+    lengths = torch.tensor([len(t) for t in ids])
+    patches = [p for s in samples for p in s["pixel_values"]]
+    rows = torch.tensor([0] + [sum(p.shape[0] for p in s["pixel_values"]) for s in samples]).cumsum(0).to(torch.int32)
+    return {
+        "input_ids": pad_sequence(ids, batch_first=True),
+        "attention_mask": torch.arange(int(lengths.max()))[None, :] < lengths[:, None],
+        "pixel_values": torch.cat(patches),
+        "pixel_values_offsets": rows,
+    }
+
+
+def audio_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    waves = [s["audio"].transpose(0, 1) for s in samples]
+    return {
+        "audio": pad_sequence(waves, batch_first=True).transpose(1, 2),
+        "audio_lengths": torch.tensor([w.shape[0] for w in waves]),
+        "label": torch.tensor([s["label"] for s in samples]),
+    }
+
+
+def detection_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "image": torch.stack([s["image"] for s in samples]),
+        "boxes": [s["boxes"] for s in samples],
+        "labels": [s["labels"] for s in samples],
+    }
+
+
+def methods(scenario: str) -> dict[str, Collate | None]:
+    """The methods compared in a scenario; the first is the baseline."""
+    if scenario in ("manyleaf", "video"):
+        table: dict[str, Collate | None] = {
+            "default_collate": default_collate,
+            "per-leaf pinned stack": per_leaf_pinned_stack,
+            "tensordict": tensordict_consolidate if _has_tensordict() else None,
+            "mm_collate": MMCollate(),
+        }
+        return table
+    ours = {
+        "vlm": MMCollate(fields={"input_ids": Pad(mask_key="attention_mask", lengths_key=None), "pixel_values": Concat(counts_key=None, item_offsets_key=None)}),
+        "audio": MMCollate(fields={"audio": Pad(dims=[-1], mask_key=None)}),
+        "detection": MMCollate(),
+    }[scenario]
+    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand}[scenario]
+    return {"pad/cat by hand": by_hand, "mm_collate": ours}
+
+
+def _has_tensordict() -> bool:
+    try:
+        import tensordict  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --- measuring ---------------------------------------------------------------------------
+
+
+def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up: compiled plans, allocator caches
+        fn(batches[0])
+        fn(batches[0])
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for batch in batches:
+                fn(batch)
+            times[name].append((time.perf_counter() - start) / len(batches))
+            progress.update(1)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _time_workers(fns: dict[str, Collate], dataset: Dataset, batch_size: int, workers: int, rounds: int, progress: Any) -> dict[str, float]:
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=fn, prefetch_factor=4, timeout=120)
+            iterator = iter(loader)
+            next(iterator)  # workers started and warm
+            start = time.perf_counter()
+            count = sum(1 for _ in iterator)
+            rates[name].append(count / (time.perf_counter() - start))
+            del iterator, loader
+            progress.update(1)
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def _padding_bytes(scenario: str, collate: Collate, batches: list[list[Any]]) -> float | None:
+    if scenario not in ("vlm", "audio"):
+        return None
+    key = "input_ids" if scenario == "vlm" else "audio"
+    total = 0
+    for batch in batches:
+        out = collate(batch)
+        padded = out[key]
+        real = sum(s[key].numel() for s in batch)
+        total += (padded.numel() - real) * padded.element_size()
+    return total / len(batches)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    accelerator = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "accelerator": accelerator,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) -> dict[str, Any]:
+    """Run the collate benchmark; returns a JSON-ready report."""
+    from tqdm.auto import tqdm
+
+    rounds_main, rounds_workers = (11, 3) if quick else (21, 5)
+    results: list[dict[str, Any]] = []
+    plan = []
+    for scenario in scenarios:
+        fns = {k: v for k, v in methods(scenario).items() if v is not None}
+        plan.append((scenario, fns))
+    steps = sum(len(fns) * (rounds_main + (rounds_workers if workers else 0)) for _, fns in plan)
+    bar = tqdm(total=steps, desc="pincollate.bench", file=sys.stderr, disable=not progress, leave=False)
+    for scenario, fns in plan:
+        cls, batch_size = SCENARIOS[scenario]
+        n_batches = 12 if quick else 32
+        if scenario == "video":
+            n_batches = 4 if quick else 12
+        dataset = InMemory(cls(length=batch_size * n_batches))  # type: ignore[call-arg]
+        batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n_batches)]
+        bar.set_postfix_str(f"{scenario}: main process")
+        main_times = _time_main(fns, batches, rounds_main, bar)
+        worker_rates: dict[str, float] = {}
+        if workers:
+            bar.set_postfix_str(f"{scenario}: {workers} workers")
+            worker_rates = _time_workers(fns, dataset, batch_size, workers, rounds_workers, bar)
+        baseline = next(iter(fns))
+        padding = _padding_bytes(scenario, fns["mm_collate"], batches)
+        for name in fns:
+            row: dict[str, Any] = {
+                "scenario": scenario,
+                "method": name,
+                "baseline": baseline,
+                "main_ms": main_times[name] * 1e3,
+                "main_speedup": main_times[baseline] / main_times[name],
+            }
+            if workers:
+                row["workers_batches_per_s"] = worker_rates[name]
+                row["workers_speedup"] = worker_rates[name] / worker_rates[baseline]
+            if name == "mm_collate" and padding is not None:
+                row["padding_bytes_per_batch"] = padding
+            results.append(row)
+    bar.close()
+    return {"machine": machine(), "workers": workers, "quick": quick, "results": results}
+
+
+# --- GPU rows ------------------------------------------------------------------------------
+
+
+def run_gpu(quick: bool) -> dict[str, Any]:
+    """Transfer and overlap on the current CUDA device (see ``make gpu-check``)."""
+    from .prefetch import Prefetcher
+    from .transfer import tensors, to_device
+
+    device = torch.device("cuda")
+    report: dict[str, Any] = {}
+
+    def timed(fn: Callable[[], Any], repeat: int) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / repeat
+
+    big = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+    seconds = timed(lambda: big.to(device, non_blocking=True), 10)
+    report["peak_pinned_h2d_gb_per_s"] = big.numel() / seconds / 1e9
+
+    dataset = InMemory(SCENARIOS["manyleaf"][0](length=32 * 4))  # type: ignore[call-arg]
+    samples = [dataset[i] for i in range(32)]
+    ours = MMCollate()(samples)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors(ours))
+    theirs = default_collate(samples)
+    theirs = {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in theirs.items()}
+
+    def per_leaf() -> Any:
+        return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in theirs.items()}
+
+    rows = {}
+    for name, fn in (("mm_collate + to_device", lambda: to_device(ours, device)), ("per-leaf .to(non_blocking)", per_leaf)):
+        seconds = timed(fn, 50)
+        rows[name] = {"gb_per_s": nbytes / seconds / 1e9, "ms": seconds * 1e3, "memcpys": _count_memcpy(fn)}
+    report["manyleaf_transfer"] = rows
+    report["manyleaf_batch_bytes"] = nbytes
+    report["overlap"] = _overlap(device, quick, Prefetcher)
+    return report
+
+
+def _count_memcpy(fn: Callable[[], Any]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "Memcpy HtoD" in e.name)
+
+
+def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, Any]:
+    """Step time with the Prefetcher against max(compute, copy) for a synthetic kernel."""
+    dataset = InMemory(SCENARIOS["video"][0](length=8 * (4 if quick else 12)))  # type: ignore[call-arg]
+    collate = MMCollate()
+    host_batches = [collate([dataset[i * 8 + j] for j in range(8)]) for i in range(len(dataset) // 8)]
+    weight = torch.randn(4096, 4096, device=device)
+
+    def compute(n: int) -> None:
+        x = weight
+        for _ in range(n):
+            x = torch.tanh(x @ weight)
+
+    from .transfer import to_device
+
+    def avg(fn: Callable[[], Any], repeat: int = 5) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / repeat
+
+    copy_s = avg(lambda: to_device(host_batches[0], device))
+    iters = 1
+    while avg(lambda: compute(iters)) < copy_s and iters < 4096:
+        iters *= 2
+    compute_s = avg(lambda: compute(iters))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    steps = 0
+    for batch in prefetcher(host_batches, device=device, depth=2):
+        compute(iters)
+        steps += 1
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - start) / steps
+    return {"compute_ms": compute_s * 1e3, "copy_ms": copy_s * 1e3, "step_ms": step_s * 1e3, "step_over_max": step_s / max(compute_s, copy_s)}
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def format_table(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}",
+        "",
+    ]
+    header = f"{'scenario':<10} {'method':<24} {'main ms':>9} {'vs base':>8}"
+    if report["workers"]:
+        header += f" {'workers b/s':>12} {'vs base':>8}"
+    header += "  notes"
+    lines += [header, "-" * len(header)]
+    for row in report["results"]:
+        line = f"{row['scenario']:<10} {row['method']:<24} {row['main_ms']:>9.3f} {row['main_speedup']:>7.2f}x"
+        if report["workers"]:
+            line += f" {row['workers_batches_per_s']:>12.1f} {row['workers_speedup']:>7.2f}x"
+        notes = []
+        if row["method"] == row["baseline"]:
+            notes.append("baseline")
+        if "padding_bytes_per_batch" in row:
+            notes.append(f"padding {row['padding_bytes_per_batch'] / 1024:.1f} KiB/batch")
+        lines.append(line + ("  " + ", ".join(notes) if notes else ""))
+    gpu = report.get("gpu")
+    if gpu:
+        lines += ["", f"peak pinned H2D: {gpu['peak_pinned_h2d_gb_per_s']:.1f} GB/s"]
+        for name, row in gpu["manyleaf_transfer"].items():
+            lines.append(f"manyleaf transfer, {name:<28} {row['gb_per_s']:6.1f} GB/s  {row['memcpys']} memcpy")
+        o = gpu["overlap"]
+        lines.append(f"overlap: step {o['step_ms']:.2f} ms, compute {o['compute_ms']:.2f} ms, copy {o['copy_ms']:.2f} ms, step/max = {o['step_over_max']:.3f}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if r["method"] != r["baseline"]]
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    methods_ = list(dict.fromkeys(r["method"] for r in rows))
+    modes = [("main_speedup", "main process")] + ([("workers_speedup", f"{report['workers']} workers")] if report["workers"] else [])
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    width = 0.8 / max(len(methods_), 1)
+    for ax, (key, title) in zip(axes[0], modes):
+        for i, method in enumerate(methods_):
+            xs, ys = [], []
+            for j, scenario in enumerate(scenarios):
+                for r in rows:
+                    if r["scenario"] == scenario and r["method"] == method:
+                        xs.append(j + i * width)
+                        ys.append(r[key])
+            ax.bar(xs, ys, width=width, label=method)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + width * (len(methods_) - 1) / 2 for j in range(len(scenarios))], scenarios)
+        ax.set_ylabel("speed-up over baseline (x)")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    m = report["machine"]
+    fig.suptitle(f"pincollate.bench: {m['cpu']}, {m['cores']} cores, torch {m['torch']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pincollate-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeat to pick several (default: all)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the workers mode (0 skips it)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and batches (under 90 s on 2 cores)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write ratio bars as PNG (matplotlib)")
+    parser.add_argument("--gpu", action="store_true", help="add transfer and overlap rows (needs CUDA)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if args.workers < 0:
+        parser.error("--workers must be >= 0")
+    scenarios = args.scenario or list(SCENARIOS)
+    torch.manual_seed(0)
+    report = run(scenarios, args.quick, args.workers, progress=not args.no_progress)
+    if args.gpu:
+        if not torch.cuda.is_available():
+            parser.error("--gpu needs a CUDA device")
+        report["gpu"] = run_gpu(args.quick)
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
