@@ -269,9 +269,10 @@ class _Planner:
         for i, value in enumerate(values):
             if type(value) is not cls:
                 raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
+        # zip's tuples, as default_collate (a column of strings stays a tuple).
         children = [
-            self._with_extras(*self._child([v[j] for v in values], (*path, name), origins, depth, items), (*path, name), origins)
-            for j, name in enumerate(cls._fields)
+            self._with_extras(*self._child(column, (*path, name), origins, depth, items), (*path, name), origins)  # type: ignore[arg-type]
+            for name, column in zip(cls._fields, zip(*values))
         ]
         target = pinnable(cls) if depth == 0 else cls
         return ContainerNode(lambda outs: target(*outs), children)

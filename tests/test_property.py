@@ -1,0 +1,145 @@
+"""Property tests: random nested samples against default_collate, and invariants everywhere."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import default_collate
+
+from pincollate import MMCollate
+from samples import assert_same, storages
+
+P2 = collections.namedtuple("P2", "a b")
+
+
+@dataclasses.dataclass
+class DC:
+    a: Any
+    b: Any
+
+
+TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64]
+NUMPY_DTYPES = [np.float32, np.float64, np.int64, np.int16, np.uint8, np.bool_]
+
+shapes = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
+
+
+def leaf_specs(ragged: bool) -> st.SearchStrategy:
+    tensor = st.tuples(st.just("tensor"), st.sampled_from(TORCH_DTYPES), shapes, st.booleans() if ragged else st.just(False))
+    array = st.tuples(st.just("numpy"), st.sampled_from(NUMPY_DTYPES), shapes, st.just(False))
+    plain = st.tuples(st.sampled_from(["int", "float", "bool", "str"]), st.none(), st.none(), st.just(False))
+    options = [tensor, array, plain]
+    if ragged:
+        options.append(st.tuples(st.just("none"), st.none(), st.none(), st.just(False)))
+    return st.one_of(*options)
+
+
+def specs(ragged: bool) -> st.SearchStrategy:
+    def extend(children: st.SearchStrategy) -> st.SearchStrategy:
+        keys = st.text("abcdefgh", min_size=1, max_size=3)
+        options = [
+            st.dictionaries(keys, children, min_size=1, max_size=4).map(lambda d: ("dict", d)),
+            st.lists(children, min_size=1, max_size=3).map(lambda xs: ("list", xs)),
+            st.lists(children, min_size=1, max_size=3).map(lambda xs: ("tuple", xs)),
+            st.tuples(children, children).map(lambda ab: ("namedtuple", ab)),
+        ]
+        if ragged:
+            options.append(st.tuples(children, children).map(lambda ab: ("dataclass", ab)))
+        return st.one_of(*options)
+
+    return st.recursive(leaf_specs(ragged), extend, max_leaves=8)
+
+
+def build(spec: Any, rng: np.random.Generator) -> Any:
+    kind = spec[0]
+    if kind == "dict":
+        return {k: build(v, rng) for k, v in spec[1].items()}
+    if kind == "list":
+        return [build(v, rng) for v in spec[1]]
+    if kind == "tuple":
+        return tuple(build(v, rng) for v in spec[1])
+    if kind == "namedtuple":
+        return P2(*(build(v, rng) for v in spec[1]))
+    if kind == "dataclass":
+        return DC(*(build(v, rng) for v in spec[1]))
+    _, dtype, shape, vary = spec
+    if kind == "tensor":
+        if vary:
+            shape = tuple(int(rng.integers(0, 4)) for _ in shape)
+        values = torch.from_numpy(np.asarray(rng.normal(size=shape) * 50))
+        if dtype == torch.bool:
+            return values > 0
+        if dtype.is_complex:
+            return values.to(torch.complex64)
+        return values.to(dtype)
+    if kind == "numpy":
+        return np.asarray(rng.normal(size=shape) * 50).astype(dtype)
+    if kind == "int":
+        return int(rng.integers(-1000, 1000))
+    if kind == "float":
+        return float(rng.normal())
+    if kind == "bool":
+        return bool(rng.integers(0, 2))
+    if kind == "str":
+        return "s" * int(rng.integers(0, 4))
+    return None
+
+
+def _batch(spec, size, seed):
+    rng = np.random.default_rng(seed)
+    return [build(spec, rng) for _ in range(size)]
+
+
+SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@SETTINGS
+@given(spec=specs(ragged=False), size=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_equal_to_default_collate_where_it_succeeds(spec, size, seed):
+    batch = _batch(spec, size, seed)
+    expected = default_collate(_batch(spec, size, seed))
+    collate = MMCollate(pin_memory=False)
+    for _ in range(3):  # first sight, compiled plan, reuse
+        out = collate(_batch(spec, size, seed))
+        assert_same(out, expected)
+        assert len(storages(out)) <= 1
+    assert batch is not None
+
+
+def _same_leaf(ours: Any, original: Any) -> None:
+    if isinstance(original, torch.Tensor):
+        assert torch.equal(ours, original) and ours.dtype == original.dtype
+    elif isinstance(original, np.ndarray):
+        assert np.array_equal(ours.numpy(), original)
+    else:
+        assert ours == original or (isinstance(ours, torch.Tensor) and ours.item() == original)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(dtype=st.sampled_from(TORCH_DTYPES), ndim=st.integers(1, 3), size=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_ragged_tensors_round_trip_per_sample(dtype, ndim, size, seed):
+    rng = np.random.default_rng(seed)
+    spec = ("dict", {"x": ("tensor", dtype, (1,) * ndim, True), "y": ("int", None, None, False)})
+    batch = [build(spec, rng) for _ in range(size)]
+    out = MMCollate(pin_memory=False)(batch)
+    assert len(storages(out)) == 1
+    if isinstance(out["x"], list):
+        for ours, sample in zip(out["x"], batch):
+            _same_leaf(ours, sample["x"])
+    else:
+        for i, sample in enumerate(batch):
+            _same_leaf(out["x"][i], sample["x"])
+    assert out["y"].tolist() == [s["y"] for s in batch]
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=specs(ragged=True), size=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_one_buffer_everywhere(spec, size, seed):
+    out = MMCollate(pin_memory=False)(_batch(spec, size, seed))
+    assert len(storages(out)) <= 1
