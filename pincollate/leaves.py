@@ -52,9 +52,12 @@ class LeafHandler:
             (torchvision's ``BoundingBoxes`` must stay 2-D).
         concat: ``concat(region, values)`` writes values concatenated along dim 0
             in one call, or ``None`` (then each value is copied on its own).
+        fill_one: ``fill_one(region, [value])`` copies one value into a region of
+            the value's own shape; by default ``fill`` on the region with a
+            leading dimension of 1.
     """
 
-    __slots__ = ("concat", "describe", "family", "fill", "meta", "name", "stackable", "wrap")
+    __slots__ = ("concat", "describe", "family", "fill", "fill_one", "meta", "name", "stackable", "wrap")
 
     def __init__(
         self,
@@ -66,10 +69,12 @@ class LeafHandler:
         meta: Callable[[Any], Hashable] | None = None,
         stackable: bool = True,
         concat: Filler | None = None,
+        fill_one: Filler | None = None,
     ):
         self.name = name
         self.stackable = stackable
         self.concat = concat
+        self.fill_one = fill_one if fill_one is not None else (lambda region, values: fill(region.unsqueeze(0), values))  # type: ignore[misc]
         self.family = family
         self.describe = describe
         self.fill = fill
@@ -130,7 +135,11 @@ def _concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
     torch.cat(values, out=region)
 
 
-register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors, concat=_concat_tensors))
+def _copy_tensor(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    region.copy_(values[0])
+
+
+register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors, concat=_concat_tensors, fill_one=_copy_tensor))
 
 
 # --- numpy ---------------------------------------------------------------------------
@@ -265,12 +274,12 @@ def _register_tv_tensors() -> None:
         return type(value)
 
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
-        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, concat=_concat_tensors))
+        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, concat=_concat_tensors, fill_one=_copy_tensor))
     # Boxes stay one tensor per image, with their own format and canvas size:
     # torchvision's BoundingBoxes are 2-D by definition.
     register(
         tv_tensors.BoundingBoxes,
-        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False, concat=_concat_tensors),
+        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False, concat=_concat_tensors, fill_one=_copy_tensor),
     )
 
 

@@ -101,7 +101,7 @@ class Column:
         shape = self.shapes[i]
         if shape is None:
             return ValueNode(None)
-        segment = Segment(0, (1, *shape), self.handler.fill, [self.values[i]], stacking=True)
+        segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
         return TensorNode(self.dtypes[i], shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 

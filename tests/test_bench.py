@@ -1,0 +1,58 @@
+"""The benchmark CLI runs and reports consistent ratios (what it measures is not tested here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from pincollate import bench
+from pincollate.datasets import SCENARIOS, InMemory
+
+
+def test_quick_run_writes_table_json_and_plot(tmp_path, capsys):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    assert bench.main(["--quick", "--scenario", "manyleaf", "--scenario", "audio", "--workers", "0", "--no-progress", "--json", str(out_json), "--plot", str(out_png)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("machine: ") and "cores, torch" in printed
+    report = json.loads(out_json.read_text())
+    assert report["machine"]["torch"] == torch.__version__
+    rows = {(r["scenario"], r["method"]): r for r in report["results"]}
+    assert set(rows) >= {("manyleaf", "default_collate"), ("manyleaf", "mm_collate"), ("audio", "pad/cat by hand"), ("audio", "mm_collate")}
+    for (scenario, method), row in rows.items():
+        base = rows[(scenario, row["baseline"])]
+        assert row["main_speedup"] == pytest.approx(base["main_ms"] / row["main_ms"])
+    assert rows[("audio", "mm_collate")]["padding_bytes_per_batch"] > 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_method_agrees_with_the_baseline_on_values(scenario):
+    cls, batch_size = SCENARIOS[scenario]
+    dataset = InMemory(cls(length=batch_size))
+    samples = [dataset[i] for i in range(batch_size)]
+    methods = {k: v for k, v in bench.methods(scenario).items() if v is not None}
+    outputs = {name: fn(samples) for name, fn in methods.items()}
+    ours = outputs["mm_collate"]
+    if scenario in ("manyleaf", "video"):
+        reference = default_collate(samples)
+        for key, value in reference.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(ours[key], value)
+                assert torch.equal(outputs["per-leaf pinned stack"][key], value)
+    else:
+        by_hand = outputs["pad/cat by hand"]
+        for key, value in by_hand.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(ours[key].to(value.dtype), value), key
+            else:
+                assert all(torch.equal(a, b) for a, b in zip(ours[key], value))
+
+
+def test_gpu_flag_without_cuda_is_refused(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--scenario", "manyleaf", "--workers", "0", "--no-progress", "--gpu"])
