@@ -26,12 +26,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pincollate.bench --json bench.json --plot bench.png
 
-## On a machine with a CUDA GPU: the cuda tests plus the GPU benchmark, report in gpu-check.json.
+## On a machine with a CUDA GPU: the cuda tests plus the GPU benchmark rows, report in gpu-check.json.
+## Uses the machine's own python3 and torch (no install, no network needed).
 gpu-check:
-	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(BIN)/python -m pip install -q --no-deps -e . || true
-	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -m cuda -p no:cacheprovider tests
-	PYTHONUNBUFFERED=1 $(BIN)/python -m pincollate.bench --gpu --json gpu-check.json
+	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 $(PYTHON) -m pytest -m cuda -p no:cacheprovider -o filterwarnings=default -q tests/test_prefetch.py
+	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 $(PYTHON) -m pincollate.bench --quick --no-progress --scenario manyleaf --scenario video --gpu --json gpu-check.json
 
 clean:
 	rm -rf $(VENV) bench.json bench.png gpu-check.json .pytest_cache
