@@ -263,31 +263,30 @@ class _Planner:
                 children.append(extra)
         return ContainerNode(_mapping_maker(first, out_keys, top=depth == 0), children)
 
-    def _namedtuple(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
-        first = values[0]
-        cls = type(first)
+    def _field(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        """A child of a container that has no keys to put a policy's extras beside."""
+        node, extras = self._child(values, path, origins, depth, items)  # type: ignore[arg-type]
+        return self._with_extras(node, extras, path, origins)
+
+    def _same_type(self, values: list[Any], path: Path, origins: Origins) -> type:
+        cls = type(values[0])
         for i, value in enumerate(values):
             if type(value) is not cls:
                 raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
+        return cls
+
+    def _namedtuple(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        cls = self._same_type(values, path, origins)
         # zip's tuples, as default_collate (a column of strings stays a tuple).
-        children = [
-            self._with_extras(*self._child(column, (*path, name), origins, depth, items), (*path, name), origins)  # type: ignore[arg-type]
-            for name, column in zip(cls._fields, zip(*values))
-        ]
+        children = [self._field(column, (*path, name), origins, depth, items) for name, column in zip(cls._fields, zip(*values))]
         target = pinnable(cls) if depth == 0 else cls
         return ContainerNode(lambda outs: target(*outs), children)
 
     def _dataclass(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        self._same_type(values, path, origins)
         first = values[0]
-        cls = type(first)
-        for i, value in enumerate(values):
-            if type(value) is not cls:
-                raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         names = [f.name for f in dataclasses.fields(first)]
-        children = [
-            self._with_extras(*self._child([getattr(v, name) for v in values], (*path, name), origins, depth, items), (*path, name), origins)
-            for name in names
-        ]
+        children = [self._field([getattr(v, name) for v in values], (*path, name), origins, depth, items) for name in names]
 
         def make(outs: list[Any]) -> Any:
             clone = copy.copy(first)
@@ -308,10 +307,7 @@ class _Planner:
             # default_collate raises here; per-sample item lists are what such data means.
             return self._items(values, path, origins, depth)
         # zip's tuples, as default_collate: a column of strings comes back as one.
-        children = [
-            self._with_extras(*self._child(column, (*path, j), origins, depth, False), (*path, j), origins)  # type: ignore[arg-type]
-            for j, column in enumerate(zip(*values))
-        ]
+        children = [self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values))]
         return ContainerNode(_sequence_maker(first, top=depth == 0), children)
 
     # item semantics ----------------------------------------------------------------
