@@ -217,3 +217,76 @@ def test_cuda_pinned_memory_stays_flat_over_ragged_batches():
         if i % 50 == 49:
             reserved.append(pinned_footprint()["reserved"])
     assert max(reserved) <= 2 * reserved[0] + (64 << 20)
+
+
+# --- the CUDA control flow, on CPU with stand-ins for streams and events ------------------
+
+
+class _Stream:
+    made = 0
+
+    def __init__(self, device=None):
+        type(self).made += 1
+        self.waited: list = []
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+
+class _Event:
+    def record(self, stream=None):
+        self.stream = stream
+
+
+@pytest.fixture
+def stand_in_cuda(monkeypatch):
+    import contextlib
+
+    from pincollate import prefetch
+
+    _Stream.made = 0
+    consumer = _Stream()
+    _Stream.made = 0
+    moved: list[int] = []
+
+    def to_device(batch, device, non_blocking=True):
+        assert non_blocking
+        moved.append(int(batch["label"][0]))
+        return batch
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+    monkeypatch.setattr(prefetch, "to_device", to_device)
+    return consumer, moved
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_cuda_path_copies_depth_batches_ahead_and_waits_on_events(stand_in_cuda, depth):
+    consumer, moved = stand_in_cuda
+    prefetcher = Prefetcher(_loader(12), device="cuda", depth=depth, pin_memory=False)
+    iterator = iter(prefetcher)
+    first = next(iterator)
+    assert first["label"].tolist() == [0, 1]
+    assert moved == [0, 2, 4][:depth]  # depth batches launched before the first is handed over
+    rest = list(iterator)
+    assert [b["label"][0].item() for b in rest] == [2, 4, 6, 8, 10]
+    assert len(consumer.waited) == 6 and all(e.stream is prefetcher._stream for e in consumer.waited)
+
+
+def test_cuda_path_makes_one_stream_per_prefetcher(stand_in_cuda):
+    prefetcher = Prefetcher(_loader(4), device="cuda", pin_memory=False)
+    for _ in range(3):
+        assert len(list(prefetcher)) == 2
+    assert _Stream.made == 1
+
+
+def test_cuda_path_transform_runs_before_the_handover(stand_in_cuda):
+    calls = []
+    prefetcher = Prefetcher(_loader(4), device="cuda", pin_memory=False, transform=lambda b: calls.append(1) or b)
+    iterator = iter(prefetcher)
+    next(iterator)
+    assert len(calls) == 2  # both in-flight batches already transformed on the side stream
+    assert list(Prefetcher([], device="cuda", pin_memory=False)) == []
