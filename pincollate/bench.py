@@ -131,8 +131,8 @@ def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, p
     for fn in fns.values():  # warm-up: compiled plans, allocator caches
         fn(batches[0])
         fn(batches[0])
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    for round_ in range(rounds):
+        for name, fn in _rotated(fns, round_):
             start = time.perf_counter()
             for batch in batches:
                 fn(batch)
@@ -141,10 +141,21 @@ def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, p
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
+    """The methods in an order that moves by one each round.
+
+    What ran just before a method (its allocations, what it left in the caches)
+    changes that method's time; rotating spreads that over all methods.
+    """
+    items = list(fns.items())
+    shift = round_ % len(items)
+    return items[shift:] + items[:shift]
+
+
 def _time_workers(fns: dict[str, Collate], dataset: Dataset, batch_size: int, workers: int, rounds: int, progress: Any) -> dict[str, float]:
     rates: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    for round_ in range(rounds):
+        for name, fn in _rotated(fns, round_):
             loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=fn, prefetch_factor=4, timeout=120)
             iterator = iter(loader)
             next(iterator)  # workers started and warm

@@ -29,6 +29,7 @@ __all__ = ["CompiledPlans"]
 _NUMBER_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool}
 _KEPT = (str, bytes)
 _DEAD = object()
+_DTYPE = torch.Tensor.dtype.__get__
 
 
 def signature(first: Any) -> tuple | None:
@@ -84,10 +85,17 @@ class _Plan:
         self.nbytes = offset
 
     def run(self, batch: Sequence[dict], kind: Kind) -> Batch | None:
-        key_set = batch[0].keys()
-        for sample in batch:
-            if type(sample) is not dict or sample.keys() != key_set:
-                return None
+        # Same keys in every sample, at C speed: every sample a dict of the same
+        # length here, and a missing key raises KeyError while columns are gathered
+        # (one missing and one extra key keep the length, and still fail there).
+        if set(map(type, batch)) != {dict} or set(map(len, batch)) != {len(self.keys)}:
+            return None
+        try:
+            return self._fill(batch, kind)
+        except KeyError:
+            return None
+
+    def _fill(self, batch: Sequence[dict], kind: Kind) -> Batch | None:
         n = len(batch)
         buffer = allocate(self.nbytes, kind)
         typed: dict[torch.dtype, torch.Tensor] = {}
@@ -95,8 +103,13 @@ class _Plan:
         with torch.no_grad():
             for key, dtype, shape, strides, offset in self.tensors:
                 column = [sample[key] for sample in batch]
-                types = set(map(type, column))
-                if len(types) != 1 or types.pop() is not torch.Tensor or len({value.dtype for value in column}) != 1:
+                # One C-level pass checks both: the descriptor raises TypeError for
+                # anything that is not a tensor, and the dtypes must all agree.
+                try:
+                    dtypes = set(map(_DTYPE, column))
+                except TypeError:
+                    return None
+                if len(dtypes) != 1:
                     return None
                 flat = typed.get(dtype)
                 if flat is None:
