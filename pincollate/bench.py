@@ -406,14 +406,15 @@ def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, An
 
     copy_s = avg(lambda: to_device(host_batches[0], device))
     iters = 1
-    while avg(lambda: compute(iters)) < copy_s and iters < 4096:
+    while avg(lambda n=iters: compute(n)) < copy_s and iters < 4096:
         iters *= 2
-    compute_s = avg(lambda: compute(iters))
+    compute_s = avg(lambda n=iters: compute(n))
     torch.cuda.synchronize()
     start = time.perf_counter()
     steps = 0
     for batch in prefetcher(host_batches, device=device, depth=2):
         compute(iters)
+        batch["flow"].sum()  # the step reads its batch, as training would
         steps += 1
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - start) / steps

@@ -62,7 +62,6 @@ class _Planner:
 
     def __init__(self, collate: MMCollate):
         self.careful = collate._careful
-        self.items = collate.sequences == "items"
         self.missing = collate.missing == "none"
         self.rules = collate._rules
         self.default = collate.ragged
@@ -93,7 +92,7 @@ class _Planner:
         policy = self.rules.lookup(path) if self.rules else None
         first = next((v for v in values if v is not None), None) if self.missing else values[0]
         handler = lookup(type(first))
-        if handler is not None and (handler.is_tensor or first is None):
+        if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy)
         if policy is not None and policy.takes_items and _is_sequence(first) and not _is_namedtuple(first):
             return self._items_policy(values, path, origins, policy)

@@ -148,7 +148,7 @@ register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_t
 _NP_REJECTED = re.compile(r"[SaUO]")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
     try:
         return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
@@ -231,7 +231,7 @@ def _register_pil() -> None:
     except ImportError:
         return
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def mode_info(mode: str) -> tuple[torch.dtype, int]:
         probe = np.asarray(Image.new(mode, (1, 1)))
         dtype = _torch_dtype(probe.dtype)

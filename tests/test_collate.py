@@ -176,6 +176,8 @@ BAD = {
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
     "string-vs-number": (["a", 1], r"sample 1 at root: expected str, got int"),
     "int-overflow": ([2**70, 1], r"int too big|cannot copy"),
+    "none-then-tensor": ([{"x": None}, {"x": torch.zeros(2)}], r"sample 1 at \['x'\]: expected None, got Tensor"),
+    "tensor-then-none": ([{"x": torch.zeros(2)}, {"x": None}], r"sample 1 at \['x'\]: expected Tensor, got NoneType"),
 }
 
 
