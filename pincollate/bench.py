@@ -501,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and batches (under 90 s on 2 cores)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write ratio bars as PNG (matplotlib)")
-    parser.add_argument("--gpu", action="store_true", help="add transfer and overlap rows (needs CUDA)")
+    parser.add_argument("--gpu", action="store_true", help="require the transfer and overlap rows (added anyway when CUDA is present)")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the transfer and overlap rows even with CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.workers < 0:
@@ -509,9 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = args.scenario or list(SCENARIOS)
     torch.manual_seed(0)
     report = run(scenarios, args.quick, args.workers, progress=not args.no_progress)
-    if args.gpu:
-        if not torch.cuda.is_available():
-            parser.error("--gpu needs a CUDA device")
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu needs a CUDA device")
+    if torch.cuda.is_available() and not args.no_gpu:
         report["gpu"] = run_gpu(args.quick)
     print(format_table(report))
     if args.json:
