@@ -507,11 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 0:
         parser.error("--workers must be >= 0")
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu needs a CUDA device")
     scenarios = args.scenario or list(SCENARIOS)
     torch.manual_seed(0)
     report = run(scenarios, args.quick, args.workers, progress=not args.no_progress)
-    if args.gpu and not torch.cuda.is_available():
-        parser.error("--gpu needs a CUDA device")
     if torch.cuda.is_available() and not args.no_gpu:
         report["gpu"] = run_gpu(args.quick)
     print(format_table(report))
