@@ -24,7 +24,7 @@ from .compiled import CompiledPlans
 from .errors import CollateError, format_path
 from .layout import ContainerNode, FillError, Layout, ListNode, Node, Segment, TensorNode, ValueNode
 from .leaves import LeafHandler, lookup, type_name
-from .policies import Column, FieldRules, Policy, stack_or_list
+from .policies import AsList, Column, FieldRules, Policy, Stack, stack_or_list
 
 __all__ = ["MMCollate", "mm_collate"]
 
@@ -94,12 +94,16 @@ class _Planner:
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy)
-        if policy is not None and policy.takes_items and _is_sequence(first) and not _is_namedtuple(first):
-            return self._items_policy(values, path, origins, policy)
+        if policy is not None and _is_sequence(first) and not _is_namedtuple(first):
+            if policy.takes_items:
+                return self._items_policy(values, path, origins, policy)
+            return self._sequence_policy(values, path, origins, depth, policy)
         if handler is not None:
             return self._objects(values, path, origins, handler)
         container = self._container(first, items)
         if container is not None:
+            if policy is not None:
+                raise self._error(f"{type(policy).__name__}() applies to tensors and lists of items, not to a {_container_name(first)}", None, path, origins)
             self._enter(first, path, origins)
             try:
                 return container(values, path, origins, depth, items)
@@ -297,12 +301,14 @@ class _Planner:
         return ContainerNode(make, children)
 
     def _sequence(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
-        first = values[0]
-        size = len(first)
         for i, value in enumerate(values):
+            if value is None and self.missing:
+                continue
             if not _is_sequence(value) or _is_namedtuple(value):
                 raise self._error(f"expected a sequence, got {_container_name(value)} ({type_name(value)})", i, path, origins)
-        if any(len(value) != size for value in values):
+        first = values[0]
+        size = len(first) if first is not None else -1
+        if any(value is None or len(value) != size for value in values):
             # default_collate raises here; per-sample item lists are what such data means.
             return self._items(values, path, origins, depth)
         # zip's tuples, as default_collate: a column of strings comes back as one.
@@ -313,8 +319,27 @@ class _Planner:
 
     def _items(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
         """Each value's list holds its own items: stack where they agree, else a list."""
-        children = []
+        return _merge(self._item_nodes(values, path, origins, depth))
+
+    def _sequence_policy(self, values: list[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
+        """``AsList`` or ``Stack`` on a field whose values are lists of items."""
+        children = self._item_nodes(values, path, origins, depth)
+        if isinstance(policy, AsList):
+            return ListNode(children)
+        if isinstance(policy, Stack):
+            merged = _merge(children)
+            if not isinstance(merged, TensorNode):
+                shapes = [tuple(c.shape) if isinstance(c, TensorNode) else type(c).__name__ for c in children]
+                raise self._error(f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins)
+            return merged
+        raise self._error(f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins)
+
+    def _item_nodes(self, values: list[Any], path: Path, origins: Origins, depth: int) -> list[Node]:
+        children: list[Node] = []
         for i, value in enumerate(values):
+            if value is None and self.missing:
+                children.append(ValueNode(None))
+                continue
             if _is_sequence(value) and not _is_namedtuple(value):
                 sample, where = self._blame(i, path, origins)
                 item_origins = [(sample, (*where, j)) for j in range(len(value))]
@@ -330,7 +355,7 @@ class _Planner:
                     child = _unstack(child)
             self._with_extras(child, extras, path, origins)
             children.append(child)
-        return _merge(children)
+        return children
 
     def _items_policy(self, values: list[Any], path: Path, origins: Origins, policy: Policy) -> Node:
         """A Concat/Jagged field whose per-sample values are lists of items."""

@@ -56,3 +56,18 @@ def test_gpu_flag_without_cuda_is_refused(capsys):
         pytest.skip("CUDA present")
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--scenario", "manyleaf", "--workers", "0", "--no-progress", "--gpu"])
+
+
+@pytest.mark.slow
+def test_make_gpu_check_skips_cleanly_without_a_gpu():
+    import pathlib
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: gpu-check would really run")
+    root = pathlib.Path(__file__).parent.parent
+    result = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "skipped" in result.stdout and "GPU benchmark skipped" in result.stdout
+    assert not (root / "gpu-check.json").exists()

@@ -284,3 +284,85 @@ def test_policies_through_dataloader_workers_match_main_process():
         assert len(storages(a)) == 1
         assert a["attention_mask"].dtype == torch.bool
         assert a["pixel_values_offsets"][-1].item() == a["pixel_values"].shape[0]
+
+
+class _Multimodal(torch.utils.data.Dataset):
+    """Every ragged feature at once: text-only samples, varying items, PIL, tv_tensors."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import numpy as np
+        from PIL import Image
+        from torchvision import tv_tensors
+
+        g = torch.Generator().manual_seed(i)
+        sample = {
+            "ids": torch.randint(0, 50, (2 + i,), generator=g),
+            "audio": torch.randn(1, 10 + 3 * i, generator=g),
+            "photo": Image.fromarray(np.full((4 + i % 3, 5, 3), i, dtype=np.uint8)),
+            "mask": tv_tensors.Mask(torch.full((4, 4), i, dtype=torch.uint8)),
+            "boxes": tv_tensors.BoundingBoxes(torch.rand(i % 4, 4, generator=g) * 8, format="XYXY", canvas_size=(8, 8)),
+            "crops": [torch.full((2, 2), float(i + j)) for j in range(1 + i % 2)],
+            "nested": [[torch.zeros(3)] * (1 + i % 2), [torch.ones(3)]],
+        }
+        if i % 3:
+            sample["patches"] = [torch.randn(1 + j, 4, generator=g) for j in range(i % 3)]
+        return sample
+
+
+POLICY_SETS = {
+    "pad-concat-jagged": {"ids": Jagged(), "audio": Pad(dims=[-1]), "patches": Concat()},
+    "stack-aslist": {"mask": Stack(), "ids": AsList(), "audio": AsList(), "patches": AsList()},
+    "jagged-items": {"patches": Jagged(), "audio": Pad(dims=[-1])},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sequences", ["transpose", "items"])
+@pytest.mark.parametrize("name", sorted(POLICY_SETS))
+def test_every_policy_and_vision_type_through_workers(name, sequences):
+    collate = MMCollate(sequences=sequences, missing="none", fields=POLICY_SETS[name])
+    in_workers = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60))
+    in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
+    assert len(in_workers) == len(in_main) == 2
+    for a, b in zip(in_workers, in_main):
+        assert list(a) == list(b)
+        for key in a:
+            x, y = a[key], b[key]
+            if isinstance(y, torch.Tensor) and y.is_nested:
+                assert x.is_nested and all(torch.equal(p, q) for p, q in zip(x.unbind(), y.unbind()))
+            else:
+                assert_same(x, y, key)
+        assert len(storages(a)) == 1
+    first = in_workers[0]
+    assert type(first["mask"]).__name__ == "Mask"
+    assert [tuple(p.shape) for p in first["photo"]] == [(3, 4 + i % 3, 5) for i in range(6)]
+    assert all(type(b).__name__ == "BoundingBoxes" and b.canvas_size == (8, 8) for b in first["boxes"])
+    assert first["patches"] is not None
+
+
+def test_aslist_and_stack_on_lists_of_items():
+    a, b, c, d = _abcd()
+    samples = [{"img": [a, b]}, {"img": [c, d]}]
+    listed = MMCollate(fields={"img": AsList()})(samples)
+    assert isinstance(listed["img"], list) and [tuple(t.shape) for t in listed["img"]] == [(2, 2, 2), (2, 2, 2)]
+    stacked = MMCollate(fields={"img": Stack()})(samples)
+    assert stacked["img"].shape == (2, 2, 2, 2)
+    with pytest.raises(CollateError, match=r"at \['img'\]: Stack\(\) needs every sample's items to stack"):
+        MMCollate(fields={"img": Stack()})([{"img": [a, b]}, {"img": [c]}])
+    with pytest.raises(CollateError, match=r"at \['img'\]: Pad\(\) takes tensors; for lists of items use Concat\(\) or Jagged\(\)"):
+        MMCollate(fields={"img": Pad()})(samples)
+
+
+def test_policy_on_a_mapping_is_an_error_not_ignored():
+    with pytest.raises(CollateError, match=r"at \['meta'\]: Pad\(\) applies to tensors and lists of items, not to a mapping"):
+        MMCollate(fields={"meta": Pad()})([{"meta": {"a": torch.zeros(1)}}] * 2)
+
+
+def test_missing_list_fields_become_none_items():
+    a, b, _, _ = _abcd()
+    out = MMCollate(missing="none")([{"img": [a, b]}, {"x": 1}])
+    assert out["img"][1] is None and out["img"][0].shape == (2, 2, 2)
+    assert out["x"][0] is None and out["x"][1].item() == 1
