@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from .arena import is_pinned
-from .transfer import pin, to_device
+from .transfer import pin, tensors, to_device
 
 __all__ = ["Batch", "BatchList", "pinnable"]
 
@@ -81,8 +81,6 @@ def _carry(like: Any, moved: Any) -> Any:
 
 
 def _leaves(batch: Any) -> list[torch.Tensor]:
-    from .transfer import tensors
-
     return list(tensors(_plain(batch)))
 
 

@@ -167,6 +167,7 @@ def pin(tree: T) -> T:
         return out
 
     cpu = torch.device("cpu")
+
     def keep(storage: torch.UntypedStorage) -> bool:
         return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8).set_(storage))
 
