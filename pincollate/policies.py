@@ -386,7 +386,17 @@ class Concat(Policy):
             for i in present:
                 segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
                 start += rows[i] * row_numel
-        return TensorNode(column.dtype, (total, *trailing), segments), rows
+        return TensorNode(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
+
+    @staticmethod
+    def _wrap(column: Column) -> Any:
+        """Keep a tv_tensors subclass and its metadata when every value shares them."""
+        wrap = column.handler.wrap
+        if wrap is None:
+            return None
+        present = [column.values[i] for i in column.present]
+        keys = {(type(v), getattr(v, "format", None), tuple(getattr(v, "canvas_size", ()) or ())) for v in present}
+        return wrap(present[0]) if len(keys) == 1 else None
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         node, rows = self._values(column)
@@ -446,6 +456,7 @@ class Jagged(Concat):
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         values, rows = self._values(column)
+        values.wrap = None  # torch.nested takes plain values
         offsets = _offsets_node(rows if counts is None else _group(rows, counts), torch.int64)
         return _JaggedNode(values, offsets), self._extras(rows, counts, name)
 

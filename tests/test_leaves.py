@@ -98,3 +98,24 @@ def test_register_validates_its_arguments():
         register(complex, object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="type or a tuple of types"):
         register("str", LeafHandler("x", "x", None, None))  # type: ignore[arg-type]
+
+
+def test_bounding_boxes_through_policies():
+    from pincollate import AsList, Concat, Jagged, MMCollate, Pad
+
+    def boxes(canvas):
+        return [{"b": tv_tensors.BoundingBoxes(torch.rand(n, 4) * 8, format="XYXY", canvas_size=canvas)} for n in (1, 3)]
+
+    same = boxes((8, 8))
+    concat = MMCollate(fields={"b": Concat()})(same)
+    assert type(concat["b"]) is tv_tensors.BoundingBoxes and concat["b"].shape == (4, 4)
+    assert concat["b"].format == tv_tensors.BoundingBoxFormat.XYXY and concat["b"].canvas_size == (8, 8)
+    assert concat["b_offsets"].tolist() == [0, 1, 4]
+    listed = MMCollate(fields={"b": AsList()})(same)
+    assert all(type(b) is tv_tensors.BoundingBoxes and b.canvas_size == (8, 8) for b in listed["b"])
+    jagged = MMCollate(fields={"b": Jagged()})(same)
+    assert [t.shape for t in jagged["b"].unbind()] == [(1, 4), (3, 4)]
+    padded = MMCollate(fields={"b": Pad()})(same)
+    assert type(padded["b"]) is torch.Tensor and padded["b"].shape == (2, 3, 4)  # boxes are 2-D in torchvision
+    mixed = [same[0], {"b": tv_tensors.BoundingBoxes(torch.zeros(2, 4), format="XYXY", canvas_size=(9, 9))}]
+    assert type(MMCollate(fields={"b": Concat()})(mixed)["b"]) is torch.Tensor  # no one canvas to keep

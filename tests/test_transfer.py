@@ -105,3 +105,10 @@ def test_main_process_collate_allocates_pinned_directly(fake_pinned):
     batch = MMCollate(pin_memory="auto")(PARITY["multimodal-dict"]())
     assert len(fake_pinned) == 1
     assert batch.pin_memory() is batch and len(fake_pinned) == 1
+
+
+def test_batch_to_moves_the_buffer_and_keeps_the_type():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    moved = batch.to("meta")
+    assert type(moved) is Batch and moved.buffer.device.type == "meta"
+    assert all(t.device.type == "meta" for t in tensors(moved)) and moved["caption"] == batch["caption"]
