@@ -102,6 +102,10 @@ class Prefetcher(Generic[T]):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self.loader = loader
         self.device = _default_device() if device is None else torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Resolve "cuda" here, in the caller's thread (a DDP rank's device);
+            # the pin thread would otherwise see device 0.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.depth = depth
         self.transform = transform
         self.pinned_limit = pinned_limit
@@ -148,7 +152,7 @@ class Prefetcher(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         source: Iterator[Any] = iter(self.loader)
         if self.pin:
-            source = _PinThread(source, self.depth)
+            source = _PinThread(source, self.depth, self.device)
         if self.device.type == "cuda":
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device)
@@ -160,14 +164,19 @@ class _Pinning:
     """What the pin thread works on; it holds no reference to the iterator, so
     dropping the iterator (an early ``break``) lets ``__del__`` stop the thread."""
 
-    def __init__(self, source: Iterator[Any], depth: int):
+    def __init__(self, source: Iterator[Any], depth: int, device: torch.device):
         self.source: Iterator[Any] | None = source
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
+        self.device = device
 
     def run(self) -> None:
         # Thread-local: keeps the copies in pin() from competing with the consumer.
         torch.set_num_threads(1)
+        if self.device.type == "cuda":
+            # Pinned memory belongs to a device's context; a new thread starts on
+            # device 0, which would put every DDP rank's pinning on GPU 0.
+            torch.cuda.set_device(self.device)
         try:
             for batch in self.source:  # type: ignore[union-attr]
                 if self.stop.is_set():
@@ -197,8 +206,8 @@ class _Pinning:
 class _PinThread(Iterator[Any]):
     """Batches from the loader, pinned ``depth`` ahead on a background thread."""
 
-    def __init__(self, source: Iterator[Any], depth: int):
-        self._state = _Pinning(source, depth)
+    def __init__(self, source: Iterator[Any], depth: int, device: torch.device):
+        self._state = _Pinning(source, depth, device)
         self._done = False
         self._thread = threading.Thread(target=self._state.run, name="pincollate-pin", daemon=True)
         self._thread.start()

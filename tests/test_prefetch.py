@@ -259,6 +259,7 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(prefetch, "to_device", to_device)
     return consumer, moved
 
@@ -290,3 +291,16 @@ def test_cuda_path_transform_runs_before_the_handover(stand_in_cuda):
     next(iterator)
     assert len(calls) == 2  # both in-flight batches already transformed on the side stream
     assert list(Prefetcher([], device="cuda", pin_memory=False)) == []
+
+
+def test_cuda_device_is_resolved_in_the_callers_thread(stand_in_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert Prefetcher(_loader(), device="cuda", pin_memory=False).device == torch.device("cuda", 3)
+    assert Prefetcher(_loader(), device="cuda:1", pin_memory=False).device == torch.device("cuda", 1)
+
+
+def test_pin_thread_sets_the_cuda_device(stand_in_cuda, monkeypatch, fake_pinned):
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append((threading.current_thread().name, device)))
+    batches = list(Prefetcher(_loader(4), device="cuda:1", pin_memory=True))
+    assert len(batches) == 2 and chosen == [("pincollate-pin", torch.device("cuda", 1))]
