@@ -14,6 +14,7 @@ Every output, extras included, lives in the batch's one buffer.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Hashable, Iterable, Mapping
@@ -177,10 +178,10 @@ def _fits(value: float | bool, dtype: torch.dtype) -> bool:
     return float(value).is_integer() and info.min <= value <= info.max
 
 
-def _lengths_node(rows: list[list[int]], flat: bool) -> TensorNode:
-    shape = (len(rows),) if flat else (len(rows), len(rows[0]) if rows else 0)
-    payload = [r[0] for r in rows] if flat else rows
-    return TensorNode(torch.int64, shape, [Segment(0, shape, _fill_array_like, payload)])
+def _int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:
+    """A small integer tensor (lengths, counts, offsets) computed while planning."""
+    shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
+    return TensorNode(dtype, shape, [Segment(0, shape, _fill_array_like, values)])
 
 
 def _fill_array_like(region: torch.Tensor, payload: Any) -> None:
@@ -226,9 +227,10 @@ class Pad(Policy):
             raise CollateError(f"Pad(side=...) must be 'right' or 'left', got {side!r}")
         if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of < 1):
             raise CollateError(f"Pad(multiple_of=...) must be a positive int, got {multiple_of!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            if not isinstance(value, bool):
-                raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
+        if not isinstance(value, (bool, int, float)):
+            raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
+        if dims is not None and not tuple(dims):
+            raise CollateError("Pad(dims=...) must name at least one dimension (or be None)")
         self.value = value
         self.side = side
         self.multiple_of = multiple_of
@@ -275,7 +277,7 @@ class Pad(Policy):
         lengths = [[column.shapes[i][d] if column.shapes[i] is not None else 0 for d in dims] for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
         if lengths_name is not None:
-            extras[lengths_name] = _lengths_node(lengths, flat=len(dims) == 1)
+            extras[lengths_name] = _int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
@@ -412,7 +414,7 @@ class Concat(Policy):
         if counts is not None:
             counts_name = self._extra_name(self.counts_key, name)
             if counts_name is not None:
-                extras[counts_name] = TensorNode(torch.int64, (len(counts),), [Segment(0, (len(counts),), _fill_array_like, counts)])
+                extras[counts_name] = _int_node(counts)
             items_name = self._extra_name(self.item_offsets_key, name)
             if items_name is not None:
                 extras[items_name] = _offsets_node(rows, self._offsets_dtype)
@@ -428,11 +430,7 @@ def _group(rows: list[int], counts: list[int]) -> list[int]:
 
 
 def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
-    offsets = [0]
-    for r in rows:
-        offsets.append(offsets[-1] + r)
-    shape = (len(offsets),)
-    return TensorNode(dtype, shape, [Segment(0, shape, _fill_array_like, offsets)])
+    return _int_node([0, *itertools.accumulate(rows)], dtype)
 
 
 class Jagged(Concat):

@@ -78,6 +78,8 @@ def test_pad_rejects_bad_arguments_up_front():
         Pad(multiple_of=0)
     with pytest.raises(CollateError, match="must be a number"):
         Pad(value="x")  # type: ignore[arg-type]
+    with pytest.raises(CollateError, match="at least one dimension"):
+        Pad(dims=[])
 
 
 # --- Concat and Jagged ---------------------------------------------------------------
