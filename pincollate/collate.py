@@ -65,6 +65,9 @@ class _Planner:
         self.missing = collate.missing == "none"
         self.rules = collate._rules
         self.default = collate.ragged
+        # Extra outputs (lengths, masks, offsets) that the policy of the field just
+        # planned asks for; _child hands them to the parent mapping, which places them
+        # beside the field, and containers without keys refuse them.
         self._pending_extras: dict[str, Node] = {}
         # ids of the containers of sample 0 on the current path: a cycle shows there.
         self._open: dict[int, Path] = {}
