@@ -21,6 +21,7 @@ import torch
 from .arena import PinMode, allocate, resolve_kind
 from .batch import Batch, BatchList, pinnable
 from .compiled import CompiledPlans
+from .containers import rebuild_dataclass, rebuild_mapping
 from .errors import CollateError, format_path
 from .layout import ContainerNode, FillError, Layout, ListNode, Node, Segment, TensorNode, ValueNode
 from .leaves import LeafHandler, lookup, type_name
@@ -293,15 +294,7 @@ class _Planner:
         first = values[0]
         names = [f.name for f in dataclasses.fields(first)]
         children = [self._field([getattr(v, name) for v in values], (*path, name), origins, depth, items) for name in names]
-
-        def make(outs: list[Any]) -> Any:
-            clone = copy.copy(first)
-            for name, out in zip(names, outs):
-                # object.__setattr__ also works on frozen dataclasses.
-                object.__setattr__(clone, name, out)
-            return clone
-
-        return ContainerNode(make, children)
+        return ContainerNode(lambda outs: rebuild_dataclass(first, zip(names, outs)), children)
 
     def _sequence(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
         for i, value in enumerate(values):
@@ -451,19 +444,7 @@ def _mapping_maker(first: Mapping, keys: list[Hashable], top: bool) -> Callable[
         target = Batch if top else dict
         return lambda outs: target(zip(keys, outs))
 
-    def make(outs: list[Any]) -> Any:
-        # As default_collate: keep the mapping's type (copy and update when mutable).
-        pairs = dict(zip(keys, outs))
-        try:
-            if isinstance(first, abc.MutableMapping):
-                clone = copy.copy(first)
-                clone.update(pairs)
-                return clone
-            return cls(pairs)  # type: ignore[call-arg]
-        except TypeError:
-            return pairs
-
-    return make
+    return lambda outs: rebuild_mapping(first, dict(zip(keys, outs)))
 
 
 def _sequence_maker(first: Sequence, top: bool) -> Callable[[list[Any]], Any]:

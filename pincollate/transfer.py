@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from .arena import ALIGN, is_pinned, pinned_allocator
+from .containers import rebuild_dataclass, rebuild_mapping
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 
@@ -38,15 +39,7 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
     if isinstance(tree, (str, bytes)) or tree is None:
         return tree
     if isinstance(tree, abc.Mapping):
-        pairs = {k: map_tensors(v, fn) for k, v in tree.items()}
-        try:
-            if isinstance(tree, abc.MutableMapping):
-                clone = copy.copy(tree)
-                clone.update(pairs)
-                return clone
-            return type(tree)(pairs)  # type: ignore[call-arg]
-        except TypeError:
-            return pairs  # type: ignore[return-value]
+        return rebuild_mapping(tree, {k: map_tensors(v, fn) for k, v in tree.items()})
     if isinstance(tree, tuple):
         if hasattr(tree, "_fields"):
             return type(tree)(*(map_tensors(v, fn) for v in tree))
@@ -57,10 +50,7 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
             clone[i] = map_tensors(v, fn)
         return clone
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        clone = copy.copy(tree)
-        for field in dataclasses.fields(tree):
-            object.__setattr__(clone, field.name, map_tensors(getattr(tree, field.name), fn))
-        return clone
+        return rebuild_dataclass(tree, ((f.name, map_tensors(getattr(tree, f.name), fn)) for f in dataclasses.fields(tree)))
     return tree
 
 
