@@ -22,7 +22,6 @@ from torch.utils.data import get_worker_info
 from .errors import CollateError
 
 __all__ = [
-    "ALIGN",
     "Kind",
     "accelerator_can_pin",
     "allocate",
@@ -33,10 +32,6 @@ __all__ = [
     "set_pinned_allocator",
     "trim_pinned",
 ]
-
-#: Every slot starts on a 64-byte boundary: a cache line, and enough for any dtype's
-#: ``view`` to be legal.
-ALIGN = 64
 
 Kind = Literal["shared", "pinned", "plain"]
 PinMode = bool | Literal["auto"]

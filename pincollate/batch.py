@@ -1,113 +1,355 @@
-"""Batch containers that know their buffer and pin or move it in one piece.
+"""Batches as first-class objects: they carry their layout, buffer and non-tensor values.
 
-DataLoader's pin-memory thread (and its inline pinning with ``num_workers=0``)
-calls an object's own ``pin_memory()`` before it walks it as a mapping or a
-sequence (torch 2.10 and later). The top-level container of a collated batch is
-therefore one of these types, so the pin thread makes one pinned copy per batch
-instead of one per tensor:
+The top-level container of a collated batch is one of these types:
 
 * a ``dict`` batch is a :class:`Batch` (a ``dict`` subclass),
 * a ``list`` batch (tuples come back as lists) is a :class:`BatchList`,
-* a namedtuple batch is an instance of a subclass made by :func:`pinnable`.
+* a namedtuple or dataclass batch is an instance of a subclass of the user's class,
+  made once per class by :func:`carrier_class`.
+
+Each carries ``(layout, buffer, values)``, so it moves in one piece:
+
+* ``pin_memory()`` makes one pinned copy of the buffer and rebuilds the views;
+  DataLoader's pin thread calls it (torch 2.10 and later look for an object's own
+  ``pin_memory()`` before walking it as a container);
+* ``to(...)`` takes ``Tensor.to``'s arguments and makes one copy of the buffer; a
+  dtype casts the floating-point tensors only;
+* ``pickle`` and ``torch.save`` write the buffer once, plus the layout; a loaded
+  batch is one buffer again, and ``torch.load(weights_only=True)`` accepts it.
+
+A batch whose contents were changed (a key added, a tensor replaced) no longer
+matches its layout: it then moves leaf by leaf, correctly, and carries no layout.
 """
 
 from __future__ import annotations
 
+import collections.abc as abc
+import dataclasses
 import functools
 from typing import Any, TypeVar
 
 import torch
 
-from .arena import is_pinned
-from .transfer import pin, tensors, to_device
+from .arena import is_pinned, pinned_allocator
+from .layout import (
+    DataclassSpec,
+    JaggedSpec,
+    Layout,
+    ListSpec,
+    MappingSpec,
+    NamedTupleSpec,
+    Part,
+    PartSpec,
+    SequenceSpec,
+    Spec,
+    TensorSpec,
+    ValueSpec,
+    Wrap,
+    new_dataclass,
+)
 
-__all__ = ["Batch", "BatchList", "pinnable"]
+__all__ = ["Batch", "BatchList", "allow_loading", "carried", "carrier_class", "make_batch"]
 
 T = TypeVar("T")
+Carried = tuple[Layout, torch.Tensor, list[Any]]
 
 
-class _Movable:
-    """``pin_memory`` and ``to`` for a batch: one copy per storage, views rebuilt."""
-
-    __slots__ = ()
-
-    def pin_memory(self: T, device: Any = None) -> T:
-        """Pin the batch: one pinned allocation and one copy; itself when pinned."""
-        if all(is_pinned(t) for t in _leaves(self)):
-            return self
-        return _carry(self, pin(_plain(self)))
-
-    def to(self: T, device: torch.device | str, non_blocking: bool = True) -> T:
-        """The batch on ``device``: one copy of the buffer, leaves rebuilt as views."""
-        return _carry(self, to_device(_plain(self), device, non_blocking=non_blocking))
+def carried(batch: Any) -> Carried | None:
+    """``(layout, buffer, values)`` of a batch whose contents still match its layout."""
+    state = getattr(batch, "_pincollate", None)
+    if state is None:
+        return None
+    layout, buffer, values = state
+    views = _Check(buffer, values, layout.parts)
+    return state if views.matches(layout.root, batch) else None
 
 
-class Batch(_Movable, dict):
+class _Check:
+    """Walks a layout beside a batch: is every tensor still the view the layout says?"""
+
+    def __init__(self, buffer: torch.Tensor, values: list[Any], parts: tuple[Part, ...]):
+        self.base = buffer.data_ptr()
+        self.values = values
+        self.parts = parts
+
+    def matches(self, spec: Spec, obj: Any) -> bool:
+        kind = type(spec)
+        if kind is TensorSpec:
+            return (
+                isinstance(obj, torch.Tensor)
+                and obj.data_ptr() == self.base + spec.offset  # type: ignore[attr-defined]
+                and obj.dtype == spec.dtype  # type: ignore[attr-defined]
+                and obj.shape == spec.shape  # type: ignore[attr-defined]
+                and obj.stride() == spec._strides  # type: ignore[attr-defined]
+            )
+        if kind is ValueSpec:
+            return obj is self.values[spec.index]  # type: ignore[attr-defined]
+        if kind is PartSpec:
+            return self.matches(self.parts[spec.index].node, obj)  # type: ignore[attr-defined]
+        if kind is MappingSpec:
+            return self._mapping(spec, obj)  # type: ignore[arg-type]
+        if kind is JaggedSpec:
+            return (
+                isinstance(obj, torch.Tensor)
+                and obj.is_nested
+                and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
+                and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
+            )
+        if kind is DataclassSpec:
+            return all(self.matches(child, getattr(obj, name, None)) for name, child in zip(spec.names, spec.children, strict=True))  # type: ignore[attr-defined]
+        children = spec.children  # type: ignore[attr-defined]
+        return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
+
+    def _mapping(self, spec: MappingSpec, obj: Any) -> bool:
+        if not isinstance(obj, abc.Mapping):
+            return False
+        count = 0
+        for key, child in zip(spec.keys, spec.children, strict=True):
+            if key not in obj:
+                return False
+            count += 1
+            if type(child) is PartSpec:
+                part = self.parts[child.index]
+                if not self.matches(part.node, obj[key]):
+                    return False
+                for name, extra in part.extras:
+                    count += 1
+                    if name not in obj or not self.matches(extra, obj[name]):
+                        return False
+            elif not self.matches(child, obj[key]):
+                return False
+        return len(obj) == count
+
+
+def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
+    """The batch over ``buffer``: the user's containers, every tensor a view of it."""
+    out = layout.build(buffer, values)
+    root = layout.root
+    if type(root) is PartSpec:
+        root = layout.parts[root.index].node
+    kind = type(root)
+    if kind is MappingSpec and root.cls is None:  # type: ignore[attr-defined]
+        batch: Any = Batch(out)
+    elif kind is SequenceSpec and root.cls is None:  # type: ignore[attr-defined]
+        batch = BatchList(out)
+    elif kind is NamedTupleSpec:
+        batch = carrier_class(type(out))(*out)
+    elif kind is DataclassSpec:
+        batch = new_dataclass(carrier_class(type(out)), {f.name: getattr(out, f.name) for f in dataclasses.fields(out)})
+    else:
+        # A tensor, or a user's mapping type: nothing to carry the layout on.
+        return out
+    object.__setattr__(batch, "_pincollate", (layout, buffer, values))
+    return batch
+
+
+def _rebuild(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
+    return make_batch(layout, buffer, values)
+
+
+# --- moving -----------------------------------------------------------------------------
+
+
+def _pin_memory(self: T, device: Any = None) -> T:
+    """This batch in pinned memory: one pinned allocation and one copy (itself if pinned)."""
+    state = carried(self)
+    if state is None:
+        from .transfer import pin
+
+        return _plain_again(self, pin(_contents(self)))
+    layout, buffer, values = state
+    if is_pinned(buffer):
+        return self
+    pinned = pinned_allocator()(layout.nbytes)
+    pinned.copy_(buffer[: layout.nbytes])
+    return make_batch(layout, pinned, values)  # type: ignore[no-any-return]
+
+
+def _to(self: T, *args: Any, **kwargs: Any) -> T:
+    """This batch moved or cast as ``Tensor.to`` would move or cast each of its tensors.
+
+    Takes ``Tensor.to``'s arguments (``device``, ``dtype``, ``non_blocking``, ``copy``;
+    positional or keyword) with its defaults. A dtype casts the floating-point
+    tensors only; integer and bool tensors keep theirs. The buffer moves in one copy.
+    """
+    copy = bool(kwargs.pop("copy", False))
+    device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+    state = carried(self)
+    if state is None:
+        from .transfer import map_tensors
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None, non_blocking=non_blocking, copy=copy)
+
+        return _plain_again(self, map_tensors(_contents(self), move))
+    layout, buffer, values = state
+    target = buffer.device if device is None else device
+    cast = layout if dtype is None else layout.cast(dtype)
+    same = _same_device(buffer.device, target)
+    if same and cast is layout and not copy:
+        return self
+    source = buffer[: layout.nbytes]
+    if not same:
+        blocking = target.type == "mps" and not source.is_pinned()
+        source = source.to(target, non_blocking=non_blocking and not blocking)
+    elif cast is layout:
+        source = source.clone()
+    if cast is not layout:
+        out = torch.empty(cast.nbytes, dtype=torch.uint8, device=target)
+        with torch.no_grad():
+            for old, new in zip(layout.tensors(), cast.tensors(), strict=True):
+                new.of(out).copy_(old.of(source), non_blocking=non_blocking)
+        source = out
+    return make_batch(cast, source, values)  # type: ignore[no-any-return]
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (b.index is None or a.index == b.index)
+
+
+def _contents(batch: Any) -> Any:
+    """The batch as plain containers, for leaf-by-leaf moves."""
+    if isinstance(batch, dict):
+        return dict(batch)
+    if isinstance(batch, list):
+        return list(batch)
+    if isinstance(batch, tuple):
+        return tuple(batch)
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def _plain_again(like: Any, moved: Any) -> Any:
+    """A moved batch of ``like``'s type that carries no layout (its contents changed)."""
+    if isinstance(like, (Batch, BatchList)):
+        return type(like)(moved)
+    if isinstance(like, tuple):
+        return type(like)(*moved)
+    return new_dataclass(type(like), moved)
+
+
+# --- the batch types ----------------------------------------------------------------------
+
+
+def _layout(self: Any) -> Layout | None:
+    """The batch's layout, or ``None`` once its contents no longer match it."""
+    state = carried(self)
+    return None if state is None else state[0]
+
+
+def _buffer(self: Any) -> torch.Tensor | None:
+    """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+    state = carried(self)
+    return None if state is None else state[1]
+
+
+class Batch(dict):  # type: ignore[type-arg]
     """A collated ``dict`` batch whose tensors are all views of :attr:`buffer`.
 
     Example:
         >>> import torch
         >>> from pincollate import mm_collate
         >>> batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
-        >>> isinstance(batch, dict), batch.buffer.dtype
-        (True, torch.uint8)
+        >>> isinstance(batch, dict), batch.buffer.dtype, batch.layout.nbytes
+        (True, torch.uint8, 128)
+        >>> batch.to(torch.float16)["x"].dtype, batch.to(torch.float16)["y"].dtype
+        (torch.float16, torch.int64)
     """
 
-    buffer: torch.Tensor | None = None
+    _pincollate: Carried | None = None
+    pin_memory = _pin_memory
+    to = _to
+    layout = property(_layout)
+    buffer = property(_buffer)
+
+    def __reduce__(self) -> Any:
+        state = carried(self)
+        if state is None:
+            return (Batch, (dict(self),))
+        return (_rebuild, state)
 
 
-class BatchList(_Movable, list):
+class BatchList(list):  # type: ignore[type-arg]
     """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
 
-    buffer: torch.Tensor | None = None
+    _pincollate: Carried | None = None
+    pin_memory = _pin_memory
+    to = _to
+    layout = property(_layout)
+    buffer = property(_buffer)
 
-
-def _plain(batch: Any) -> Any:
-    if isinstance(batch, Batch):
-        return dict(batch)
-    if isinstance(batch, BatchList):
-        return list(batch)
-    if isinstance(batch, tuple):
-        return tuple(batch)
-    return batch
-
-
-def _carry(like: Any, moved: Any) -> Any:
-    if isinstance(like, (Batch, BatchList)):
-        out = type(like)(moved)
-        out.buffer = _buffer_of(out)
-        return out
-    return type(like)(*moved)
-
-
-def _leaves(batch: Any) -> list[torch.Tensor]:
-    return list(tensors(_plain(batch)))
-
-
-def _buffer_of(batch: Any) -> torch.Tensor | None:
-    for t in _leaves(batch):
-        storage = t.untyped_storage()
-        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-    return None
+    def __reduce__(self) -> Any:
+        state = carried(self)
+        if state is None:
+            return (BatchList, (list(self),))
+        return (_rebuild, state)
 
 
 @functools.cache
-def pinnable(cls: type[T]) -> type[T]:
-    """A subclass of the namedtuple ``cls`` whose instances pin in one copy.
+def carrier_class(cls: type[T]) -> type[T]:
+    """A subclass of the namedtuple or dataclass ``cls`` whose instances carry their layout.
 
-    Instances pickle as ``cls`` would, rebuilt as the subclass on the other side,
-    so they cross process boundaries (DataLoader workers) like the original.
+    It adds ``pin_memory``, ``to``, ``layout`` and ``buffer``, except where ``cls`` has
+    a field of that name: fields beat methods (such a batch is moved with
+    :func:`pincollate.to_device`, and DataLoader's pin thread reads the field, as it
+    does for ``cls`` itself). Instances pickle as ``cls`` would, rebuilt as the
+    subclass, so they cross process boundaries like the original.
     """
-    name = cls.__name__
-    namespace = {
-        "__slots__": (),
+    names = set(cls._fields) if hasattr(cls, "_fields") else {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    namespace: dict[str, Any] = {
         "__module__": cls.__module__,
-        "__qualname__": getattr(cls, "__qualname__", name),
-        "__reduce__": lambda self: (_rebuild_pinnable, (cls, tuple(self))),
-        "__repr__": lambda self: cls.__repr__(self),
+        "__qualname__": getattr(cls, "__qualname__", cls.__name__),
+        "__reduce__": _carrier_reduce,
+        "_pincollate": None,
     }
-    return type(name, (_Movable, cls), namespace)  # type: ignore[return-value]
+    if hasattr(cls, "_fields"):
+        namespace["__repr__"] = lambda self: cls.__repr__(self)  # type: ignore[operator]
+    for name, attr in (("pin_memory", _pin_memory), ("to", _to), ("layout", property(_layout)), ("buffer", property(_buffer))):
+        if name not in names:
+            namespace[name] = attr
+    return type(cls.__name__, (cls,), namespace)  # type: ignore[return-value]
 
 
-def _rebuild_pinnable(cls: type, values: tuple) -> Any:
-    return pinnable(cls)(*values)
+def _carrier_reduce(self: Any) -> Any:
+    state = carried(self)
+    if state is not None:
+        return (_rebuild, state)
+    base = type(self).__mro__[1]
+    if isinstance(self, tuple):
+        return (_rebuild_namedtuple, (base, tuple(self)))
+    return (_rebuild_dataclass, (base, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
+
+
+def _rebuild_namedtuple(cls: type, values: tuple[Any, ...]) -> Any:
+    return carrier_class(cls)(*values)
+
+
+def _rebuild_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    return new_dataclass(carrier_class(cls), fields)
+
+
+def allow_loading(*objects: Any) -> None:
+    """Let ``torch.load(weights_only=True)`` rebuild these classes and functions."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add(list(objects))
+
+
+allow_loading(
+    _rebuild,
+    Layout,
+    Wrap,
+    Part,
+    TensorSpec,
+    ValueSpec,
+    ListSpec,
+    PartSpec,
+    MappingSpec,
+    SequenceSpec,
+    NamedTupleSpec,
+    DataclassSpec,
+    JaggedSpec,
+    Batch,
+    BatchList,
+    _rebuild_namedtuple,
+    _rebuild_dataclass,
+)

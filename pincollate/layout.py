@@ -1,35 +1,56 @@
-"""The plan of a batch: a tree of output nodes over one flat buffer.
+"""The Layout: a batch's structure over one flat buffer, holding no sample values.
 
-Planning (``collate``) builds this tree from the samples; nothing here looks at
-sample values. The tree has three jobs, kept apart:
+A Layout is a tree of specs. Containers (:class:`MappingSpec`, :class:`SequenceSpec`,
+:class:`NamedTupleSpec`, :class:`DataclassSpec`, :class:`ListSpec`) hold their
+children; :class:`TensorSpec` is a tensor at an aligned byte offset of the buffer;
+:class:`ValueSpec` is a non-tensor output (a list of strings, say) kept beside the
+buffer by index. Specs are immutable, compare by value, pickle small and hold only
+dtypes, shapes, offsets, keys and classes, so one Layout can be cached per sample
+structure, carried by every batch, saved with it, and rebuilt on any device:
 
-* :meth:`Layout.__init__` gives every tensor node an aligned byte offset,
-* :meth:`Layout.fill` copies each sample leaf once, straight into its region,
-* :meth:`Layout.build` turns the tree into the user's containers, every tensor a
-  view of the buffer.
+    outputs = layout.build(buffer, values)
 
-A :class:`TensorNode` is filled by one or more :class:`Segment` s. Each segment is a
-contiguous region written by one call (a ``torch.stack`` into ``out=``, a numpy
-assignment, a pad), so a key stacked across 32 samples costs one call, not 32.
+A cached template may hold :class:`PartSpec` placeholders for fields planned anew
+for each batch (ragged ones); a batch's Layout then carries those parts.
 """
 
 from __future__ import annotations
 
+import collections.abc as abc
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .arena import ALIGN
+__all__ = [
+    "ALIGN",
+    "DataclassSpec",
+    "JaggedSpec",
+    "Layout",
+    "ListSpec",
+    "MappingSpec",
+    "NamedTupleSpec",
+    "Part",
+    "PartSpec",
+    "SequenceSpec",
+    "Spec",
+    "TensorSpec",
+    "ValueSpec",
+    "Wrap",
+    "align",
+    "make_mapping",
+    "make_sequence",
+]
 
-__all__ = ["ContainerNode", "FillError", "Layout", "ListNode", "Node", "Segment", "TensorNode", "ValueNode"]
+#: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
+#: ``view`` to be legal.
+ALIGN = 64
 
-Filler = Callable[[torch.Tensor, Any], None]
 
-
-def _align(nbytes: int) -> int:
+def align(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALIGN`."""
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -43,231 +64,408 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-class Segment:
-    """One fill call: ``fill(region, payload)`` where ``region`` has ``shape``.
+class Wrap:
+    """How a plain view becomes a tensor subclass (a torchvision ``tv_tensors`` type).
 
-    ``start`` counts elements from the start of the owning node. A *stacking*
-    segment's payload is a list of values, one per index of the region's first
-    dimension, so two adjacent stacking segments of one fill and one value shape
-    merge into one call.
+    ``meta`` holds keyword metadata as sorted pairs (a box format and canvas size);
+    with metadata the class's ``_wrap`` builds the output, else ``as_subclass``.
     """
 
-    __slots__ = ("fill", "payload", "shape", "stacking", "start")
+    __slots__ = ("cls", "meta")
 
-    def __init__(self, start: int, shape: tuple[int, ...], fill: Filler, payload: Any, stacking: bool = False):
-        self.start = start
-        self.shape = shape
-        self.fill = fill
-        self.payload = payload
-        self.stacking = stacking
+    def __init__(self, cls: type, meta: tuple[tuple[str, Any], ...] = ()):
+        self.cls = cls
+        self.meta = meta
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
+    def __call__(self, view: torch.Tensor) -> torch.Tensor:
+        if self.meta:
+            return self.cls._wrap(view, **dict(self.meta))  # type: ignore[attr-defined,no-any-return]
+        return view.as_subclass(self.cls)
 
-    def shifted(self, by: int) -> Segment:
-        return Segment(self.start + by, self.shape, self.fill, self.payload, self.stacking)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Wrap and self.cls is other.cls and self.meta == other.meta
 
-    def follows(self, other: Segment) -> bool:
-        """Whether this segment can be appended to ``other`` as one fill call."""
-        return (
-            self.stacking
-            and other.stacking
-            and self.fill is other.fill
-            and self.shape[1:] == other.shape[1:]
-            and other.start + other.numel == self.start
-        )
+    def __hash__(self) -> int:
+        return hash((self.cls, self.meta))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Wrap, (self.cls, self.meta))
+
+    def __repr__(self) -> str:
+        return f"Wrap({self.cls.__name__}{', ' if self.meta else ''}{', '.join(f'{k}={v!r}' for k, v in self.meta)})"
 
 
-class Node:
-    """A node of the output tree."""
+class _Views:
+    """What building needs: typed flat views of the buffer, the values and the parts."""
+
+    __slots__ = ("buffer", "parts", "typed", "values")
+
+    def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Part, ...]):
+        self.buffer = buffer
+        self.values = values
+        self.parts = parts
+        self.typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def flat(self, dtype: torch.dtype) -> torch.Tensor:
+        flat = self.typed.get(dtype)
+        if flat is None:
+            flat = self.typed[dtype] = self.buffer.view(dtype)
+        return flat
+
+
+class Spec:
+    """A node of a Layout. Subclasses list their fields in ``_fields``."""
 
     __slots__ = ()
+    _fields: tuple[str, ...] = ()
 
-    def tensors(self) -> Iterator[TensorNode]:
-        return iter(())
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._key()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._key())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)!r}' for name in self._fields)})"
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return ()
 
     def build(self, views: _Views) -> Any:
         raise NotImplementedError
 
 
-class TensorNode(Node):
-    """An output tensor: ``dtype``, ``shape`` and the segments that fill it.
+class TensorSpec(Spec):
+    """A contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer."""
 
-    ``wrap``, when set, turns the plain view into the output (a torchvision
-    ``tv_tensors`` subclass with its metadata, say). ``unchecked``, when set, is the
-    key path of a node planned optimistically: its values' shapes were left for
-    the fill to check, and a failed fill means "plan this path carefully".
-    ``stackable=False`` keeps item semantics from stacking it with its siblings.
-    """
+    __slots__ = ("_at", "_strides", "dtype", "offset", "shape", "wrap")
+    _fields = ("dtype", "shape", "offset", "wrap")
 
-    __slots__ = ("dtype", "offset", "segments", "shape", "stackable", "unchecked", "wrap")
-
-    def __init__(
-        self,
-        dtype: torch.dtype,
-        shape: tuple[int, ...],
-        segments: list[Segment],
-        wrap: Callable[[torch.Tensor], Any] | None = None,
-        unchecked: tuple[Any, ...] | None = None,
-        stackable: bool = True,
-    ):
-        self.stackable = stackable
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, wrap: Wrap | None = None):
+        if offset % ALIGN and offset % dtype.itemsize:
+            raise ValueError(f"offset {offset} is not aligned for {dtype}")
         self.dtype = dtype
-        self.shape = shape
-        self.segments = segments
+        self.shape = tuple(shape)
+        self.offset = offset
         self.wrap = wrap
-        self.unchecked = unchecked
-        self.offset = -1
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
+        self._strides = _contiguous_strides(self.shape)
+        self._at = offset // dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
-    def tensors(self) -> Iterator[TensorNode]:
-        yield self
+    def of(self, buffer: torch.Tensor) -> torch.Tensor:
+        """This tensor's plain view of the flat ``uint8`` ``buffer``."""
+        return buffer.view(self.dtype).as_strided(self.shape, self._strides, self._at)
 
     def build(self, views: _Views) -> Any:
-        view = views.node(self)
+        # as_strided on a typed flat view is the cheapest way to make a view.
+        view = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
         return view if self.wrap is None else self.wrap(view)
 
 
-class ListNode(Node):
-    """A Python list of child outputs (per-sample values that do not stack)."""
+class ValueSpec(Spec):
+    """A non-tensor output, ``values[index]``: kept beside the buffer, returned as it is."""
+
+    __slots__ = ("index",)
+    _fields = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def build(self, views: _Views) -> Any:
+        return views.values[self.index]
+
+
+class ListSpec(Spec):
+    """A Python list of children: per-sample values that do not stack."""
 
     __slots__ = ("children",)
+    _fields = ("children",)
 
-    def __init__(self, children: list[Node]):
-        self.children = children
+    def __init__(self, children: Sequence[Spec]):
+        self.children = tuple(children)
 
-    def tensors(self) -> Iterator[TensorNode]:
-        for child in self.children:
-            yield from child.tensors()
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
 
-    def build(self, views: _Views) -> list[Any]:
+    def build(self, views: _Views) -> Any:
         return [child.build(views) for child in self.children]
 
 
-class ValueNode(Node):
-    """A value returned as it is: the list of strings of a batch, say."""
+class PartSpec(Spec):
+    """A placeholder for the part of a batch planned anew for each batch."""
 
-    __slots__ = ("value",)
+    __slots__ = ("index",)
+    _fields = ("index",)
 
-    def __init__(self, value: Any):
-        self.value = value
-
-    def build(self, views: _Views) -> Any:
-        return self.value
-
-
-class ContainerNode(Node):
-    """A container rebuilt by ``make`` from its children's outputs, in order."""
-
-    __slots__ = ("children", "make")
-
-    def __init__(self, make: Callable[[list[Any]], Any], children: list[Node]):
-        self.make = make
-        self.children = children
-
-    def tensors(self) -> Iterator[TensorNode]:
-        for child in self.children:
-            yield from child.tensors()
+    def __init__(self, index: int):
+        self.index = index
 
     def build(self, views: _Views) -> Any:
-        return self.make([child.build(views) for child in self.children])
+        return views.parts[self.index].node.build(views)
 
 
-class FillError(Exception):
-    """A segment's fill failed; ``node`` is the tensor node it was filling."""
+class Part(Spec):
+    """A per-batch part: its node and the extra outputs its policy adds beside it."""
 
-    def __init__(self, node: TensorNode, error: Exception):
-        super().__init__(str(error))
+    __slots__ = ("extras", "node")
+    _fields = ("node", "extras")
+
+    def __init__(self, node: Spec, extras: tuple[tuple[str, Spec], ...] = ()):
         self.node = node
-        self.error = error
+        self.extras = tuple(extras)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.node, *(spec for _, spec in self.extras))
 
 
-class _Views:
-    """Typed, strided views into one flat ``uint8`` buffer, one per node reused."""
+def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
+    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
 
-    __slots__ = ("buffer", "nodes", "typed")
+    As ``default_collate``: the type is kept where it can be built from a dict or
+    built empty and updated; otherwise the result is a ``dict``.
+    """
+    if cls is None:
+        return pairs
+    try:
+        return cls(pairs)
+    except TypeError:
+        pass
+    try:
+        out = cls()
+        out.update(pairs)
+        return out
+    except TypeError:
+        return pairs
 
-    def __init__(self, buffer: torch.Tensor):
-        self.buffer = buffer
-        self.typed: dict[torch.dtype, torch.Tensor] = {}
-        self.nodes: dict[int, torch.Tensor] = {}
 
-    def node(self, node: TensorNode) -> torch.Tensor:
-        view = self.nodes.get(id(node))
-        if view is None:
-            view = self.nodes[id(node)] = self.region(node.dtype, node.offset, 0, node.shape)
-        return view
+def make_sequence(cls: type | None, items: list[Any]) -> Any:
+    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
+    if cls is None:
+        return items
+    try:
+        return cls(items)
+    except TypeError:
+        return items
 
-    def region(self, dtype: torch.dtype, offset: int, start: int, shape: tuple[int, ...]) -> torch.Tensor:
-        flat = self.typed.get(dtype)
-        if flat is None:
-            flat = self.typed[dtype] = self.buffer.view(dtype)
-        # as_strided on a typed flat view is the cheapest way to make a view (no
-        # intermediate slice); offsets are aligned, so the division is exact.
-        return flat.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize + start)
+
+class MappingSpec(Spec):
+    """A mapping of ``keys`` to children, of type ``cls`` (``None`` for ``dict``).
+
+    A :class:`PartSpec` child puts its part's extras right after its key.
+    """
+
+    __slots__ = ("children", "cls", "keys")
+    _fields = ("cls", "keys", "children")
+
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], children: Sequence[Spec]):
+        self.cls = cls
+        self.keys = tuple(keys)
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def pairs(self, views: _Views) -> dict[Hashable, Any]:
+        out: dict[Hashable, Any] = {}
+        for key, child in zip(self.keys, self.children, strict=True):
+            if type(child) is PartSpec:
+                part = views.parts[child.index]
+                out[key] = part.node.build(views)
+                for name, extra in part.extras:
+                    out[name] = extra.build(views)
+            else:
+                out[key] = child.build(views)
+        return out
+
+    def build(self, views: _Views) -> Any:
+        return make_mapping(self.cls, self.pairs(views))
+
+
+class SequenceSpec(Spec):
+    """A transposed sequence: a list (``cls`` ``None``) or the samples' sequence type."""
+
+    __slots__ = ("children", "cls")
+    _fields = ("cls", "children")
+
+    def __init__(self, cls: type | None, children: Sequence[Spec]):
+        self.cls = cls
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: _Views) -> Any:
+        return make_sequence(self.cls, [child.build(views) for child in self.children])
+
+
+class NamedTupleSpec(Spec):
+    """A namedtuple of type ``cls``, one child per field."""
+
+    __slots__ = ("children", "cls")
+    _fields = ("cls", "children")
+
+    def __init__(self, cls: type, children: Sequence[Spec]):
+        self.cls = cls
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: _Views) -> Any:
+        return self.cls(*(child.build(views) for child in self.children))
+
+
+def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
+
+    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
+    """
+    out = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+class DataclassSpec(Spec):
+    """A dataclass of type ``cls``, one child per field in ``names``."""
+
+    __slots__ = ("children", "cls", "names")
+    _fields = ("cls", "names", "children")
+
+    def __init__(self, cls: type, names: Sequence[str], children: Sequence[Spec]):
+        self.cls = cls
+        self.names = tuple(names)
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: _Views) -> Any:
+        return new_dataclass(self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)})
+
+
+class JaggedSpec(Spec):
+    """A ``torch.nested`` jagged tensor over two tensors of the buffer: values and offsets."""
+
+    __slots__ = ("offsets", "values")
+    _fields = ("values", "offsets")
+
+    def __init__(self, values: TensorSpec, offsets: TensorSpec):
+        self.values = values
+        self.offsets = offsets
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.values, self.offsets)
+
+    def build(self, views: _Views) -> Any:
+        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
+
+
+def _walk(spec: Spec) -> Iterator[Spec]:
+    yield spec
+    for child in spec.children_specs():
+        yield from _walk(child)
+
+
+def _recast(spec: Spec, cast: Any) -> Spec:
+    """``spec`` with every tensor spec replaced by ``cast(spec)``."""
+    if isinstance(spec, TensorSpec):
+        return cast(spec)  # type: ignore[no-any-return]
+    if isinstance(spec, (ValueSpec, PartSpec)):
+        return spec
+    fields = []
+    for value in spec._key():
+        if isinstance(value, Spec):
+            value = _recast(value, cast)
+        elif isinstance(value, tuple) and value and isinstance(value[0], Spec):
+            value = tuple(_recast(child, cast) for child in value)
+        elif isinstance(value, tuple) and value and isinstance(value[0], tuple) and len(value[0]) == 2 and isinstance(value[0][1], Spec):
+            value = tuple((name, _recast(child, cast)) for name, child in value)
+        fields.append(value)
+    return type(spec)(*fields)
 
 
 class Layout:
-    """A planned batch: every tensor node placed at an aligned offset in one buffer.
+    """A batch's structure over one buffer of ``nbytes`` bytes.
+
+    ``root`` is the output tree; ``parts`` fill its :class:`PartSpec` placeholders.
 
     Example:
         >>> import torch
-        >>> seg = Segment(0, (2, 3), lambda region, xs: torch.stack(xs, out=region), [torch.ones(3)] * 2)
-        >>> layout = Layout(TensorNode(torch.float32, (2, 3), [seg]))
-        >>> layout.nbytes
-        64
-        >>> buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
-        >>> layout.fill(buffer)
-        >>> layout.build(buffer).sum().item()
-        6.0
+        >>> layout = Layout(MappingSpec(None, ["x", "name"], [TensorSpec(torch.float32, (2, 3), 0), ValueSpec(0)]), 64)
+        >>> buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
+        >>> out = layout.build(buffer, [["a", "b"]])
+        >>> out["x"].shape, out["name"]
+        (torch.Size([2, 3]), ['a', 'b'])
+        >>> out["x"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        True
     """
 
-    __slots__ = ("nbytes", "root", "tensor_nodes")
+    __slots__ = ("nbytes", "parts", "root")
 
-    def __init__(self, root: Node):
+    def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = ()):
         self.root = root
-        self.tensor_nodes = list(root.tensors())
-        offset = 0
-        for node in self.tensor_nodes:
-            node.offset = offset
-            offset = _align(offset + node.nbytes)
-        self.nbytes = offset
+        self.nbytes = nbytes
+        self.parts = tuple(parts)
 
-    def fill(self, buffer: torch.Tensor) -> None:
-        """Copy every sample leaf into its region of ``buffer``.
+    def build(self, buffer: torch.Tensor, values: Sequence[Any] = ()) -> Any:
+        """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor a view of it."""
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < self.nbytes:
+            raise ValueError(f"expected a flat uint8 buffer of at least {self.nbytes} bytes, got {buffer.dtype} of shape {tuple(buffer.shape)}")
+        return self.root.build(_Views(buffer, values, self.parts))
 
-        Raises:
-            FillError: a copy failed; it names the node.
+    def tensors(self) -> list[TensorSpec]:
+        """Every tensor spec, in buffer order."""
+        found = [spec for top in (self.root, *self.parts) for spec in _walk(top) if isinstance(spec, TensorSpec)]
+        found.sort(key=lambda spec: spec.offset)
+        return found
+
+    def cast(self, dtype: torch.dtype) -> Layout:
+        """This layout with its floating-point tensors as ``dtype``, placed anew.
+
+        Returns ``self`` when nothing changes.
         """
-        self._fill(_Views(buffer))
+        specs = self.tensors()
+        if not any(spec.dtype.is_floating_point and spec.dtype != dtype for spec in specs):
+            return self
+        placed: dict[int, TensorSpec] = {}
+        offset = 0
+        for spec in specs:
+            new_dtype = dtype if spec.dtype.is_floating_point else spec.dtype
+            placed[id(spec)] = TensorSpec(new_dtype, spec.shape, offset, spec.wrap)
+            offset = align(offset + placed[id(spec)].nbytes)
 
-    def build(self, buffer: torch.Tensor) -> Any:
-        """Return the output tree, every tensor a view of ``buffer``."""
-        return self.root.build(_Views(buffer))
+        def cast(spec: TensorSpec) -> TensorSpec:
+            return placed[id(spec)]
 
-    def materialize(self, buffer: torch.Tensor) -> Any:
-        """:meth:`fill` then :meth:`build`, sharing the views they both need."""
-        views = _Views(buffer)
-        self._fill(views)
-        return self.root.build(views)
+        parts = tuple(_recast(part, cast) for part in self.parts)
+        return Layout(_recast(self.root, cast), offset, parts)  # type: ignore[arg-type]
 
-    def _fill(self, views: _Views) -> None:
-        with torch.no_grad():
-            for node in self.tensor_nodes:
-                for segment in node.segments:
-                    if segment.start == 0 and segment.shape == node.shape:
-                        region = views.node(node)
-                    else:
-                        region = views.region(node.dtype, node.offset, segment.start, segment.shape)
-                    try:
-                        segment.fill(region, segment.payload)
-                    except Exception as exc:
-                        raise FillError(node, exc) from exc
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Layout and (self.nbytes, self.root, self.parts) == (other.nbytes, other.root, other.parts)
+
+    def __hash__(self) -> int:
+        return hash((self.nbytes, self.root, self.parts))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Layout, (self.root, self.nbytes, self.parts))
+
+    def __repr__(self) -> str:
+        return f"Layout(nbytes={self.nbytes}, tensors={len(self.tensors())}, parts={len(self.parts)})"
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def is_sequence(value: Any) -> bool:
+    return isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray))

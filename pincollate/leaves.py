@@ -1,9 +1,10 @@
 """Leaf types: what a sample value becomes in the batch buffer.
 
-Each leaf type has one :class:`LeafHandler` in a registry. Lookup tries the exact
-type first, then ``isinstance`` in registration order, so a subclass handler
-(torchvision's ``Image``) registered before its base (``Tensor``) wins. Optional
-libraries (PIL, torchvision) register only when they import.
+Each leaf type has one :class:`LeafHandler` in a registry. Lookup walks the value's
+method resolution order and takes the nearest registered class, so a subclass of
+torchvision's ``Image`` is an image and a subclass of ``Tensor`` a tensor. PIL and
+torchvision register the first time a value of theirs is looked up, so importing
+pincollate imports neither, and a broken install only disables its own types.
 
 A handler describes one value (``dtype`` and ``shape`` of its tensor, after
 validation) and fills a region with a whole column of values in one call.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -22,7 +25,8 @@ import numpy as np
 import torch
 
 from .errors import CollateError
-from .layout import Filler
+from .fill import Filler, array_key, tensor_key
+from .layout import Wrap
 
 __all__ = ["LeafHandler", "lookup", "register", "type_name"]
 
@@ -44,8 +48,12 @@ class LeafHandler:
             leaves that are not tensors (strings), which are returned as a list.
         fill: ``fill(region, values)`` copies values into ``region``, whose first
             dimension indexes the values.
-        wrap: ``wrap(first_value)`` gives a function that turns the output view into
-            the output (keeps a tensor subclass and its metadata), or ``None``.
+        wrap: ``wrap(value)`` gives the :class:`~pincollate.layout.Wrap` that turns a
+            plain view into a value's type (a tensor subclass and its metadata), or
+            ``None`` for a plain tensor.
+        key: what must agree across a column for a cached plan to stack it, beside
+            the type (a tensor's dtype); read at C speed, so a plain function.
+        signature: what of a value decides its place in the buffer (dtype and shape).
         meta: ``meta(value)`` gives what must agree for values to stack beyond dtype
             and shape (a mask's type, say).
         stackable: ``False`` for types kept one per sample even when shapes agree
@@ -57,7 +65,7 @@ class LeafHandler:
             leading dimension of 1.
     """
 
-    __slots__ = ("concat", "describe", "family", "fill", "fill_one", "meta", "name", "stackable", "wrap")
+    __slots__ = ("concat", "describe", "family", "fill", "fill_one", "key", "meta", "name", "signature", "stackable", "wrap")
 
     def __init__(
         self,
@@ -65,21 +73,26 @@ class LeafHandler:
         family: str,
         describe: Callable[[Any, int, Path], tuple[torch.dtype, tuple[int, ...]]] | None,
         fill: Filler | None,
-        wrap: Callable[[Any], Callable[[torch.Tensor], Any] | None] | None = None,
+        *,
+        wrap: Callable[[Any], Wrap | None] | None = None,
+        key: Callable[[Any], Any] | None = None,
+        signature: Callable[[Any], Hashable] | None = None,
         meta: Callable[[Any], Hashable] | None = None,
         stackable: bool = True,
         concat: Filler | None = None,
         fill_one: Filler | None = None,
     ):
         self.name = name
-        self.stackable = stackable
-        self.concat = concat
-        self.fill_one = fill_one if fill_one is not None else (lambda region, values: fill(region.unsqueeze(0), values))  # type: ignore[misc]
         self.family = family
         self.describe = describe
         self.fill = fill
         self.wrap = wrap
+        self.key = key
+        self.signature = signature
         self.meta = meta
+        self.stackable = stackable
+        self.concat = concat
+        self.fill_one = fill_one if fill_one is not None else (lambda region, values: fill(region.unsqueeze(0), values))  # type: ignore[misc]
 
     @property
     def is_tensor(self) -> bool:
@@ -108,6 +121,7 @@ def lookup(cls: type) -> LeafHandler | None:
     method resolution order, so a subclass of torchvision's ``Image`` is an image.
     """
     for base in cls.__mro__:
+        _load_optional(base)
         handler = _exact.get(base)
         if handler is not None:
             return handler
@@ -139,7 +153,30 @@ def _copy_tensor(region: torch.Tensor, values: list[torch.Tensor]) -> None:
     region.copy_(values[0])
 
 
-register(torch.Tensor, LeafHandler("Tensor", "tensor", _describe_tensor, _fill_tensors, concat=_concat_tensors, fill_one=_copy_tensor))
+def _tensor_signature(value: torch.Tensor) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
+    # A tensor subclass comes back as its class, as torch.stack gives it.
+    cls = type(value)
+    return None if cls is torch.Tensor else Wrap(cls)
+
+
+register(
+    torch.Tensor,
+    LeafHandler(
+        "Tensor",
+        "tensor",
+        _describe_tensor,
+        _fill_tensors,
+        wrap=_subclass_wrap,
+        key=tensor_key,
+        signature=_tensor_signature,
+        concat=_concat_tensors,
+        fill_one=_copy_tensor,
+    ),
+)
 
 
 # --- numpy ---------------------------------------------------------------------------
@@ -175,7 +212,14 @@ def _concat_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
     np.concatenate(values, out=region.numpy())
 
 
-register(np.ndarray, LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, concat=_concat_arrays))
+def _array_signature(value: np.ndarray) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+register(
+    np.ndarray,
+    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=array_key, signature=_array_signature, concat=_concat_arrays),
+)
 
 
 # --- numbers -------------------------------------------------------------------------
@@ -197,11 +241,12 @@ def _describe_int(value: int, sample: int, path: Path) -> tuple[torch.dtype, tup
 
 
 def _describe_float(value: float, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
-    return torch.get_default_dtype(), ()
+    # default_collate makes float64 of Python floats: one rule for every float.
+    return torch.float64, ()
 
 
 def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
-    return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128, ()
+    return torch.complex128, ()
 
 
 def _fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
@@ -222,14 +267,25 @@ register(bytes, LeafHandler("bytes", "bytes", None, None))
 register(type(None), LeafHandler("None", "None", None, None))
 
 
-# --- PIL -----------------------------------------------------------------------------
+# --- optional libraries, registered on first sight -------------------------------------
+
+_loaded: set[str] = set()
+
+
+def _load_optional(cls: type) -> None:
+    """Register PIL's or torchvision's types when a class from them is first looked up."""
+    root = cls.__module__.partition(".")[0]
+    if root in _loaded or root not in _OPTIONAL:
+        return
+    _loaded.add(root)
+    try:
+        _OPTIONAL[root]()
+    except Exception as exc:  # a broken install disables its own types only
+        warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
 
 
 def _register_pil() -> None:
-    try:
-        from PIL import Image
-    except ImportError:
-        return
+    from PIL import Image
 
     @functools.cache
     def mode_info(mode: str) -> tuple[torch.dtype, int]:
@@ -255,33 +311,69 @@ def _register_pil() -> None:
             pixels = np.asarray(image)
             out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
-    register(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill))
+    def key(value: Any) -> Hashable:
+        # numpy would broadcast a 1-band image into 3 bands: mode and size must agree.
+        return (value.mode, value.size)
 
-
-# --- torchvision tv_tensors ----------------------------------------------------------
+    register(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill, key=key, signature=key))
 
 
 def _register_tv_tensors() -> None:
-    try:
-        from torchvision import tv_tensors
-    except ImportError:
-        return
+    from torchvision import tv_tensors
 
-    def wrap(first: Any) -> Callable[[torch.Tensor], Any]:
-        return functools.partial(tv_tensors.wrap, like=first)
+    def same_type(value: Any) -> Wrap:
+        return Wrap(type(value))
 
     def meta(value: Any) -> Hashable:
         return type(value)
 
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
-        register(cls, LeafHandler(cls.__name__, "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, concat=_concat_tensors, fill_one=_copy_tensor))
+        register(
+            cls,
+            LeafHandler(
+                cls.__name__,
+                "tensor",
+                _describe_tensor,
+                _fill_tensors,
+                wrap=same_type,
+                key=tensor_key,
+                signature=_tensor_signature,
+                meta=meta,
+                concat=_concat_tensors,
+                fill_one=_copy_tensor,
+            ),
+        )
+
+    def boxes(value: Any) -> Wrap:
+        fields = {"format": value.format, "canvas_size": tuple(value.canvas_size)}
+        if hasattr(value, "clamping_mode"):
+            fields["clamping_mode"] = value.clamping_mode
+        return Wrap(type(value), tuple(sorted(fields.items())))
+
     # Boxes stay one tensor per image, with their own format and canvas size:
     # torchvision's BoundingBoxes are 2-D by definition.
     register(
         tv_tensors.BoundingBoxes,
-        LeafHandler("BoundingBoxes", "tensor", _describe_tensor, _fill_tensors, wrap=wrap, meta=meta, stackable=False, concat=_concat_tensors, fill_one=_copy_tensor),
+        LeafHandler(
+            "BoundingBoxes",
+            "tensor",
+            _describe_tensor,
+            _fill_tensors,
+            wrap=boxes,
+            meta=boxes,
+            stackable=False,
+            concat=_concat_tensors,
+            fill_one=_copy_tensor,
+        ),
     )
+    from .batch import allow_loading
+
+    allow_loading(tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat)
 
 
-_register_pil()
-_register_tv_tensors()
+_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register_pil, "torchvision": _register_tv_tensors}
+
+
+def loaded_module(name: str) -> bool:
+    """Whether ``name`` is imported already (registration never imports it first)."""
+    return name in sys.modules

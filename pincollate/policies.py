@@ -23,7 +23,8 @@ from typing import Any, Literal
 import torch
 
 from .errors import CollateError
-from .layout import ListNode, Node, Segment, TensorNode, ValueNode
+from .fill import Node, Segment, Slot, Tree, Value
+from .layout import JaggedSpec, ListSpec, Spec, Wrap
 from .leaves import LeafHandler
 
 __all__ = ["AsList", "Column", "Concat", "FieldRules", "Jagged", "Pad", "Policy", "Stack", "stack_or_list"]
@@ -88,22 +89,22 @@ class Column:
             return False
         return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
 
-    def _wrap(self, i: int) -> Any:
+    def _wrap(self, i: int) -> Wrap | None:
         return None if self.handler.wrap is None else self.handler.wrap(self.values[i])
 
-    def stacked(self) -> TensorNode:
+    def stacked(self) -> Slot:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
         shape = (len(self.values), *self.shapes[0])
         segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)
-        return TensorNode(self.dtype, shape, [segment], self._wrap(0))
+        return Slot(self.dtype, shape, [segment], self._wrap(0))
 
     def single(self, i: int) -> Node:
         """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
         shape = self.shapes[i]
         if shape is None:
-            return ValueNode(None)
+            return Value(None)
         segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
-        return TensorNode(self.dtypes[i], shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+        return Slot(self.dtypes[i], shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 
 class Policy:
@@ -134,7 +135,7 @@ def stack_or_list(column: Column) -> Node:
     """The default: stack when the values agree, else a list of per-sample values."""
     if column.uniform:
         return column.stacked()
-    return ListNode([column.single(i) for i in range(len(column.values))])
+    return Tree(ListSpec, [column.single(i) for i in range(len(column.values))])
 
 
 class Stack(Policy):
@@ -166,7 +167,7 @@ class AsList(Policy):
     """Always a list of per-sample tensors, each in the batch buffer."""
 
     def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
-        return ListNode([column.single(i) for i in range(len(column.values))]), {}
+        return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
 
 
 def _fits(value: float | bool, dtype: torch.dtype) -> bool:
@@ -178,10 +179,10 @@ def _fits(value: float | bool, dtype: torch.dtype) -> bool:
     return float(value).is_integer() and info.min <= value <= info.max
 
 
-def _int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:
+def _int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> Slot:
     """A small integer tensor (lengths, counts, offsets) computed while planning."""
     shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
-    return TensorNode(dtype, shape, [Segment(0, shape, _fill_array_like, values)])
+    return Slot(dtype, shape, [Segment(0, shape, _fill_array_like, values)])
 
 
 def _fill_array_like(region: torch.Tensor, payload: Any) -> None:
@@ -272,7 +273,7 @@ class Pad(Policy):
         shape = (n, *sizes)
         entries = [(i, column.values[i], column.shapes[i]) for i in present]
         fill = functools.partial(_fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
-        node = TensorNode(dtype, shape, [Segment(0, shape, fill, entries)])
+        node = Slot(dtype, shape, [Segment(0, shape, fill, entries)])
         extras: dict[str, Node] = {}
         lengths = [[column.shapes[i][d] if column.shapes[i] is not None else 0 for d in dims] for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
@@ -282,7 +283,7 @@ class Pad(Policy):
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
             mask_fill = _fill_mask_1d if len(dims) == 1 else _fill_mask
-            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)])
+            extras[mask_name] = Slot(torch.bool, mask_shape, [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)])
         return node, extras
 
 
@@ -359,7 +360,7 @@ class Concat(Policy):
         self.counts_key = counts_key
         self.item_offsets_key = item_offsets_key
 
-    def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
+    def _values(self, column: Column) -> tuple[Slot, list[int]]:
         present = column.present
         if not present:
             raise column.error(f"{type(self).__name__}() got no values (all missing)")
@@ -388,17 +389,16 @@ class Concat(Policy):
             for i in present:
                 segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
                 start += rows[i] * row_numel
-        return TensorNode(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
+        return Slot(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
 
     @staticmethod
-    def _wrap(column: Column) -> Any:
+    def _wrap(column: Column) -> Wrap | None:
         """Keep a tv_tensors subclass and its metadata when every value shares them."""
         wrap = column.handler.wrap
         if wrap is None:
             return None
-        present = [column.values[i] for i in column.present]
-        keys = {(type(v), getattr(v, "format", None), tuple(getattr(v, "canvas_size", ()) or ())) for v in present}
-        return wrap(present[0]) if len(keys) == 1 else None
+        wraps = {wrap(column.values[i]) for i in column.present}
+        return wraps.pop() if len(wraps) == 1 else None
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         node, rows = self._values(column)
@@ -429,7 +429,7 @@ def _group(rows: list[int], counts: list[int]) -> list[int]:
     return grouped
 
 
-def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
+def _offsets_node(rows: list[int], dtype: torch.dtype) -> Slot:
     return _int_node([0, *itertools.accumulate(rows)], dtype)
 
 
@@ -456,22 +456,12 @@ class Jagged(Concat):
         values, rows = self._values(column)
         values.wrap = None  # torch.nested takes plain values
         offsets = _offsets_node(rows if counts is None else _group(rows, counts), torch.int64)
-        return _JaggedNode(values, offsets), self._extras(rows, counts, name)
+        return Tree(_jagged, [values, offsets]), self._extras(rows, counts, name)
 
 
-class _JaggedNode(Node):
-    __slots__ = ("offsets", "values")
-
-    def __init__(self, values: TensorNode, offsets: TensorNode):
-        self.values = values
-        self.offsets = offsets
-
-    def tensors(self):
-        yield self.values
-        yield self.offsets
-
-    def build(self, views) -> torch.Tensor:
-        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
+def _jagged(specs: list[Spec]) -> Spec:
+    values, offsets = specs
+    return JaggedSpec(values, offsets)  # type: ignore[arg-type]
 
 
 # --- field patterns -------------------------------------------------------------------

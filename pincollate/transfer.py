@@ -1,9 +1,10 @@
-"""Moving a collated batch: pin it, copy it to a device, one storage span at a time.
+"""Moving any batch: pin it, copy it to a device, one storage span at a time.
 
-Both operations group a batch's tensor leaves by the storage they view. Each
-storage is copied once (only the byte span its leaves use) and every leaf is
-rebuilt on the copy with its own dtype, sizes, strides and offset. A batch from
-:func:`~pincollate.mm_collate` has one storage, so it moves with one copy.
+A pincollate batch moves itself (one copy of its buffer, views rebuilt from its
+layout). Any other tree (another collate's output, a batch whose contents were
+changed) is moved here: its tensor leaves are grouped by the storage they view,
+each storage is copied once (only the byte span its leaves use) and every leaf is
+rebuilt on the copy with its own dtype, sizes, strides and offset.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from .arena import ALIGN, is_pinned, pinned_allocator
-from .containers import rebuild_dataclass, rebuild_mapping
+from .arena import is_pinned, pinned_allocator
+from .batch import carried
+from .layout import ALIGN, make_mapping, new_dataclass
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 
@@ -39,7 +41,8 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
     if isinstance(tree, (str, bytes)) or tree is None:
         return tree
     if isinstance(tree, abc.Mapping):
-        return rebuild_mapping(tree, {k: map_tensors(v, fn) for k, v in tree.items()})
+        pairs = {k: map_tensors(v, fn) for k, v in tree.items()}
+        return pairs if type(tree) is dict else make_mapping(type(tree), pairs)  # type: ignore[return-value]
     if isinstance(tree, tuple):
         if hasattr(tree, "_fields"):
             return type(tree)(*(map_tensors(v, fn) for v in tree))
@@ -50,7 +53,7 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
             clone[i] = map_tensors(v, fn)
         return clone
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return rebuild_dataclass(tree, ((f.name, map_tensors(getattr(tree, f.name), fn)) for f in dataclasses.fields(tree)))
+        return new_dataclass(type(tree), {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)})  # type: ignore[no-any-return]
     return tree
 
 
@@ -149,7 +152,10 @@ def pin(tree: T) -> T:
     """Pin every tensor of ``tree``: one pinned allocation and one copy per storage.
 
     Storages already pinned are left as they are, so pinning twice copies nothing.
+    A pincollate batch pins itself: one pinned copy of its buffer.
     """
+    if carried(tree) is not None:
+        return tree.pin_memory()  # type: ignore[attr-defined,no-any-return]
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
         out = pinned_allocator()(flat.numel())
@@ -171,8 +177,9 @@ def pin(tree: T) -> T:
 def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) -> T:
     """Copy every tensor of ``tree`` to ``device``, one copy per storage span.
 
-    Leaves that view one storage (every tensor of a pincollate batch) move in one
-    copy and are rebuilt on the device with their sizes, strides and offsets. A
+    A pincollate batch moves in one copy of its buffer, rebuilt from its layout.
+    Leaves of any other tree that view one storage move in one copy and are rebuilt
+    on the device with their sizes, strides and offsets. A
     storage much larger than what its leaves use is copied leaf by leaf instead.
     Non-tensor leaves pass through.
 
@@ -190,6 +197,8 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
         [[1.0, 1.0], [0.0, 0.0]]
     """
     device = torch.device(device)
+    if carried(tree) is not None:
+        return tree.to(device, non_blocking=non_blocking)  # type: ignore[attr-defined,no-any-return]
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
         blocking = device.type == "mps" and not flat.is_pinned()

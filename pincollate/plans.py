@@ -1,0 +1,267 @@
+"""The plan cache: one Layout per sample structure, checked cheaply for every batch.
+
+A batch's *signature* is sample 0's structure (container types, keys with their
+types, leaf types, dtypes and shapes) and the batch size. The first batch of a
+signature is planned once: every field whose values all agree (one type, dtype and
+shape; mappings with one key set; sequences of one length) gets a slot in a cached
+:class:`~pincollate.layout.Layout` and an op that, for every later batch, gathers the
+field's column and checks it at C speed. Fields that do not agree (ragged, mixed,
+with a policy) become *parts*, planned anew for each batch by the careful planner
+after the cached slots.
+
+A batch that does not fit its plan (a column that turned ragged) raises
+:class:`~pincollate.fill.Mismatch`; its paths are remembered as careful for good,
+and the batch is planned again: at most two plans for any batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .fill import CarefulOp, DataclassOp, Fill, MappingOp, NumbersOp, Op, SequenceOp, StackOp, ValueOp
+from .layout import DataclassSpec, Layout, MappingSpec, NamedTupleSpec, PartSpec, SequenceSpec, Spec, TensorSpec, ValueSpec, align, is_namedtuple, is_sequence
+from .leaves import lookup
+from .planner import MAX_DEPTH, Planner, container_cls, is_dataclass
+
+if TYPE_CHECKING:
+    from .policies import FieldRules
+
+__all__ = ["Plan", "Plans"]
+
+Path = tuple[Hashable, ...]
+
+_NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
+_INT64 = (-(2**63), 2**63)
+_VALUES = (str, bytes, type(None))
+_CAREFUL = object()
+_FILL_NUMBERS = lookup(int).fill  # type: ignore[union-attr]
+
+
+class Plan:
+    """A cached plan: the Layout template, its ops, and how many values and parts it has.
+
+    ``layout`` is the one Layout every batch of this plan shares when it has no parts.
+    """
+
+    __slots__ = ("layout", "nbytes", "nparts", "nvalues", "op", "template")
+
+    def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int):
+        self.template = template
+        self.op = op
+        self.nbytes = nbytes
+        self.nvalues = nvalues
+        self.nparts = nparts
+        self.layout = Layout(template, nbytes) if nparts == 0 else None
+
+    def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
+        """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
+        fill = Fill(planner, self.nvalues, self.nparts, self.nbytes)
+        self.op.run(samples, fill)
+        layout = self.layout
+        if layout is None:
+            layout = Layout(self.template, fill.offset, fill.parts)
+        return layout, fill
+
+
+class _Template:
+    """Plans one batch into a cached template: slots where values agree, parts elsewhere."""
+
+    def __init__(self, plans: Plans, learned: Sequence[Path]):
+        self.careful = {*plans.careful, *learned}
+        self.rules = plans.rules
+        self.missing = plans.missing
+        self.items = plans.items
+        self.offset = 0
+        self.nvalues = 0
+        self.nparts = 0
+
+    def take(self, nbytes: int) -> int:
+        offset = self.offset
+        self.offset = align(offset + nbytes)
+        return offset
+
+    def part(self, path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+        self.careful.add(path)
+        index = self.nparts
+        self.nparts += 1
+        return PartSpec(index), CarefulOp(path, index, siblings)
+
+    def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
+        """The dtype of a column of Python numbers of one type that a block can take."""
+        cls = type(column[0])
+        dtype = _NUMBERS.get(cls)
+        if dtype is None or path in self.careful or (self.rules and self.rules.lookup(path) is not None):
+            return None
+        if set(map(type, column)) != {cls}:
+            return None
+        if cls is int and not all(_INT64[0] <= v < _INT64[1] for v in column):
+            return None
+        return dtype
+
+    def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+        if (
+            len(path) > MAX_DEPTH
+            or path in self.careful
+            or (self.rules and self.rules.lookup(path) is not None)
+            or (self.missing and any(v is None for v in column))
+        ):
+            return self.part(path, siblings)
+        first = column[0]
+        cls = type(first)
+        if set(map(type, column)) != {cls}:
+            return self.part(path, siblings)
+        n = len(column)
+        if cls in _NUMBERS:
+            dtype = self.number(column, path)
+            if dtype is None:
+                return self.part(path, siblings)
+            spec = TensorSpec(dtype, (n,), self.take(n * dtype.itemsize))
+            return spec, StackOp(path, spec, cls, _FILL_NUMBERS, None, None)
+        handler = lookup(cls)
+        if handler is not None:
+            if not handler.is_tensor:
+                if cls not in _VALUES:
+                    return self.part(path, siblings)
+                index = self.nvalues
+                self.nvalues += 1
+                return ValueSpec(index), ValueOp(path, index, cls)
+            return self.leaves(column, path, siblings, handler)
+        if isinstance(first, Mapping):
+            return self.mapping(column, path, siblings)
+        if is_namedtuple(first) or (is_sequence(first) and not self.items):
+            if set(map(len, column)) != {len(first)}:
+                return self.part(path, siblings)
+            names = first._fields if is_namedtuple(first) else range(len(first))
+            planned = [self.plan(position, (*path, name), None) for name, position in zip(names, zip(*column), strict=True)]
+            specs = [spec for spec, _ in planned]
+            op = SequenceOp(path, cls, [op for _, op in planned])
+            if is_namedtuple(first):
+                return NamedTupleSpec(cls, specs), op
+            return SequenceSpec(container_cls(cls, list), specs), op
+        if is_dataclass(first):
+            names = [f.name for f in dataclasses.fields(first)]
+            planned = [self.plan([getattr(v, name) for v in column], (*path, name), None) for name in names]
+            return DataclassSpec(cls, names, [spec for spec, _ in planned]), DataclassOp(path, cls, [(name, op) for name, (_, op) in zip(names, planned, strict=True)])
+        return self.part(path, siblings)
+
+    def leaves(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any) -> tuple[Spec, Op]:
+        if not handler.stackable or handler.key is None:
+            return self.part(path, siblings)
+        first = column[0]
+        try:
+            described = {handler.describe(value, i, path) for i, value in enumerate(column)}
+        except Exception:  # the careful planner names the sample and the reason
+            return self.part(path, siblings)
+        keys = set(map(handler.key, column))
+        metas = {handler.meta(value) for value in column} if handler.meta is not None else set()
+        if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
+            return self.part(path, siblings)
+        dtype, shape = described.pop()
+        shape = (len(column), *shape)
+        spec = TensorSpec(dtype, shape, self.take(int(torch.Size(shape).numel()) * dtype.itemsize), handler.wrap(first) if handler.wrap else None)
+        return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop())
+
+    def mapping(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+        first = column[0]
+        first_keys = first.keys()
+        if any(v.keys() != first_keys for v in column):
+            return self.part(path, siblings)
+        keys = list(first_keys)
+        siblings = frozenset(keys)
+        children: dict[Hashable, Spec] = {}
+        ops: list[tuple[Hashable, Op]] = []
+        groups: dict[type, list[Hashable]] = {}
+        for key in keys:
+            child = [v[key] for v in column]
+            child_path = (*path, key)
+            if type(child[0]) in _NUMBERS and self.number(child, child_path) is not None:
+                groups.setdefault(type(child[0]), []).append(key)
+                continue
+            children[key], op = self.plan(child, child_path, siblings)
+            ops.append((key, op))
+        numbers = []
+        n = len(column)
+        for cls, group in groups.items():
+            dtype = _NUMBERS[cls]
+            block = TensorSpec(dtype, (len(group), n), self.take(len(group) * n * dtype.itemsize))
+            for j, key in enumerate(group):
+                children[key] = TensorSpec(dtype, (n,), block.offset + j * n * dtype.itemsize)
+            numbers.append(NumbersOp(path, cls, group, block))
+        spec = MappingSpec(container_cls(type(first), dict), keys, [children[key] for key in keys])
+        return spec, MappingOp(path, type(first), ops, numbers)
+
+
+class Plans:
+    """The cache of plans of one :class:`~pincollate.MMCollate`, keyed by signature.
+
+    ``careful`` holds the key paths planned anew for each batch; it only grows.
+    ``planned`` counts the plans made, so tests can tell the cache is used.
+    """
+
+    def __init__(self, rules: FieldRules, missing: bool, items: bool, capacity: int = 64):
+        self.rules = rules
+        self.missing = missing
+        self.items = items
+        self.capacity = capacity
+        self.careful: set[Path] = set()
+        self.planned = 0
+        self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def signature(self, samples: Sequence[Any]) -> Hashable:
+        return (len(samples), _signature(samples[0], (), self.careful, self.items))
+
+    def get(self, samples: Sequence[Any]) -> Plan | None:
+        """The cached plan for this batch's signature, or ``None``."""
+        return self._plans.get(self.signature(samples))
+
+    def make(self, samples: Sequence[Any], learned: Sequence[Path] = ()) -> tuple[Plan, Callable[[], None]]:
+        """Plan ``samples``, with ``learned`` paths careful besides those known.
+
+        Returns the plan and ``commit``, which caches it and keeps the careful paths
+        it found. Call it once the batch collated: a batch that fails teaches nothing.
+        """
+        template = _Template(self, learned)
+        spec, op = template.plan(samples, (), None)
+        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts)
+
+        def commit() -> None:
+            with self._lock:
+                self.careful.update(template.careful)
+                self.planned += 1
+                # The key later batches compute, now that the careful paths are known.
+                self._plans[self.signature(samples)] = plan
+                if len(self._plans) > self.capacity:
+                    self._plans.popitem(last=False)
+
+        return plan, commit
+
+
+def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> Hashable:
+    """What of ``value`` decides its plan; careful paths are not looked into."""
+    if careful and path in careful:
+        return _CAREFUL
+    cls = type(value)
+    if cls is torch.Tensor:
+        return (cls, value.dtype, value.shape)
+    if cls in _NUMBERS or cls in _VALUES:
+        return cls
+    if depth > MAX_DEPTH:
+        return _CAREFUL
+    depth += 1
+    if isinstance(value, Mapping):
+        return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
+    if is_namedtuple(value) or (is_sequence(value) and not items):
+        return (cls, *(_signature(v, (*path, i), careful, items, depth) for i, v in enumerate(value)))
+    handler = lookup(cls)
+    if handler is not None:
+        return (cls, handler.signature(value)) if handler.signature is not None else cls
+    if is_dataclass(value):
+        return (cls, *(_signature(getattr(value, f.name), (*path, f.name), careful, items, depth) for f in dataclasses.fields(value)))
+    return cls
