@@ -44,6 +44,7 @@ from .layout import (
     Spec,
     TensorSpec,
     ValueSpec,
+    Views,
     Wrap,
     new_dataclass,
 )
@@ -121,9 +122,9 @@ class _Check:
         return len(obj) == count
 
 
-def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
+def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:
     """The batch over ``buffer``: the user's containers, every tensor a view of it."""
-    out = layout.build(buffer, values)
+    out = layout.build(buffer, values, views)
     root = layout.root
     if type(root) is PartSpec:
         root = layout.parts[root.index].node

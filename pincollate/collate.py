@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Literal
 
-from .arena import PinMode, allocate, resolve_kind
+from .arena import Kind, PinMode, allocate, resolve_kind
 from .batch import make_batch
 from .errors import CollateError
 from .fill import Mismatch
@@ -118,28 +118,55 @@ class MMCollate:
 
     def plan(self, batch: Sequence[Any]) -> Layout:
         """The Layout ``batch`` would have, without copying anything."""
-        samples = _samples(batch)
-        plan = self._plans.get(samples)
+        return self._through_plans(_samples(batch), lambda plan, samples: plan.run(samples, self._planner)[0])  # type: ignore[no-any-return]
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        """Collate ``batch`` (a sequence of samples) into one buffer."""
+        kind = resolve_kind(self.pin_memory)
+        return self._through_plans(_samples(batch), lambda plan, samples: self._collate(plan, samples, kind))
+
+    def _collate(self, plan: Plan, samples: list[Any], kind: Kind) -> Any:
+        layout, fill = plan.run(samples, self._planner)
+        buffer = allocate(layout.nbytes, kind)
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+
+    def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:
+        """``use(plan, samples)`` with the plan that fits: the last one, a cached one, or a new one.
+
+        The last plan used checks the batch completely as it runs, so a run of batches of
+        one structure never computes a signature. A batch that does not fit is looked up
+        by signature; if its own plan does not fit either, the fields that failed are
+        planned carefully from now on, in a new plan: at most two plans per batch.
+        """
+        plans = self._plans
+        tried = plans.last
         learned: tuple[Path, ...] = ()
-        if plan is not None:
+        if tried is not None:
             try:
-                return plan.run(samples, self._planner)[0]
+                return use(tried, samples)
             except Mismatch as mismatch:
                 learned = mismatch.paths
-        plan, commit = self._new_plan(samples, learned)
-        layout = plan.run(samples, self._planner)[0]
+        key = plans.signature(samples)
+        if tried is None or key != tried.key:
+            learned = ()
+            found = plans.get(key)
+            if found is not None:
+                try:
+                    out = use(found, samples)
+                    plans.last = found
+                    return out
+                except Mismatch as mismatch:
+                    learned = mismatch.paths
+        plan, commit = plans.make(samples, learned)
+        try:
+            out = use(plan, samples)
+        except Mismatch as mismatch:
+            # A fresh plan checked every value it relies on; samples changed under us.
+            raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
         commit()
-        return layout
-
-    def _new_plan(self, samples: list[Any], learned: Sequence[Path]) -> tuple[Plan, Callable[[], None]]:
-        plan, commit = self._plans.make(samples, learned)
-
-        def done() -> None:
-            commit()
-            if self._rules:
-                self._report_unmatched()
-
-        return plan, done
+        if self._rules:
+            self._report_unmatched()
+        return out
 
     def _report_unmatched(self) -> None:
         with self._lock:
@@ -147,33 +174,6 @@ class MMCollate:
                 if pattern not in self._rules.matched and pattern not in self._reported:
                     self._reported.add(pattern)
                     warnings.warn(f"pincollate: field pattern {pattern!r} matched no key path in this batch", UserWarning, stacklevel=4)
-
-    def __call__(self, batch: Sequence[Any]) -> Any:
-        """Collate ``batch`` (a sequence of samples) into one buffer."""
-        samples = _samples(batch)
-        kind = resolve_kind(self.pin_memory)
-        plan = self._plans.get(samples)
-        learned: tuple[Path, ...] = ()
-        if plan is not None:
-            try:
-                return self._collate(plan, samples, kind)
-            except Mismatch as mismatch:
-                # Fields that stopped agreeing (ragged now, say): careful from now on.
-                learned = mismatch.paths
-        plan, commit = self._new_plan(samples, learned)
-        try:
-            out = self._collate(plan, samples, kind)
-        except Mismatch as mismatch:
-            # A fresh plan checked every value it relies on; samples changed under us.
-            raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
-        commit()
-        return out
-
-    def _collate(self, plan: Plan, samples: list[Any], kind: Any) -> Any:
-        layout, fill = plan.run(samples, self._planner)
-        buffer = allocate(layout.nbytes, kind)
-        fill.execute(buffer)
-        return make_batch(layout, buffer, fill.values)
 
 
 #: The default instance: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``.

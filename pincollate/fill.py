@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import CollateError
-from .layout import Part, Spec, TensorSpec, ValueSpec, Wrap, align
+from .layout import Part, Spec, TensorSpec, ValueSpec, Views, Wrap, align
 
 if TYPE_CHECKING:
     from .planner import Planner
@@ -145,7 +145,7 @@ class Fill:
 
     def __init__(self, planner: Planner, nvalues: int, nparts: int, offset: int):
         self.planner = planner
-        self.tasks: list[tuple[Filler, TensorSpec, Any, Path | None]] = []
+        self.tasks: list[tuple[Filler, TensorSpec, Any, Op | None]] = []
         self.values: list[Any] = [None] * nvalues
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
         self.offset = offset
@@ -165,34 +165,37 @@ class Fill:
             return ValueSpec(len(self.values) - 1)
         return node.make([self.place(child) for child in node.children])  # type: ignore[union-attr]
 
-    def execute(self, buffer: torch.Tensor) -> None:
-        """Run every queued copy into ``buffer``.
+    def execute(self, buffer: torch.Tensor) -> Views:
+        """Run every queued copy into ``buffer``; returns the views it made, for building.
 
         Raises:
             Mismatch: a cached plan's copy failed (a shape that differs, say).
         """
-        typed: dict[torch.dtype, torch.Tensor] = {}
+        views = Views(buffer, self.values)
         with torch.no_grad():
-            for fill, spec, payload, path in self.tasks:
-                flat = typed.get(spec.dtype)
-                if flat is None:
-                    flat = typed[spec.dtype] = buffer.view(spec.dtype)
-                region = flat.as_strided(spec.shape, spec._strides, spec._at)
+            for fill, spec, payload, owner in self.tasks:
+                region = spec.region(views)
                 try:
                     fill(region, payload)
                 except Exception as exc:
-                    if path is not None:
-                        raise Mismatch(path) from exc
+                    if owner is not None:
+                        raise Mismatch(*owner.blame(payload)) from exc
                     raise CollateError(f"cannot copy values into the batch: {exc}") from exc
+        return views
 
 
 # --- ops: a cached plan's per-field work -------------------------------------------------
 
 
 class Op:
-    """One node of a cached plan: gathers its column from the samples and queues copies."""
+    """One node of a cached plan: gathers its column from the samples and queues copies.
+
+    ``lists``: whether the op needs its column as a list (it may keep it), where a
+    parent would hand it a tuple.
+    """
 
     __slots__ = ("path",)
+    lists = False
 
     def __init__(self, path: Path):
         self.path = path
@@ -200,43 +203,100 @@ class Op:
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         raise NotImplementedError
 
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        """The key paths to plan carefully when this op's queued copy failed."""
+        return (self.path,)
 
-def _one(values: Any, expected: frozenset[Any]) -> bool:
-    return set(values) == expected
+
+def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
+    torch.stack(values, out=region)  # type: ignore[arg-type]
 
 
 class StackOp(Op):
-    """A column stacked into one tensor spec; ``key(column)`` must give one value."""
+    """A column stacked into one tensor spec.
 
-    __slots__ = ("expected", "fill", "key", "spec", "types")
+    ``key(value)`` (a dtype, read at C speed) must be ``expected`` for every value,
+    and sample 0 must have ``shape`` (``None``: numbers); ``torch.stack`` compares
+    the other shapes with it as it copies. ``cls`` is checked for every value
+    unless ``key`` already rejects what is not a tensor (plain tensor columns).
+    """
 
-    def __init__(self, path: Path, spec: TensorSpec, cls: type, fill: Filler, key: Callable[[Any], Any] | None, expected: Any):
+    __slots__ = ("expected", "fill", "key", "shape", "spec", "types")
+
+    def __init__(
+        self,
+        path: Path,
+        spec: TensorSpec,
+        cls: type | None,
+        fill: Filler,
+        key: Callable[[Any], Any] | None,
+        expected: Any,
+        shape: tuple[int, ...] | None,
+    ):
         super().__init__(path)
         self.spec = spec
-        self.types = frozenset((cls,))
+        self.types = None if cls is None else frozenset((cls,))
         self.fill = fill
         self.key = key
         self.expected = frozenset((expected,))
+        self.shape = shape
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
-        # Type and dtype in two C-level passes; torch.stack checks the shapes.
-        if set(map(type, column)) != self.types or (self.key is not None and set(map(self.key, column)) != self.expected):
-            raise Mismatch(self.path)
-        fill.tasks.append((self.fill, self.spec, column, self.path))
+        try:
+            if (
+                (self.types is not None and set(map(type, column)) != self.types)
+                or (self.key is not None and set(map(self.key, column)) != self.expected)
+                or (self.shape is not None and column[0].shape != self.shape)
+            ):
+                raise Mismatch(self.path)
+        except (TypeError, AttributeError):  # the dtype getter on something else
+            raise Mismatch(self.path) from None
+        fill.tasks.append((self.fill, self.spec, column, self))
 
 
-def tensor_key(value: Any) -> Any:
-    return _TENSOR_DTYPE(value)
+class BlockOp(Op):
+    """Plain-tensor fields of one dtype and shape in one container, stacked as one block.
 
+    Field ``j`` is rows ``j * B`` to ``(j + 1) * B`` of the block: one ``torch.stack``
+    and one dtype pass for all of them, and still one contiguous tensor per field.
+    ``index`` says where the parent's columns of these fields are.
+    """
 
-def array_key(value: Any) -> Any:
-    return _ARRAY_DTYPE(value)
+    __slots__ = ("block", "dtype", "index", "paths", "shape")
+
+    def __init__(self, path: Path, paths: Sequence[Path], index: Sequence[int], block: TensorSpec, dtype: torch.dtype, shape: tuple[int, ...]):
+        super().__init__(path)
+        self.paths = tuple(paths)
+        self.index = tuple(index)
+        self.block = block
+        self.dtype = frozenset((dtype,))
+        self.shape = shape
+
+    def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:  # type: ignore[override]
+        values = list(itertools.chain.from_iterable(columns))
+        try:
+            ok = set(map(_TENSOR_DTYPE, values)) == self.dtype and all(column[0].shape == self.shape for column in columns)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise Mismatch(*self.blame(values))
+        fill.tasks.append((_stack, self.block, values, self))
+
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        n = len(payload) // len(self.paths)
+        bad = []
+        for j, path in enumerate(self.paths):
+            column = payload[j * n : (j + 1) * n]
+            if not all(isinstance(v, torch.Tensor) and v.dtype in self.dtype and v.shape == self.shape for v in column):
+                bad.append(path)
+        return tuple(bad) or self.paths
 
 
 class ValueOp(Op):
     """A column of strings, bytes or ``None`` returned as the samples' own list."""
 
     __slots__ = ("index", "types")
+    lists = True
 
     def __init__(self, path: Path, index: int, cls: type):
         super().__init__(path)
@@ -249,7 +309,7 @@ class ValueOp(Op):
         fill.values[self.index] = column
 
 
-def _fill_block(region: torch.Tensor, rows: list[list[Any]]) -> None:
+def _fill_block(region: torch.Tensor, rows: list[Any]) -> None:
     # One numpy assignment for every number field of one type: rows are samples.
     region.numpy().T[...] = rows
 
@@ -257,65 +317,124 @@ def _fill_block(region: torch.Tensor, rows: list[list[Any]]) -> None:
 class NumbersOp(Op):
     """Number fields of one Python type in one mapping, filled as the rows of one block."""
 
-    __slots__ = ("block", "keys", "types")
+    __slots__ = ("block", "get", "keys", "types")
 
     def __init__(self, path: Path, cls: type, keys: Sequence[Hashable], block: TensorSpec):
         super().__init__(path)
         self.types = frozenset((cls,))
         self.keys = tuple(keys)
         self.block = block
+        # One C-level call per sample gathers its row (a tuple, or one value).
+        self.get = operator.itemgetter(*self.keys)
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
-        keys = self.keys
-        rows = [[sample[key] for key in keys] for sample in column]
+        rows = list(map(self.get, column))
+        if len(self.keys) == 1:
+            rows = [(value,) for value in rows]
         if set(map(type, itertools.chain.from_iterable(rows))) != self.types:
-            bad = [(*self.path, key) for j, key in enumerate(keys) if {type(row[j]) for row in rows} != self.types]
-            raise Mismatch(*bad)
-        fill.tasks.append((_fill_block, self.block, rows, (*self.path, keys[0]) if len(keys) == 1 else self.path))
+            raise Mismatch(*self.blame(rows))
+        fill.tasks.append((_fill_block, self.block, rows, self))
+
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        # A type that differs, or an int beyond int64 (the copy overflowed).
+        bad = [
+            (*self.path, key)
+            for j, key in enumerate(self.keys)
+            if {type(row[j]) for row in payload} != self.types or any(type(row[j]) is int and not -(2**63) <= row[j] < 2**63 for row in payload)
+        ]
+        return tuple(bad) or tuple((*self.path, key) for key in self.keys)
 
 
-class MappingOp(Op):
-    """A mapping of one type and one key set; children by key, number blocks after."""
+class _Fields(Op):
+    """A container's fields: single ops by column, block ops by columns.
 
-    __slots__ = ("children", "numbers", "sizes", "types")
+    Columns come as tuples; a mapping's strings come back as lists, as in
+    ``default_collate``, a sequence's as zip's tuples.
+    """
 
-    def __init__(self, path: Path, cls: type, children: Sequence[tuple[Hashable, Op]], numbers: Sequence[NumbersOp]):
+    __slots__ = ("blocks", "singles")
+    as_lists = False
+
+    def __init__(self, path: Path, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
         super().__init__(path)
+        self.singles = tuple((index, op, self.as_lists and op.lists) for index, op in singles)
+        self.blocks = tuple(blocks)
+
+    def fields(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
+        for index, op, as_list in self.singles:
+            column = columns[index]
+            op.run(list(column) if as_list else column, fill)
+        for block in self.blocks:
+            block.run([columns[index] for index in block.index], fill)
+
+
+class MappingOp(_Fields):
+    """A mapping of one type and one key set; fields by key, number blocks after.
+
+    Sample 0's keys must be the plan's, in order and of the same types (``True`` is
+    not ``1``): the output takes its key order from sample 0, as ``default_collate``.
+    ``gathered`` are the keys whose columns the single and block ops index.
+    """
+
+    __slots__ = ("gather", "key_types", "keys", "numbers", "sizes", "types")
+    as_lists = True
+
+    def __init__(
+        self,
+        path: Path,
+        cls: type,
+        keys: Sequence[Hashable],
+        gathered: Sequence[Hashable],
+        singles: Sequence[tuple[int, Op]],
+        blocks: Sequence[BlockOp],
+        numbers: Sequence[NumbersOp],
+    ):
+        super().__init__(path, singles, blocks)
         self.types = frozenset((cls,))
-        self.children = tuple(children)
+        self.keys = tuple(keys)
+        self.key_types = tuple(map(type, self.keys))
+        # One C-level call per sample gathers its row; zip turns rows into columns.
+        self.gather = operator.itemgetter(*gathered) if gathered else None
+        if len(gathered) == 1:
+            key = gathered[0]
+            self.gather = lambda sample: (sample[key],)
         self.numbers = tuple(numbers)
-        self.sizes = frozenset((len(self.children) + sum(len(op.keys) for op in self.numbers),))
+        self.sizes = frozenset((len(self.keys),))
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         # One type and one size everywhere, and every key found: the key sets agree.
-        if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
+        first = column[0]
+        if (
+            set(map(type, column)) != self.types
+            or set(map(len, column)) != self.sizes
+            or tuple(first) != self.keys
+            or tuple(map(type, first)) != self.key_types
+        ):
             raise Mismatch(self.path)
         try:
-            for key, op in self.children:
-                op.run([sample[key] for sample in column], fill)
+            if self.gather is not None:
+                self.fields(list(zip(*map(self.gather, column))), fill)
             for numbers in self.numbers:
                 numbers.run(column, fill)
         except KeyError:
             raise Mismatch(self.path) from None
 
 
-class SequenceOp(Op):
-    """Sequences of one type and length, transposed position by position."""
+class SequenceOp(_Fields):
+    """Sequences (or namedtuples) of one type and length, transposed position by position."""
 
-    __slots__ = ("children", "sizes", "types")
+    __slots__ = ("sizes", "types")
 
-    def __init__(self, path: Path, cls: type, children: Sequence[Op]):
-        super().__init__(path)
+    def __init__(self, path: Path, cls: type, size: int, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
+        super().__init__(path, singles, blocks)
         self.types = frozenset((cls,))
-        self.sizes = frozenset((len(children),))
-        self.children = tuple(children)
+        self.sizes = frozenset((size,))
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
             raise Mismatch(self.path)
         # zip's tuples, as default_collate: a column of strings comes back as one.
-        for op, position in zip(self.children, zip(*column), strict=True):
-            op.run(position, fill)
+        self.fields(list(zip(*column)), fill)
 
 
 class DataclassOp(Op):
@@ -343,6 +462,7 @@ class CarefulOp(Op):
     """
 
     __slots__ = ("index", "siblings")
+    lists = True
 
     def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None):
         super().__init__(path)

@@ -26,6 +26,7 @@ import torch
 
 __all__ = [
     "ALIGN",
+    "Views",
     "DataclassSpec",
     "JaggedSpec",
     "Layout",
@@ -95,16 +96,22 @@ class Wrap:
         return f"Wrap({self.cls.__name__}{', ' if self.meta else ''}{', '.join(f'{k}={v!r}' for k, v in self.meta)})"
 
 
-class _Views:
-    """What building needs: typed flat views of the buffer, the values and the parts."""
+class Views:
+    """What building needs: typed flat views of the buffer, the values and the parts.
 
-    __slots__ = ("buffer", "parts", "typed", "values")
+    ``made`` holds views already made while filling, by spec id, so a filled
+    tensor's view is made once.
+    """
 
-    def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Part, ...]):
+    __slots__ = ("buffer", "made", "parts", "typed", "unbound", "values")
+
+    def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Part, ...] = ()):
         self.buffer = buffer
         self.values = values
         self.parts = parts
         self.typed: dict[torch.dtype, torch.Tensor] = {}
+        self.made: dict[int, torch.Tensor] = {}
+        self.unbound: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def flat(self, dtype: torch.dtype) -> torch.Tensor:
         flat = self.typed.get(dtype)
@@ -137,23 +144,38 @@ class Spec:
     def children_specs(self) -> tuple[Spec, ...]:
         return ()
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         raise NotImplementedError
 
 
 class TensorSpec(Spec):
-    """A contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer."""
+    """A contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer.
 
-    __slots__ = ("_at", "_strides", "dtype", "offset", "shape", "wrap")
-    _fields = ("dtype", "shape", "offset", "wrap")
+    ``block``, when set, is a tensor spec holding this one and others of its shape
+    back to back (several fields stacked by one call); this is field ``index`` of it,
+    and all of them are viewed by one ``unbind``.
+    """
 
-    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, wrap: Wrap | None = None):
-        if offset % ALIGN and offset % dtype.itemsize:
+    __slots__ = ("_at", "_strides", "block", "dtype", "index", "offset", "shape", "wrap")
+    _fields = ("dtype", "shape", "offset", "wrap", "block", "index")
+
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        offset: int,
+        wrap: Wrap | None = None,
+        block: TensorSpec | None = None,
+        index: int = 0,
+    ):
+        if offset % dtype.itemsize:
             raise ValueError(f"offset {offset} is not aligned for {dtype}")
         self.dtype = dtype
         self.shape = tuple(shape)
         self.offset = offset
         self.wrap = wrap
+        self.block = block
+        self.index = index
         self._strides = _contiguous_strides(self.shape)
         self._at = offset // dtype.itemsize
 
@@ -165,9 +187,26 @@ class TensorSpec(Spec):
         """This tensor's plain view of the flat ``uint8`` ``buffer``."""
         return buffer.view(self.dtype).as_strided(self.shape, self._strides, self._at)
 
-    def build(self, views: _Views) -> Any:
-        # as_strided on a typed flat view is the cheapest way to make a view.
-        view = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
+    def region(self, views: Views) -> torch.Tensor:
+        """The plain view, made once per batch."""
+        view = views.made.get(id(self))
+        if view is None:
+            # as_strided on a typed flat view is the cheapest way to make a view.
+            view = views.made[id(self)] = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
+        return view
+
+    def build(self, views: Views) -> Any:
+        view = views.made.get(id(self))
+        if view is None:
+            block = self.block
+            if block is not None:
+                fields = views.unbound.get(id(block))
+                if fields is None:
+                    count = math.prod(block.shape) // math.prod(self.shape)
+                    fields = views.unbound[id(block)] = block.region(views).view(count, *self.shape).unbind(0)
+                view = fields[self.index]
+            else:
+                view = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
         return view if self.wrap is None else self.wrap(view)
 
 
@@ -180,7 +219,7 @@ class ValueSpec(Spec):
     def __init__(self, index: int):
         self.index = index
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return views.values[self.index]
 
 
@@ -196,7 +235,7 @@ class ListSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return [child.build(views) for child in self.children]
 
 
@@ -209,7 +248,7 @@ class PartSpec(Spec):
     def __init__(self, index: int):
         self.index = index
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return views.parts[self.index].node.build(views)
 
 
@@ -274,7 +313,7 @@ class MappingSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
-    def pairs(self, views: _Views) -> dict[Hashable, Any]:
+    def pairs(self, views: Views) -> dict[Hashable, Any]:
         out: dict[Hashable, Any] = {}
         for key, child in zip(self.keys, self.children, strict=True):
             if type(child) is PartSpec:
@@ -286,7 +325,7 @@ class MappingSpec(Spec):
                 out[key] = child.build(views)
         return out
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return make_mapping(self.cls, self.pairs(views))
 
 
@@ -303,7 +342,7 @@ class SequenceSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return make_sequence(self.cls, [child.build(views) for child in self.children])
 
 
@@ -320,7 +359,7 @@ class NamedTupleSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return self.cls(*(child.build(views) for child in self.children))
 
 
@@ -349,7 +388,7 @@ class DataclassSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return new_dataclass(self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)})
 
 
@@ -366,7 +405,7 @@ class JaggedSpec(Spec):
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.values, self.offsets)
 
-    def build(self, views: _Views) -> Any:
+    def build(self, views: Views) -> Any:
         return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
 
 
@@ -417,11 +456,18 @@ class Layout:
         self.nbytes = nbytes
         self.parts = tuple(parts)
 
-    def build(self, buffer: torch.Tensor, values: Sequence[Any] = ()) -> Any:
-        """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor a view of it."""
+    def build(self, buffer: torch.Tensor, values: Sequence[Any] = (), views: Views | None = None) -> Any:
+        """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor a view of it.
+
+        ``views`` are those the fill made already, if it made any.
+        """
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < self.nbytes:
             raise ValueError(f"expected a flat uint8 buffer of at least {self.nbytes} bytes, got {buffer.dtype} of shape {tuple(buffer.shape)}")
-        return self.root.build(_Views(buffer, values, self.parts))
+        if views is None:
+            views = Views(buffer, values, self.parts)
+        else:
+            views.parts = self.parts
+        return self.root.build(views)
 
     def tensors(self) -> list[TensorSpec]:
         """Every tensor spec, in buffer order."""

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import CollateError
-from .fill import Filler, array_key, tensor_key
+from .fill import _ARRAY_DTYPE, _TENSOR_DTYPE, Filler
 from .layout import Wrap
 
 __all__ = ["LeafHandler", "lookup", "register", "type_name"]
@@ -171,7 +171,7 @@ register(
         _describe_tensor,
         _fill_tensors,
         wrap=_subclass_wrap,
-        key=tensor_key,
+        key=_TENSOR_DTYPE,
         signature=_tensor_signature,
         concat=_concat_tensors,
         fill_one=_copy_tensor,
@@ -218,7 +218,7 @@ def _array_signature(value: np.ndarray) -> Hashable:
 
 register(
     np.ndarray,
-    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=array_key, signature=_array_signature, concat=_concat_arrays),
+    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=_ARRAY_DTYPE, signature=_array_signature, concat=_concat_arrays),
 )
 
 
@@ -336,7 +336,7 @@ def _register_tv_tensors() -> None:
                 _describe_tensor,
                 _fill_tensors,
                 wrap=same_type,
-                key=tensor_key,
+                key=_TENSOR_DTYPE,
                 signature=_tensor_signature,
                 meta=meta,
                 concat=_concat_tensors,

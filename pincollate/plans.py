@@ -17,6 +17,7 @@ and the batch is planned again: at most two plans for any batch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -24,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .fill import CarefulOp, DataclassOp, Fill, MappingOp, NumbersOp, Op, SequenceOp, StackOp, ValueOp
+from .errors import CollateError
+from .fill import BlockOp, CarefulOp, DataclassOp, Fill, MappingOp, NumbersOp, Op, SequenceOp, StackOp, ValueOp
 from .layout import DataclassSpec, Layout, MappingSpec, NamedTupleSpec, PartSpec, SequenceSpec, Spec, TensorSpec, ValueSpec, align, is_namedtuple, is_sequence
-from .leaves import lookup
+from .leaves import _describe_tensor, lookup
 from .planner import MAX_DEPTH, Planner, container_cls, is_dataclass
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ class Plan:
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
     """
 
-    __slots__ = ("layout", "nbytes", "nparts", "nvalues", "op", "template")
+    __slots__ = ("key", "layout", "nbytes", "nparts", "nvalues", "op", "template")
 
     def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int):
         self.template = template
@@ -58,6 +60,7 @@ class Plan:
         self.nvalues = nvalues
         self.nparts = nparts
         self.layout = Layout(template, nbytes) if nparts == 0 else None
+        self.key: Hashable = None
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
@@ -122,7 +125,7 @@ class _Template:
             if dtype is None:
                 return self.part(path, siblings)
             spec = TensorSpec(dtype, (n,), self.take(n * dtype.itemsize))
-            return spec, StackOp(path, spec, cls, _FILL_NUMBERS, None, None)
+            return spec, StackOp(path, spec, cls, _FILL_NUMBERS, None, None, None)
         handler = lookup(cls)
         if handler is not None:
             if not handler.is_tensor:
@@ -137,10 +140,9 @@ class _Template:
         if is_namedtuple(first) or (is_sequence(first) and not self.items):
             if set(map(len, column)) != {len(first)}:
                 return self.part(path, siblings)
-            names = first._fields if is_namedtuple(first) else range(len(first))
-            planned = [self.plan(position, (*path, name), None) for name, position in zip(names, zip(*column), strict=True)]
-            specs = [spec for spec, _ in planned]
-            op = SequenceOp(path, cls, [op for _, op in planned])
+            names = list(first._fields if is_namedtuple(first) else range(len(first)))
+            specs, singles, blocks = self.fields(list(zip(*column)), path, names, None)
+            op = SequenceOp(path, cls, len(names), singles, blocks)
             if is_namedtuple(first):
                 return NamedTupleSpec(cls, specs), op
             return SequenceSpec(container_cls(cls, list), specs), op
@@ -163,9 +165,53 @@ class _Template:
         if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
             return self.part(path, siblings)
         dtype, shape = described.pop()
-        shape = (len(column), *shape)
-        spec = TensorSpec(dtype, shape, self.take(int(torch.Size(shape).numel()) * dtype.itemsize), handler.wrap(first) if handler.wrap else None)
-        return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop())
+        wrap = handler.wrap(first) if handler.wrap else None
+        spec = TensorSpec(dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap)
+        # For plain tensors the dtype getter already rejects anything else.
+        cls = None if type(first) is torch.Tensor else type(first)
+        first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
+        return spec, StackOp(path, spec, cls, handler.fill, handler.key, keys.pop(), first_shape)
+
+    def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
+        """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
+        if type(column[0]) is not torch.Tensor or path in self.careful or (self.rules and self.rules.lookup(path) is not None):
+            return None
+        if set(map(type, column)) != {torch.Tensor}:
+            return None
+        try:
+            described = {_describe_tensor(value, i, path) for i, value in enumerate(column)}
+        except CollateError:
+            return None
+        return described.pop() if len(described) == 1 else None
+
+    def fields(
+        self, columns: list[Sequence[Any]], path: Path, names: list[Hashable], siblings: frozenset[Hashable] | None
+    ) -> tuple[list[Spec], list[tuple[int, Op]], list[BlockOp]]:
+        """A container's fields: plain tensors of one dtype and shape share a block."""
+        specs: list[Spec | None] = [None] * len(names)
+        singles: list[tuple[int, Op]] = []
+        groups: dict[tuple[torch.dtype, tuple[int, ...]], list[int]] = {}
+        for j, name in enumerate(names):
+            uniform = self.uniform_tensors(columns[j], (*path, name)) if len(names) > 1 else None
+            if uniform is not None:
+                groups.setdefault(uniform, []).append(j)
+        for (dtype, shape), members in list(groups.items()):
+            if len(members) == 1 or math.prod(shape) == 0:
+                del groups[(dtype, shape)]
+        blocked = {j for members in groups.values() for j in members}
+        for j, name in enumerate(names):
+            if j not in blocked:
+                specs[j], op = self.plan(columns[j], (*path, name), siblings)
+                singles.append((j, op))
+        blocks = []
+        for (dtype, shape), members in groups.items():
+            n = len(columns[members[0]])
+            field = n * math.prod(shape) * dtype.itemsize
+            block = TensorSpec(dtype, (len(members) * n, *shape), self.take(len(members) * field))
+            for k, j in enumerate(members):
+                specs[j] = TensorSpec(dtype, (n, *shape), block.offset + k * field, block=block, index=k)
+            blocks.append(BlockOp(path, [(*path, names[j]) for j in members], members, block, dtype, shape))
+        return specs, singles, blocks  # type: ignore[return-value]
 
     def mapping(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
         first = column[0]
@@ -173,28 +219,27 @@ class _Template:
         if any(v.keys() != first_keys for v in column):
             return self.part(path, siblings)
         keys = list(first_keys)
-        siblings = frozenset(keys)
-        children: dict[Hashable, Spec] = {}
-        ops: list[tuple[Hashable, Op]] = []
-        groups: dict[type, list[Hashable]] = {}
+        numbers: dict[type, list[Hashable]] = {}
+        gathered: list[Hashable] = []
         for key in keys:
             child = [v[key] for v in column]
-            child_path = (*path, key)
-            if type(child[0]) in _NUMBERS and self.number(child, child_path) is not None:
-                groups.setdefault(type(child[0]), []).append(key)
-                continue
-            children[key], op = self.plan(child, child_path, siblings)
-            ops.append((key, op))
-        numbers = []
+            if type(child[0]) in _NUMBERS and self.number(child, (*path, key)) is not None:
+                numbers.setdefault(type(child[0]), []).append(key)
+            else:
+                gathered.append(key)
+        columns = list(zip(*([v[key] for key in gathered] for v in column)))
+        specs, singles, blocks = self.fields(columns, path, gathered, frozenset(keys))
+        children = dict(zip(gathered, specs, strict=True))
+        number_ops = []
         n = len(column)
-        for cls, group in groups.items():
+        for cls, group in numbers.items():
             dtype = _NUMBERS[cls]
             block = TensorSpec(dtype, (len(group), n), self.take(len(group) * n * dtype.itemsize))
             for j, key in enumerate(group):
-                children[key] = TensorSpec(dtype, (n,), block.offset + j * n * dtype.itemsize)
-            numbers.append(NumbersOp(path, cls, group, block))
+                children[key] = TensorSpec(dtype, (n,), block.offset + j * n * dtype.itemsize, block=block, index=j)
+            number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), keys, [children[key] for key in keys])
-        return spec, MappingOp(path, type(first), ops, numbers)
+        return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops)
 
 
 class Plans:
@@ -211,15 +256,17 @@ class Plans:
         self.capacity = capacity
         self.careful: set[Path] = set()
         self.planned = 0
+        #: The plan the last batch used: tried first, without a signature.
+        self.last: Plan | None = None
         self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
         self._lock = threading.Lock()
 
     def signature(self, samples: Sequence[Any]) -> Hashable:
         return (len(samples), _signature(samples[0], (), self.careful, self.items))
 
-    def get(self, samples: Sequence[Any]) -> Plan | None:
-        """The cached plan for this batch's signature, or ``None``."""
-        return self._plans.get(self.signature(samples))
+    def get(self, key: Hashable) -> Plan | None:
+        """The cached plan for a signature, or ``None``."""
+        return self._plans.get(key)
 
     def make(self, samples: Sequence[Any], learned: Sequence[Path] = ()) -> tuple[Plan, Callable[[], None]]:
         """Plan ``samples``, with ``learned`` paths careful besides those known.
@@ -236,7 +283,9 @@ class Plans:
                 self.careful.update(template.careful)
                 self.planned += 1
                 # The key later batches compute, now that the careful paths are known.
-                self._plans[self.signature(samples)] = plan
+                plan.key = self.signature(samples)
+                self._plans[plan.key] = plan
+                self.last = plan
                 if len(self._plans) > self.capacity:
                     self._plans.popitem(last=False)
 
