@@ -16,7 +16,8 @@ from .arena import pinned_footprint
 from .batch import Batch, BatchList
 from .collate import MMCollate, mm_collate
 from .errors import CollateError
-from .policies import AsList, Concat, Jagged, Pad, Policy, Stack
+from .packing import Concat, Jagged
+from .policies import AsList, Pad, Policy, Stack
 from .prefetch import Prefetcher
 from .transfer import to_device
 from .transforms import Normalize

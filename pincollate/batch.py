@@ -31,21 +31,14 @@ from typing import Any, TypeVar
 import torch
 
 from .arena import is_pinned, pinned_allocator
-from .layout import (
+from .layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
+from .specs import (
     DataclassSpec,
     JaggedSpec,
-    Layout,
     ListSpec,
     MappingSpec,
     NamedTupleSpec,
-    Part,
-    PartSpec,
     SequenceSpec,
-    Spec,
-    TensorSpec,
-    ValueSpec,
-    Views,
-    Wrap,
     new_dataclass,
 )
 

@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from .arena import accelerator_can_pin
 from .collate import MMCollate
 from .datasets import SCENARIOS, InMemory
-from .policies import Concat, Pad
+from .packing import Concat
+from .policies import Pad
 
 __all__ = ["machine", "main", "run"]
 

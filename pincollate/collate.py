@@ -19,9 +19,10 @@ from .errors import CollateError
 from .fill import Mismatch
 from .layout import Layout
 from .leaves import type_name
+from .patterns import FieldRules
 from .planner import Planner
 from .plans import Plan, Plans
-from .policies import FieldRules, Policy
+from .policies import Policy
 
 __all__ = ["MMCollate", "mm_collate"]
 

@@ -1,7 +1,7 @@
 """The Layout: a batch's structure over one flat buffer, holding no sample values.
 
-A Layout is a tree of specs. Containers (:class:`MappingSpec`, :class:`SequenceSpec`,
-:class:`NamedTupleSpec`, :class:`DataclassSpec`, :class:`ListSpec`) hold their
+A Layout is a tree of specs. Containers (mappings, sequences, namedtuples,
+dataclasses and lists, in :mod:`.specs`) hold their
 children; :class:`TensorSpec` is a tensor at an aligned byte offset of the buffer;
 :class:`ValueSpec` is a non-tensor output (a list of strings, say) kept beside the
 buffer by index. Specs are immutable, compare by value, pickle small and hold only
@@ -10,40 +10,21 @@ structure, carried by every batch, saved with it, and rebuilt on any device:
 
     outputs = layout.build(buffer, values)
 
-A cached template may hold :class:`PartSpec` placeholders for fields planned anew
-for each batch (ragged ones); a batch's Layout then carries those parts.
+A cached template may hold :class:`~pincollate.specs.PartSpec` placeholders for
+fields planned anew for each batch (ragged ones); a batch's Layout then carries
+those parts. The container specs live in :mod:`.specs`.
 """
 
 from __future__ import annotations
 
-import collections.abc as abc
 import functools
 import math
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-__all__ = [
-    "ALIGN",
-    "Views",
-    "DataclassSpec",
-    "JaggedSpec",
-    "Layout",
-    "ListSpec",
-    "MappingSpec",
-    "NamedTupleSpec",
-    "Part",
-    "PartSpec",
-    "SequenceSpec",
-    "Spec",
-    "TensorSpec",
-    "ValueSpec",
-    "Wrap",
-    "align",
-    "make_mapping",
-    "make_sequence",
-]
+__all__ = ["ALIGN", "Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Views", "Wrap", "align"]
 
 #: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -223,22 +204,6 @@ class ValueSpec(Spec):
         return views.values[self.index]
 
 
-class ListSpec(Spec):
-    """A Python list of children: per-sample values that do not stack."""
-
-    __slots__ = ("children",)
-    _fields = ("children",)
-
-    def __init__(self, children: Sequence[Spec]):
-        self.children = tuple(children)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.children
-
-    def build(self, views: Views) -> Any:
-        return [child.build(views) for child in self.children]
-
-
 class PartSpec(Spec):
     """A placeholder for the part of a batch planned anew for each batch."""
 
@@ -264,149 +229,6 @@ class Part(Spec):
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.node, *(spec for _, spec in self.extras))
-
-
-def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
-    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
-
-    As ``default_collate``: the type is kept where it can be built from a dict or
-    built empty and updated; otherwise the result is a ``dict``.
-    """
-    if cls is None:
-        return pairs
-    try:
-        return cls(pairs)
-    except TypeError:
-        pass
-    try:
-        out = cls()
-        out.update(pairs)
-        return out
-    except TypeError:
-        return pairs
-
-
-def make_sequence(cls: type | None, items: list[Any]) -> Any:
-    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
-    if cls is None:
-        return items
-    try:
-        return cls(items)
-    except TypeError:
-        return items
-
-
-class MappingSpec(Spec):
-    """A mapping of ``keys`` to children, of type ``cls`` (``None`` for ``dict``).
-
-    A :class:`PartSpec` child puts its part's extras right after its key.
-    """
-
-    __slots__ = ("children", "cls", "keys")
-    _fields = ("cls", "keys", "children")
-
-    def __init__(self, cls: type | None, keys: Sequence[Hashable], children: Sequence[Spec]):
-        self.cls = cls
-        self.keys = tuple(keys)
-        self.children = tuple(children)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.children
-
-    def pairs(self, views: Views) -> dict[Hashable, Any]:
-        out: dict[Hashable, Any] = {}
-        for key, child in zip(self.keys, self.children, strict=True):
-            if type(child) is PartSpec:
-                part = views.parts[child.index]
-                out[key] = part.node.build(views)
-                for name, extra in part.extras:
-                    out[name] = extra.build(views)
-            else:
-                out[key] = child.build(views)
-        return out
-
-    def build(self, views: Views) -> Any:
-        return make_mapping(self.cls, self.pairs(views))
-
-
-class SequenceSpec(Spec):
-    """A transposed sequence: a list (``cls`` ``None``) or the samples' sequence type."""
-
-    __slots__ = ("children", "cls")
-    _fields = ("cls", "children")
-
-    def __init__(self, cls: type | None, children: Sequence[Spec]):
-        self.cls = cls
-        self.children = tuple(children)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.children
-
-    def build(self, views: Views) -> Any:
-        return make_sequence(self.cls, [child.build(views) for child in self.children])
-
-
-class NamedTupleSpec(Spec):
-    """A namedtuple of type ``cls``, one child per field."""
-
-    __slots__ = ("children", "cls")
-    _fields = ("cls", "children")
-
-    def __init__(self, cls: type, children: Sequence[Spec]):
-        self.cls = cls
-        self.children = tuple(children)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.children
-
-    def build(self, views: Views) -> Any:
-        return self.cls(*(child.build(views) for child in self.children))
-
-
-def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
-    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
-
-    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
-    """
-    out = object.__new__(cls)
-    for name, value in fields.items():
-        object.__setattr__(out, name, value)
-    return out
-
-
-class DataclassSpec(Spec):
-    """A dataclass of type ``cls``, one child per field in ``names``."""
-
-    __slots__ = ("children", "cls", "names")
-    _fields = ("cls", "names", "children")
-
-    def __init__(self, cls: type, names: Sequence[str], children: Sequence[Spec]):
-        self.cls = cls
-        self.names = tuple(names)
-        self.children = tuple(children)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.children
-
-    def build(self, views: Views) -> Any:
-        return new_dataclass(self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)})
-
-
-class JaggedSpec(Spec):
-    """A ``torch.nested`` jagged tensor over two tensors of the buffer: values and offsets."""
-
-    __slots__ = ("offsets", "values")
-    _fields = ("values", "offsets")
-
-    def __init__(self, values: TensorSpec, offsets: TensorSpec):
-        self.values = values
-        self.offsets = offsets
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return (self.values, self.offsets)
-
-    def build(self, views: Views) -> Any:
-        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
 
 
 def _walk(spec: Spec) -> Iterator[Spec]:
@@ -440,6 +262,7 @@ class Layout:
 
     Example:
         >>> import torch
+        >>> from pincollate.specs import MappingSpec
         >>> layout = Layout(MappingSpec(None, ["x", "name"], [TensorSpec(torch.float32, (2, 3), 0), ValueSpec(0)]), 64)
         >>> buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
         >>> out = layout.build(buffer, [["a", "b"]])
@@ -507,11 +330,3 @@ class Layout:
 
     def __repr__(self) -> str:
         return f"Layout(nbytes={self.nbytes}, tensors={len(self.tensors())}, parts={len(self.parts)})"
-
-
-def is_namedtuple(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(type(value), "_fields")
-
-
-def is_sequence(value: Any) -> bool:
-    return isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray))

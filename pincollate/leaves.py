@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -25,10 +24,11 @@ import numpy as np
 import torch
 
 from .errors import CollateError
-from .fill import _ARRAY_DTYPE, _TENSOR_DTYPE, Filler
+from .fill import Filler
 from .layout import Wrap
+from .ops import ARRAY_DTYPE, TENSOR_DTYPE
 
-__all__ = ["LeafHandler", "lookup", "register", "type_name"]
+__all__ = ["LeafHandler", "describe_tensor", "lookup", "register", "torch_dtype", "type_name"]
 
 Path = tuple[Hashable, ...]
 
@@ -131,7 +131,7 @@ def lookup(cls: type) -> LeafHandler | None:
 # --- tensors -------------------------------------------------------------------------
 
 
-def _describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if value.is_nested:
         raise CollateError("nested tensors are not supported; pass their components as a list", sample=sample, path=path)
     if value.layout != torch.strided:
@@ -168,10 +168,10 @@ register(
     LeafHandler(
         "Tensor",
         "tensor",
-        _describe_tensor,
+        describe_tensor,
         _fill_tensors,
         wrap=_subclass_wrap,
-        key=_TENSOR_DTYPE,
+        key=TENSOR_DTYPE,
         signature=_tensor_signature,
         concat=_concat_tensors,
         fill_one=_copy_tensor,
@@ -186,7 +186,7 @@ _NP_REJECTED = re.compile(r"[SaUO]")
 
 
 @functools.cache
-def _torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
+def torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
     try:
         return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
     except TypeError:
@@ -196,7 +196,7 @@ def _torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
 def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if _NP_REJECTED.search(value.dtype.str) is not None:
         raise CollateError(f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path)
-    dtype = _torch_dtype(value.dtype)
+    dtype = torch_dtype(value.dtype)
     if dtype is None:
         raise CollateError(f"numpy dtype {value.dtype} has no torch equivalent", sample=sample, path=path)
     return dtype, value.shape
@@ -218,7 +218,7 @@ def _array_signature(value: np.ndarray) -> Hashable:
 
 register(
     np.ndarray,
-    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=_ARRAY_DTYPE, signature=_array_signature, concat=_concat_arrays),
+    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=ARRAY_DTYPE, signature=_array_signature, concat=_concat_arrays),
 )
 
 
@@ -226,7 +226,7 @@ register(
 
 
 def _describe_np_scalar(value: np.generic, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
-    dtype = _torch_dtype(value.dtype)
+    dtype = torch_dtype(value.dtype)
     if dtype is None or _NP_REJECTED.search(value.dtype.str) is not None:
         raise CollateError(f"numpy scalar of dtype {value.dtype} cannot be collated", sample=sample, path=path)
     return dtype, ()
@@ -284,96 +284,13 @@ def _load_optional(cls: type) -> None:
         warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
 
 
-def _register_pil() -> None:
-    from PIL import Image
+def _register(name: str) -> Callable[[], None]:
+    def load() -> None:
+        from . import vision
 
-    @functools.cache
-    def mode_info(mode: str) -> tuple[torch.dtype, int]:
-        probe = np.asarray(Image.new(mode, (1, 1)))
-        dtype = _torch_dtype(probe.dtype)
-        if dtype is None:
-            raise TypeError(mode)
-        return dtype, Image.getmodebands(mode)
+        getattr(vision, name)()
 
-    def describe(value: Any, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
-        try:
-            dtype, channels = mode_info(value.mode)
-        except (TypeError, ValueError) as exc:
-            raise CollateError(f"PIL images of mode {value.mode!r} are not supported", sample=sample, path=path) from exc
-        width, height = value.size
-        return dtype, (channels, height, width)
-
-    def fill(region: torch.Tensor, values: list[Any]) -> None:
-        # As torchvision's pil_to_tensor (HWC pixels as CHW), but straight into the
-        # slot: PIL's one export, then one transposing copy.
-        out = region.numpy()
-        for i, image in enumerate(values):
-            pixels = np.asarray(image)
-            out[i] = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-
-    def key(value: Any) -> Hashable:
-        # numpy would broadcast a 1-band image into 3 bands: mode and size must agree.
-        return (value.mode, value.size)
-
-    register(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill, key=key, signature=key))
+    return load
 
 
-def _register_tv_tensors() -> None:
-    from torchvision import tv_tensors
-
-    def same_type(value: Any) -> Wrap:
-        return Wrap(type(value))
-
-    def meta(value: Any) -> Hashable:
-        return type(value)
-
-    for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
-        register(
-            cls,
-            LeafHandler(
-                cls.__name__,
-                "tensor",
-                _describe_tensor,
-                _fill_tensors,
-                wrap=same_type,
-                key=_TENSOR_DTYPE,
-                signature=_tensor_signature,
-                meta=meta,
-                concat=_concat_tensors,
-                fill_one=_copy_tensor,
-            ),
-        )
-
-    def boxes(value: Any) -> Wrap:
-        fields = {"format": value.format, "canvas_size": tuple(value.canvas_size)}
-        if hasattr(value, "clamping_mode"):
-            fields["clamping_mode"] = value.clamping_mode
-        return Wrap(type(value), tuple(sorted(fields.items())))
-
-    # Boxes stay one tensor per image, with their own format and canvas size:
-    # torchvision's BoundingBoxes are 2-D by definition.
-    register(
-        tv_tensors.BoundingBoxes,
-        LeafHandler(
-            "BoundingBoxes",
-            "tensor",
-            _describe_tensor,
-            _fill_tensors,
-            wrap=boxes,
-            meta=boxes,
-            stackable=False,
-            concat=_concat_tensors,
-            fill_one=_copy_tensor,
-        ),
-    )
-    from .batch import allow_loading
-
-    allow_loading(tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat)
-
-
-_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register_pil, "torchvision": _register_tv_tensors}
-
-
-def loaded_module(name: str) -> bool:
-    """Whether ``name`` is imported already (registration never imports it first)."""
-    return name in sys.modules
+_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register("register_pil"), "torchvision": _register("register_tv_tensors")}

@@ -22,12 +22,21 @@ import torch
 
 from .errors import CollateError, format_path
 from .fill import Node, Segment, Slot, Tree, Value
-from .layout import DataclassSpec, ListSpec, MappingSpec, NamedTupleSpec, SequenceSpec, Spec, is_namedtuple, is_sequence
+from .layout import Spec
 from .leaves import LeafHandler, lookup, type_name
 from .policies import AsList, Column, Policy, Stack, stack_or_list
+from .specs import (
+    DataclassSpec,
+    ListSpec,
+    MappingSpec,
+    NamedTupleSpec,
+    SequenceSpec,
+    is_namedtuple,
+    is_sequence,
+)
 
 if TYPE_CHECKING:
-    from .policies import FieldRules
+    from .patterns import FieldRules
 
 __all__ = ["MAX_DEPTH", "Planner", "container_cls", "number_dtype"]
 

@@ -26,13 +26,32 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import CollateError
-from .fill import BlockOp, CarefulOp, DataclassOp, Fill, MappingOp, NumbersOp, Op, SequenceOp, StackOp, ValueOp
-from .layout import DataclassSpec, Layout, MappingSpec, NamedTupleSpec, PartSpec, SequenceSpec, Spec, TensorSpec, ValueSpec, align, is_namedtuple, is_sequence
-from .leaves import _describe_tensor, lookup
+from .fill import Fill
+from .layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
+from .leaves import describe_tensor, lookup
+from .ops import (
+    BlockOp,
+    CarefulOp,
+    DataclassOp,
+    MappingOp,
+    NumbersOp,
+    Op,
+    SequenceOp,
+    StackOp,
+    ValueOp,
+)
 from .planner import MAX_DEPTH, Planner, container_cls, is_dataclass
+from .specs import (
+    DataclassSpec,
+    MappingSpec,
+    NamedTupleSpec,
+    SequenceSpec,
+    is_namedtuple,
+    is_sequence,
+)
 
 if TYPE_CHECKING:
-    from .policies import FieldRules
+    from .patterns import FieldRules
 
 __all__ = ["Plan", "Plans"]
 
@@ -179,7 +198,7 @@ class _Template:
         if set(map(type, column)) != {torch.Tensor}:
             return None
         try:
-            described = {_describe_tensor(value, i, path) for i, value in enumerate(column)}
+            described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
         except CollateError:
             return None
         return described.pop() if len(described) == 1 else None

@@ -14,20 +14,18 @@ Every output, extras included, lives in the batch's one buffer.
 from __future__ import annotations
 
 import functools
-import itertools
-import math
-import re
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable
 from typing import Any, Literal
 
 import torch
 
 from .errors import CollateError
 from .fill import Node, Segment, Slot, Tree, Value
-from .layout import JaggedSpec, ListSpec, Spec, Wrap
+from .layout import Wrap
 from .leaves import LeafHandler
+from .specs import ListSpec
 
-__all__ = ["AsList", "Column", "Concat", "FieldRules", "Jagged", "Pad", "Policy", "Stack", "stack_or_list"]
+__all__ = ["AsList", "Column", "Pad", "Policy", "Stack", "int_node", "stack_or_list"]
 
 Path = tuple[Hashable, ...]
 
@@ -179,7 +177,7 @@ def _fits(value: float | bool, dtype: torch.dtype) -> bool:
     return float(value).is_integer() and info.min <= value <= info.max
 
 
-def _int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> Slot:
+def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> Slot:
     """A small integer tensor (lengths, counts, offsets) computed while planning."""
     shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
     return Slot(dtype, shape, [Segment(0, shape, _fill_array_like, values)])
@@ -278,7 +276,7 @@ class Pad(Policy):
         lengths = [[column.shapes[i][d] if column.shapes[i] is not None else 0 for d in dims] for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
         if lengths_name is not None:
-            extras[lengths_name] = _int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
+            extras[lengths_name] = int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
@@ -320,204 +318,3 @@ def _fill_mask(region: torch.Tensor, lengths: list[list[int]], *, left: bool) ->
     full = tuple(region.shape[1:])
     for i, sizes in enumerate(lengths):
         region[i][_box(tuple(sizes), full, left)] = True
-
-
-class Concat(Policy):
-    """Concatenate values along dim 0, with ``int32`` offsets of length ``B + 1``.
-
-    This is the packed layout of variable-length attention kernels (``cu_seqlens``).
-    Per-sample lists of items (several images of one prompt) are concatenated in
-    order: the offsets still bound each sample, and the item counts and item
-    offsets (``int32``, one more than the number of items in the batch) bound each
-    item. Missing values (``missing="none"``) count as empty.
-
-    Args:
-        offsets_key: name of the per-sample offsets, or ``None``.
-        counts_key: name of the per-sample item counts (``int64``, lists of items
-            only), or ``None``.
-        item_offsets_key: name of the per-item offsets (lists of items only), or
-            ``None``.
-
-    Example:
-        >>> import torch
-        >>> from pincollate import MMCollate, Concat
-        >>> collate = MMCollate(fields={"ids": Concat()})
-        >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
-        >>> batch["ids"].tolist(), batch["ids_offsets"].tolist()
-        ([1, 2, 3, 4], [0, 3, 4])
-    """
-
-    takes_items = True
-    _offsets_dtype = torch.int32
-
-    def __init__(
-        self,
-        offsets_key: str | None = "{key}_offsets",
-        counts_key: str | None = "{key}_counts",
-        item_offsets_key: str | None = "{key}_item_offsets",
-    ):
-        self.offsets_key = offsets_key
-        self.counts_key = counts_key
-        self.item_offsets_key = item_offsets_key
-
-    def _values(self, column: Column) -> tuple[Slot, list[int]]:
-        present = column.present
-        if not present:
-            raise column.error(f"{type(self).__name__}() got no values (all missing)")
-        first = present[0]
-        for i in present:
-            shape = column.shapes[i]
-            if len(shape) == 0:
-                raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
-            if shape[1:] != column.shapes[first][1:]:
-                raise column.error(
-                    f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
-                    f"{column.shapes[first]} in sample {column.origin(first)[0]}",
-                    i,
-                )
-        rows = [0 if shape is None else shape[0] for shape in column.shapes]
-        trailing = column.shapes[first][1:]
-        total = sum(rows)
-        concat = column.handler.concat
-        if concat is not None:
-            # One call for the whole field: torch.cat straight into the region.
-            segments = [Segment(0, (total, *trailing), concat, [column.values[i] for i in present])]
-        else:
-            segments = []
-            start = 0
-            row_numel = math.prod(trailing)
-            for i in present:
-                segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
-                start += rows[i] * row_numel
-        return Slot(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
-
-    @staticmethod
-    def _wrap(column: Column) -> Wrap | None:
-        """Keep a tv_tensors subclass and its metadata when every value shares them."""
-        wrap = column.handler.wrap
-        if wrap is None:
-            return None
-        wraps = {wrap(column.values[i]) for i in column.present}
-        return wraps.pop() if len(wraps) == 1 else None
-
-    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
-        node, rows = self._values(column)
-        return node, self._extras(rows, counts, name)
-
-    def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:
-        """Offsets per sample; with lists of items, also counts and item offsets."""
-        extras: dict[str, Node] = {}
-        per_sample = rows if counts is None else _group(rows, counts)
-        offsets_name = self._extra_name(self.offsets_key, name)
-        if offsets_name is not None:
-            extras[offsets_name] = _offsets_node(per_sample, self._offsets_dtype)
-        if counts is not None:
-            counts_name = self._extra_name(self.counts_key, name)
-            if counts_name is not None:
-                extras[counts_name] = _int_node(counts)
-            items_name = self._extra_name(self.item_offsets_key, name)
-            if items_name is not None:
-                extras[items_name] = _offsets_node(rows, self._offsets_dtype)
-        return extras
-
-
-def _group(rows: list[int], counts: list[int]) -> list[int]:
-    grouped, start = [], 0
-    for count in counts:
-        grouped.append(sum(rows[start : start + count]))
-        start += count
-    return grouped
-
-
-def _offsets_node(rows: list[int], dtype: torch.dtype) -> Slot:
-    return _int_node([0, *itertools.accumulate(rows)], dtype)
-
-
-class Jagged(Concat):
-    """A ``torch.nested`` jagged tensor over the concatenated values, no extra copy.
-
-    The values and ``int64`` offsets both live in the batch buffer; the nested
-    tensor is built on them with ``torch.nested.nested_tensor_from_jagged``.
-
-    Example:
-        >>> import torch
-        >>> from pincollate import MMCollate, Jagged
-        >>> batch = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(3)}, {"ids": torch.arange(2)}])
-        >>> batch["ids"].is_nested, [t.tolist() for t in batch["ids"].unbind()]
-        (True, [[0, 1, 2], [0, 1]])
-    """
-
-    _offsets_dtype = torch.int64
-
-    def __init__(self, counts_key: str | None = "{key}_counts", item_offsets_key: str | None = "{key}_item_offsets"):
-        super().__init__(offsets_key=None, counts_key=counts_key, item_offsets_key=item_offsets_key)
-
-    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
-        values, rows = self._values(column)
-        values.wrap = None  # torch.nested takes plain values
-        offsets = _offsets_node(rows if counts is None else _group(rows, counts), torch.int64)
-        return Tree(_jagged, [values, offsets]), self._extras(rows, counts, name)
-
-
-def _jagged(specs: list[Spec]) -> Spec:
-    values, offsets = specs
-    return JaggedSpec(values, offsets)  # type: ignore[arg-type]
-
-
-# --- field patterns -------------------------------------------------------------------
-
-_SEGMENT = re.compile(r"^(\*|[^.*]+)$")
-
-
-class FieldRules:
-    """Field patterns compiled once; the most specific match wins.
-
-    A pattern is dot-separated segments matched against a key path's keys (list
-    indices as digits); ``*`` matches any one key. More literal segments is more
-    specific; ties go to the pattern given first.
-
-    Example:
-        >>> rules = FieldRules({"*.boxes": Pad(), "images.*": Concat(), "meta.boxes": Stack()})
-        >>> rules.lookup(("meta", "boxes"))
-        Stack()
-        >>> rules.lookup(("images", 0))
-        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
-    """
-
-    def __init__(self, fields: Mapping[str, Policy] | None):
-        self._rules: list[tuple[int, int, tuple[str, ...], str, Policy]] = []
-        for order, (pattern, policy) in enumerate((fields or {}).items()):
-            if not isinstance(pattern, str) or not pattern:
-                raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
-            parts = tuple(pattern.split("."))
-            if not all(_SEGMENT.match(p) for p in parts):
-                raise CollateError(f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key")
-            if not isinstance(policy, Policy):
-                raise CollateError(f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}")
-            literal = sum(p != "*" for p in parts)
-            self._rules.append((-literal, order, parts, pattern, policy))
-        self._rules.sort(key=lambda rule: rule[:2])
-        self._cache: dict[Path, Policy | None] = {}
-        self.matched: set[str] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self._rules)
-
-    @property
-    def patterns(self) -> list[str]:
-        return [rule[3] for rule in self._rules]
-
-    def lookup(self, path: Path) -> Policy | None:
-        try:
-            return self._cache[path]
-        except KeyError:
-            pass
-        found = None
-        keys = tuple(str(k) for k in path)
-        for _, _, parts, pattern, policy in self._rules:
-            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys)):
-                found = policy
-                self.matched.add(pattern)
-                break
-        self._cache[path] = found
-        return found

@@ -19,7 +19,8 @@ import torch
 
 from .arena import is_pinned, pinned_allocator
 from .batch import carried
-from .layout import ALIGN, make_mapping, new_dataclass
+from .layout import ALIGN
+from .specs import make_mapping, new_dataclass
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 

@@ -1,0 +1,329 @@
+"""The ops of a cached plan: per field, gather the column, check it, queue one copy.
+
+An op mirrors one node of the cached Layout. It checks what the plan relies on at C
+speed (``set(map(type, column))``, one dtype read per tensor, sample 0's shape; the
+other shapes are compared by ``torch.stack`` as it copies) and raises
+:class:`~pincollate.fill.Mismatch` where the batch differs. Fields that agree in
+one container are gathered with one ``itemgetter`` per sample and stacked as
+blocks: one call for all the plain tensors of one dtype and shape, one numpy
+assignment for all the numbers of one type.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import CollateError
+from .fill import Fill, Filler, Mismatch
+from .layout import Part, TensorSpec
+
+__all__ = ["BlockOp", "CarefulOp", "DataclassOp", "MappingOp", "NumbersOp", "Op", "SequenceOp", "StackOp", "ValueOp"]
+
+Path = tuple[Hashable, ...]
+
+#: The dtype getters, called at C speed by ``map``.
+TENSOR_DTYPE = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
+ARRAY_DTYPE = np.ndarray.dtype.__get__  # type: ignore[attr-defined]
+
+
+class Op:
+    """One node of a cached plan: gathers its column from the samples and queues copies.
+
+    ``lists``: whether the op needs its column as a list (it may keep it), where a
+    parent would hand it a tuple.
+    """
+
+    __slots__ = ("path",)
+    lists = False
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        raise NotImplementedError
+
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        """The key paths to plan carefully when this op's queued copy failed."""
+        return (self.path,)
+
+
+def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
+    torch.stack(values, out=region)  # type: ignore[arg-type]
+
+
+class StackOp(Op):
+    """A column stacked into one tensor spec.
+
+    ``key(value)`` (a dtype, read at C speed) must be ``expected`` for every value,
+    and sample 0 must have ``shape`` (``None``: numbers); ``torch.stack`` compares
+    the other shapes with it as it copies. ``cls`` is checked for every value
+    unless ``key`` already rejects what is not a tensor (plain tensor columns).
+    """
+
+    __slots__ = ("expected", "fill", "key", "shape", "spec", "types")
+
+    def __init__(
+        self,
+        path: Path,
+        spec: TensorSpec,
+        cls: type | None,
+        fill: Filler,
+        key: Callable[[Any], Any] | None,
+        expected: Any,
+        shape: tuple[int, ...] | None,
+    ):
+        super().__init__(path)
+        self.spec = spec
+        self.types = None if cls is None else frozenset((cls,))
+        self.fill = fill
+        self.key = key
+        self.expected = frozenset((expected,))
+        self.shape = shape
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        try:
+            if (
+                (self.types is not None and set(map(type, column)) != self.types)
+                or (self.key is not None and set(map(self.key, column)) != self.expected)
+                or (self.shape is not None and column[0].shape != self.shape)
+            ):
+                raise Mismatch(self.path)
+        except (TypeError, AttributeError):  # the dtype getter on something else
+            raise Mismatch(self.path) from None
+        fill.tasks.append((self.fill, self.spec, column, self))
+
+
+class BlockOp(Op):
+    """Plain-tensor fields of one dtype and shape in one container, stacked as one block.
+
+    Field ``j`` is rows ``j * B`` to ``(j + 1) * B`` of the block: one ``torch.stack``
+    and one dtype pass for all of them, and still one contiguous tensor per field.
+    ``index`` says where the parent's columns of these fields are.
+    """
+
+    __slots__ = ("block", "dtype", "index", "paths", "shape")
+
+    def __init__(self, path: Path, paths: Sequence[Path], index: Sequence[int], block: TensorSpec, dtype: torch.dtype, shape: tuple[int, ...]):
+        super().__init__(path)
+        self.paths = tuple(paths)
+        self.index = tuple(index)
+        self.block = block
+        self.dtype = frozenset((dtype,))
+        self.shape = shape
+
+    def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:  # type: ignore[override]
+        values = list(itertools.chain.from_iterable(columns))
+        try:
+            ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(column[0].shape == self.shape for column in columns)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise Mismatch(*self.blame(values))
+        fill.tasks.append((_stack, self.block, values, self))
+
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        n = len(payload) // len(self.paths)
+        bad = []
+        for j, path in enumerate(self.paths):
+            column = payload[j * n : (j + 1) * n]
+            if not all(isinstance(v, torch.Tensor) and v.dtype in self.dtype and v.shape == self.shape for v in column):
+                bad.append(path)
+        return tuple(bad) or self.paths
+
+
+class ValueOp(Op):
+    """A column of strings, bytes or ``None`` returned as the samples' own list."""
+
+    __slots__ = ("index", "types")
+    lists = True
+
+    def __init__(self, path: Path, index: int, cls: type):
+        super().__init__(path)
+        self.index = index
+        self.types = frozenset((cls,))
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        fill.values[self.index] = column
+
+
+def _fill_block(region: torch.Tensor, rows: list[Any]) -> None:
+    # One numpy assignment for every number field of one type: rows are samples.
+    region.numpy().T[...] = rows
+
+
+class NumbersOp(Op):
+    """Number fields of one Python type in one mapping, filled as the rows of one block."""
+
+    __slots__ = ("block", "get", "keys", "types")
+
+    def __init__(self, path: Path, cls: type, keys: Sequence[Hashable], block: TensorSpec):
+        super().__init__(path)
+        self.types = frozenset((cls,))
+        self.keys = tuple(keys)
+        self.block = block
+        # One C-level call per sample gathers its row (a tuple, or one value).
+        self.get = operator.itemgetter(*self.keys)
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        rows = list(map(self.get, column))
+        if len(self.keys) == 1:
+            rows = [(value,) for value in rows]
+        if set(map(type, itertools.chain.from_iterable(rows))) != self.types:
+            raise Mismatch(*self.blame(rows))
+        fill.tasks.append((_fill_block, self.block, rows, self))
+
+    def blame(self, payload: Any) -> tuple[Path, ...]:
+        # A type that differs, or an int beyond int64 (the copy overflowed).
+        bad = [
+            (*self.path, key)
+            for j, key in enumerate(self.keys)
+            if {type(row[j]) for row in payload} != self.types or any(type(row[j]) is int and not -(2**63) <= row[j] < 2**63 for row in payload)
+        ]
+        return tuple(bad) or tuple((*self.path, key) for key in self.keys)
+
+
+class _Fields(Op):
+    """A container's fields: single ops by column, block ops by columns.
+
+    Columns come as tuples; a mapping's strings come back as lists, as in
+    ``default_collate``, a sequence's as zip's tuples.
+    """
+
+    __slots__ = ("blocks", "singles")
+    as_lists = False
+
+    def __init__(self, path: Path, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
+        super().__init__(path)
+        self.singles = tuple((index, op, self.as_lists and op.lists) for index, op in singles)
+        self.blocks = tuple(blocks)
+
+    def fields(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
+        for index, op, as_list in self.singles:
+            column = columns[index]
+            op.run(list(column) if as_list else column, fill)
+        for block in self.blocks:
+            block.run([columns[index] for index in block.index], fill)
+
+
+class MappingOp(_Fields):
+    """A mapping of one type and one key set; fields by key, number blocks after.
+
+    Sample 0's keys must be the plan's, in order and of the same types (``True`` is
+    not ``1``): the output takes its key order from sample 0, as ``default_collate``.
+    ``gathered`` are the keys whose columns the single and block ops index.
+    """
+
+    __slots__ = ("gather", "key_types", "keys", "numbers", "sizes", "types")
+    as_lists = True
+
+    def __init__(
+        self,
+        path: Path,
+        cls: type,
+        keys: Sequence[Hashable],
+        gathered: Sequence[Hashable],
+        singles: Sequence[tuple[int, Op]],
+        blocks: Sequence[BlockOp],
+        numbers: Sequence[NumbersOp],
+    ):
+        super().__init__(path, singles, blocks)
+        self.types = frozenset((cls,))
+        self.keys = tuple(keys)
+        self.key_types = tuple(map(type, self.keys))
+        # One C-level call per sample gathers its row; zip turns rows into columns.
+        self.gather = operator.itemgetter(*gathered) if gathered else None
+        if len(gathered) == 1:
+            key = gathered[0]
+            self.gather = lambda sample: (sample[key],)
+        self.numbers = tuple(numbers)
+        self.sizes = frozenset((len(self.keys),))
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        # One type and one size everywhere, and every key found: the key sets agree.
+        first = column[0]
+        if (
+            set(map(type, column)) != self.types
+            or set(map(len, column)) != self.sizes
+            or tuple(first) != self.keys
+            or tuple(map(type, first)) != self.key_types
+        ):
+            raise Mismatch(self.path)
+        try:
+            if self.gather is not None:
+                self.fields(list(zip(*map(self.gather, column))), fill)
+            for numbers in self.numbers:
+                numbers.run(column, fill)
+        except KeyError:
+            raise Mismatch(self.path) from None
+
+
+class SequenceOp(_Fields):
+    """Sequences (or namedtuples) of one type and length, transposed position by position."""
+
+    __slots__ = ("sizes", "types")
+
+    def __init__(self, path: Path, cls: type, size: int, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
+        super().__init__(path, singles, blocks)
+        self.types = frozenset((cls,))
+        self.sizes = frozenset((size,))
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
+            raise Mismatch(self.path)
+        # zip's tuples, as default_collate: a column of strings comes back as one.
+        self.fields(list(zip(*column)), fill)
+
+
+class DataclassOp(Op):
+    """Dataclass instances of one type, field by field."""
+
+    __slots__ = ("children", "types")
+
+    def __init__(self, path: Path, cls: type, children: Sequence[tuple[str, Op]]):
+        super().__init__(path)
+        self.types = frozenset((cls,))
+        self.children = tuple((operator.attrgetter(name), op) for name, op in children)
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        for get, op in self.children:
+            op.run(list(map(get, column)), fill)
+
+
+class CarefulOp(Op):
+    """A field planned anew for each batch by the careful planner (ragged, policies).
+
+    ``siblings`` are the keys of the parent mapping, beside which the policy's extra
+    outputs go; ``None`` where the parent has no keys to put them beside.
+    """
+
+    __slots__ = ("index", "siblings")
+    lists = True
+
+    def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None):
+        super().__init__(path)
+        self.index = index
+        self.siblings = siblings
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        node, extras = fill.planner.plan(column, self.path)
+        if extras:
+            if self.siblings is None:
+                raise CollateError(
+                    f"the policy for this field returns {sorted(extras)}, which need a parent mapping; set their *_key arguments to None",
+                    path=self.path,
+                )
+            for name in extras:
+                if name in self.siblings:
+                    raise CollateError(f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key", path=self.path[:-1])
+        spec = fill.place(node)
+        fill.parts[self.index] = Part(spec, tuple((name, fill.place(extra)) for name, extra in extras.items()))

@@ -1,0 +1,70 @@
+"""Field patterns: which policy applies at which key path."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Mapping
+
+from .errors import CollateError
+from .policies import Policy
+
+__all__ = ["FieldRules"]
+
+Path = tuple[Hashable, ...]
+
+_SEGMENT = re.compile(r"^(\*|[^.*]+)$")
+
+
+class FieldRules:
+    """Field patterns compiled once; the most specific match wins.
+
+    A pattern is dot-separated segments matched against a key path's keys (list
+    indices as digits); ``*`` matches any one key. More literal segments is more
+    specific; ties go to the pattern given first.
+
+    Example:
+        >>> from pincollate import Concat, Pad, Stack
+        >>> rules = FieldRules({"*.boxes": Pad(), "images.*": Concat(), "meta.boxes": Stack()})
+        >>> rules.lookup(("meta", "boxes"))
+        Stack()
+        >>> rules.lookup(("images", 0))
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
+    """
+
+    def __init__(self, fields: Mapping[str, Policy] | None):
+        self._rules: list[tuple[int, int, tuple[str, ...], str, Policy]] = []
+        for order, (pattern, policy) in enumerate((fields or {}).items()):
+            if not isinstance(pattern, str) or not pattern:
+                raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
+            parts = tuple(pattern.split("."))
+            if not all(_SEGMENT.match(p) for p in parts):
+                raise CollateError(f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key")
+            if not isinstance(policy, Policy):
+                raise CollateError(f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}")
+            literal = sum(p != "*" for p in parts)
+            self._rules.append((-literal, order, parts, pattern, policy))
+        self._rules.sort(key=lambda rule: rule[:2])
+        self._cache: dict[Path, Policy | None] = {}
+        self.matched: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    @property
+    def patterns(self) -> list[str]:
+        return [rule[3] for rule in self._rules]
+
+    def lookup(self, path: Path) -> Policy | None:
+        try:
+            return self._cache[path]
+        except KeyError:
+            pass
+        found = None
+        keys = tuple(str(k) for k in path)
+        for _, _, parts, pattern, policy in self._rules:
+            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys)):
+                found = policy
+                self.matched.add(pattern)
+                break
+        self._cache[path] = found
+        return found

@@ -1,0 +1,197 @@
+"""The container specs of a Layout, and how the user's containers are rebuilt.
+
+Each spec builds its output from its children's: mappings keep the samples' mapping
+type, sequences come back as lists (tuples too, as in ``default_collate``),
+namedtuples and dataclasses keep their class.
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .layout import PartSpec, Spec, TensorSpec, Views
+
+__all__ = [
+    "DataclassSpec",
+    "JaggedSpec",
+    "ListSpec",
+    "MappingSpec",
+    "NamedTupleSpec",
+    "SequenceSpec",
+    "is_namedtuple",
+    "is_sequence",
+    "make_mapping",
+    "make_sequence",
+    "new_dataclass",
+]
+
+
+class ListSpec(Spec):
+    """A Python list of children: per-sample values that do not stack."""
+
+    __slots__ = ("children",)
+    _fields = ("children",)
+
+    def __init__(self, children: Sequence[Spec]):
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: Views) -> Any:
+        return [child.build(views) for child in self.children]
+
+
+def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
+    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
+
+    As ``default_collate``: the type is kept where it can be built from a dict or
+    built empty and updated; otherwise the result is a ``dict``.
+    """
+    if cls is None:
+        return pairs
+    try:
+        return cls(pairs)
+    except TypeError:
+        pass
+    try:
+        out = cls()
+        out.update(pairs)
+        return out
+    except TypeError:
+        return pairs
+
+
+def make_sequence(cls: type | None, items: list[Any]) -> Any:
+    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
+    if cls is None:
+        return items
+    try:
+        return cls(items)
+    except TypeError:
+        return items
+
+
+class MappingSpec(Spec):
+    """A mapping of ``keys`` to children, of type ``cls`` (``None`` for ``dict``).
+
+    A :class:`PartSpec` child puts its part's extras right after its key.
+    """
+
+    __slots__ = ("children", "cls", "keys")
+    _fields = ("cls", "keys", "children")
+
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], children: Sequence[Spec]):
+        self.cls = cls
+        self.keys = tuple(keys)
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def pairs(self, views: Views) -> dict[Hashable, Any]:
+        out: dict[Hashable, Any] = {}
+        for key, child in zip(self.keys, self.children, strict=True):
+            if type(child) is PartSpec:
+                part = views.parts[child.index]
+                out[key] = part.node.build(views)
+                for name, extra in part.extras:
+                    out[name] = extra.build(views)
+            else:
+                out[key] = child.build(views)
+        return out
+
+    def build(self, views: Views) -> Any:
+        return make_mapping(self.cls, self.pairs(views))
+
+
+class SequenceSpec(Spec):
+    """A transposed sequence: a list (``cls`` ``None``) or the samples' sequence type."""
+
+    __slots__ = ("children", "cls")
+    _fields = ("cls", "children")
+
+    def __init__(self, cls: type | None, children: Sequence[Spec]):
+        self.cls = cls
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: Views) -> Any:
+        return make_sequence(self.cls, [child.build(views) for child in self.children])
+
+
+class NamedTupleSpec(Spec):
+    """A namedtuple of type ``cls``, one child per field."""
+
+    __slots__ = ("children", "cls")
+    _fields = ("cls", "children")
+
+    def __init__(self, cls: type, children: Sequence[Spec]):
+        self.cls = cls
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: Views) -> Any:
+        return self.cls(*(child.build(views) for child in self.children))
+
+
+def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
+
+    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
+    """
+    out = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+class DataclassSpec(Spec):
+    """A dataclass of type ``cls``, one child per field in ``names``."""
+
+    __slots__ = ("children", "cls", "names")
+    _fields = ("cls", "names", "children")
+
+    def __init__(self, cls: type, names: Sequence[str], children: Sequence[Spec]):
+        self.cls = cls
+        self.names = tuple(names)
+        self.children = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: Views) -> Any:
+        return new_dataclass(self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)})
+
+
+class JaggedSpec(Spec):
+    """A ``torch.nested`` jagged tensor over two tensors of the buffer: values and offsets."""
+
+    __slots__ = ("offsets", "values")
+    _fields = ("values", "offsets")
+
+    def __init__(self, values: TensorSpec, offsets: TensorSpec):
+        self.values = values
+        self.offsets = offsets
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.values, self.offsets)
+
+    def build(self, views: Views) -> Any:
+        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def is_sequence(value: Any) -> bool:
+    return isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray))
