@@ -42,7 +42,7 @@ from .specs import (
     new_dataclass,
 )
 
-__all__ = ["Batch", "BatchList", "allow_loading", "carried", "carrier_class", "make_batch"]
+__all__ = ["Batch", "BatchList", "allow_loading", "batch_pin_memory", "batch_to", "carried", "carrier_class", "make_batch"]
 
 T = TypeVar("T")
 Carried = tuple[Layout, torch.Tensor, list[Any]]
@@ -144,7 +144,7 @@ def _rebuild(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
 # --- moving -----------------------------------------------------------------------------
 
 
-def _pin_memory(self: T, device: Any = None) -> T:
+def batch_pin_memory(self: T, device: Any = None) -> T:
     """This batch in pinned memory: one pinned allocation and one copy (itself if pinned)."""
     state = carried(self)
     if state is None:
@@ -159,13 +159,15 @@ def _pin_memory(self: T, device: Any = None) -> T:
     return make_batch(layout, pinned, values)  # type: ignore[no-any-return]
 
 
-def _to(self: T, *args: Any, **kwargs: Any) -> T:
+def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
     """This batch moved or cast as ``Tensor.to`` would move or cast each of its tensors.
 
     Takes ``Tensor.to``'s arguments (``device``, ``dtype``, ``non_blocking``, ``copy``;
     positional or keyword) with its defaults. A dtype casts the floating-point
     tensors only; integer and bool tensors keep theirs. The buffer moves in one copy.
     """
+    if len(args) == 4:  # Tensor.to(device, dtype, non_blocking, copy)
+        *args, kwargs["copy"] = args  # type: ignore[assignment]
     copy = bool(kwargs.pop("copy", False))
     device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     state = carried(self)
@@ -250,8 +252,8 @@ class Batch(dict):  # type: ignore[type-arg]
     """
 
     _pincollate: Carried | None = None
-    pin_memory = _pin_memory
-    to = _to
+    pin_memory = batch_pin_memory
+    to = batch_to
     layout = property(_layout)
     buffer = property(_buffer)
 
@@ -266,8 +268,8 @@ class BatchList(list):  # type: ignore[type-arg]
     """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
 
     _pincollate: Carried | None = None
-    pin_memory = _pin_memory
-    to = _to
+    pin_memory = batch_pin_memory
+    to = batch_to
     layout = property(_layout)
     buffer = property(_buffer)
 
@@ -297,7 +299,7 @@ def carrier_class(cls: type[T]) -> type[T]:
     }
     if hasattr(cls, "_fields"):
         namespace["__repr__"] = lambda self: cls.__repr__(self)  # type: ignore[operator]
-    for name, attr in (("pin_memory", _pin_memory), ("to", _to), ("layout", property(_layout)), ("buffer", property(_buffer))):
+    for name, attr in (("pin_memory", batch_pin_memory), ("to", batch_to), ("layout", property(_layout)), ("buffer", property(_buffer))):
         if name not in names:
             namespace[name] = attr
     return type(cls.__name__, (cls,), namespace)  # type: ignore[return-value]

@@ -89,6 +89,15 @@ def audio_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def ragged_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = [s["tokens"] for s in samples]
+    return {
+        "tokens": pad_sequence(tokens, batch_first=True),
+        "tokens_lengths": torch.tensor([len(t) for t in tokens]),
+        "label": torch.tensor([s["label"] for s in samples]),
+    }
+
+
 def detection_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "image": torch.stack([s["image"] for s in samples]),
@@ -99,6 +108,8 @@ def detection_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 def methods(scenario: str) -> dict[str, Collate | None]:
     """The methods compared in a scenario; the first is the baseline."""
+    if scenario == "nested":
+        return {"default_collate": default_collate, "mm_collate": MMCollate()}
     if scenario in ("manyleaf", "video"):
         table: dict[str, Collate | None] = {
             "default_collate": default_collate,
@@ -111,8 +122,9 @@ def methods(scenario: str) -> dict[str, Collate | None]:
         "vlm": MMCollate(fields={"input_ids": Pad(mask_key="attention_mask", lengths_key=None), "pixel_values": Concat(counts_key=None, item_offsets_key=None)}),
         "audio": MMCollate(fields={"audio": Pad(dims=[-1], mask_key=None)}),
         "detection": MMCollate(),
+        "ragged": MMCollate(),
     }[scenario]
-    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand}[scenario]
+    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand, "ragged": ragged_by_hand}[scenario]
     return {"pad/cat by hand": by_hand, "mm_collate": ours}
 
 
@@ -208,6 +220,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
     from tqdm.auto import tqdm
 
     rounds_main, rounds_workers = (11, 3) if quick else (21, 5)
+    scenarios = [name for name in SCENARIOS if name in scenarios]
     results: list[dict[str, Any]] = []
     plan = []
     for scenario in scenarios:
@@ -245,7 +258,28 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
     bar.close()
-    return {"machine": machine(), "workers": workers, "quick": quick, "results": results}
+    return {"machine": machine(), "workers": workers, "quick": quick, "results": results, "first_batch": first_batch_cost(quick)}
+
+
+def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dict[str, Any]:
+    """The first call of a fresh collate on samples with ``fields`` ragged fields, against later calls.
+
+    The first call plans the structure once (the ragged fields become parts); later
+    calls reuse the plan and plan only the parts.
+    """
+    samples = [{f"r{j}": torch.zeros(i + 1 + j % 3) for j in range(fields)} for i in range(batch_size)]
+    firsts, steady = [], []
+    for _ in range(3 if quick else 7):
+        collate = MMCollate(pin_memory=False)
+        start = time.perf_counter()
+        collate(samples)
+        firsts.append(time.perf_counter() - start)
+        for _ in range(5):
+            start = time.perf_counter()
+            collate(samples)
+            steady.append(time.perf_counter() - start)
+    first, later = statistics.median(firsts), statistics.median(steady)
+    return {"fields": fields, "first_ms": first * 1e3, "steady_ms": later * 1e3, "ratio": first / later}
 
 
 # --- GPU rows ------------------------------------------------------------------------------
@@ -446,6 +480,13 @@ def format_table(report: dict[str, Any]) -> str:
         if "padding_bytes_per_batch" in row:
             notes.append(f"padding {row['padding_bytes_per_batch'] / 1024:.1f} KiB/batch")
         lines.append(line + ("  " + ", ".join(notes) if notes else ""))
+    first = report.get("first_batch")
+    if first:
+        lines += [
+            "",
+            f"first batch of {first['fields']} ragged fields: {first['first_ms']:.2f} ms, later batches {first['steady_ms']:.2f} ms "
+            f"(first/later = {first['ratio']:.2f}x)",
+        ]
     gpu = report.get("gpu")
     if gpu:
         lines += ["", f"peak pinned H2D: {gpu['peak_pinned_h2d_gb_per_s']:.1f} GB/s"]

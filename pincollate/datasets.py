@@ -11,7 +11,17 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["AudioDataset", "DetectionDataset", "InMemory", "ManyLeafDataset", "SCENARIOS", "VideoDataset", "VLMDataset"]
+__all__ = [
+    "SCENARIOS",
+    "AudioDataset",
+    "DetectionDataset",
+    "InMemory",
+    "ManyLeafDataset",
+    "NestedDataset",
+    "RaggedDataset",
+    "VLMDataset",
+    "VideoDataset",
+]
 
 
 def _gen(index: int, seed: int) -> torch.Generator:
@@ -51,6 +61,50 @@ class ManyLeafDataset(Dataset):
         sample["label"] = index % 10
         sample["caption"] = f"sample {index}"
         return sample
+
+
+class NestedDataset(Dataset):
+    """A many-leaf record with nesting: an image, a dict of 24 small features, 8 crops, ids, a label.
+
+    Example:
+        >>> sample = NestedDataset(4)[0]
+        >>> len(sample["feats"]), len(sample["crops"]), sample["crops"][0].shape
+        (24, 8, torch.Size([3, 8, 8]))
+    """
+
+    def __init__(self, length: int = 512, features: int = 24, crops: int = 8):
+        self.length = length
+        self.features = features
+        self.crops = crops
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 6)
+        return {
+            "image": torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8, generator=g),
+            "feats": {f"f{j}": torch.randn(8, generator=g) for j in range(self.features)},
+            "crops": [torch.randn(3, 8, 8, generator=g) for _ in range(self.crops)],
+            "ids": torch.randint(0, 1000, (16,), generator=g),
+            "label": index % 10,
+        }
+
+
+class RaggedDataset(Dataset):
+    """Token ids of 16 to 512 per sample and a label: ragged, with no policy asked for."""
+
+    def __init__(self, length: int = 512, max_tokens: int = 512):
+        self.length = length
+        self.max_tokens = max_tokens
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 7)
+        n = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
+        return {"tokens": torch.randint(0, 32000, (n,), generator=g), "label": index % 10}
 
 
 class VideoDataset(Dataset):
@@ -153,7 +207,9 @@ class InMemory(Dataset):
 #: name -> (dataset class, batch size)
 SCENARIOS: dict[str, tuple[type[Dataset], int]] = {
     "manyleaf": (ManyLeafDataset, 32),
+    "nested": (NestedDataset, 32),
     "video": (VideoDataset, 8),
+    "ragged": (RaggedDataset, 32),
     "vlm": (VLMDataset, 16),
     "audio": (AudioDataset, 32),
     "detection": (DetectionDataset, 32),

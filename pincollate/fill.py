@@ -151,10 +151,13 @@ class Fill:
             offset = self.offset
             self.offset = align(offset + node.nbytes)
             itemsize = node.dtype.itemsize
+            spec = TensorSpec(node.dtype, node.shape, offset, node.wrap)
             for segment in node.segments:
-                region = TensorSpec(node.dtype, segment.shape, offset + segment.start * itemsize)
+                # A segment that fills the whole slot writes into the slot's own view.
+                whole = segment.start == 0 and segment.shape == node.shape
+                region = spec if whole else TensorSpec(node.dtype, segment.shape, offset + segment.start * itemsize)
                 self.tasks.append((segment.fill, region, segment.payload, None))
-            return TensorSpec(node.dtype, node.shape, offset, node.wrap)
+            return spec
         if type(node) is Value:
             self.values.append(node.value)
             return ValueSpec(len(self.values) - 1)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import torch
 
 from .arena import is_pinned, pinned_allocator
-from .batch import carried
+from .batch import batch_pin_memory, batch_to, carried
 from .layout import ALIGN
 from .specs import make_mapping, new_dataclass
 
@@ -156,7 +156,7 @@ def pin(tree: T) -> T:
     A pincollate batch pins itself: one pinned copy of its buffer.
     """
     if carried(tree) is not None:
-        return tree.pin_memory()  # type: ignore[attr-defined,no-any-return]
+        return batch_pin_memory(tree)
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
         out = pinned_allocator()(flat.numel())
@@ -199,7 +199,7 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
     """
     device = torch.device(device)
     if carried(tree) is not None:
-        return tree.to(device, non_blocking=non_blocking)  # type: ignore[attr-defined,no-any-return]
+        return batch_to(tree, device, non_blocking=non_blocking)
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
         blocking = device.type == "mps" and not flat.is_pinned()

@@ -1,0 +1,182 @@
+"""Batches as objects: pickled, saved, pinned and moved in one piece, from their layout."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+from pincollate import Batch, BatchList, MMCollate, mm_collate, to_device
+from pincollate.batch import carried
+from samples import PARITY, RAGGED, Point, Record, assert_same, storages
+
+#: One sample tree per batch type.
+BATCH_TYPES = {
+    "dict": "multimodal-dict",
+    "list": "tuple-samples",
+    "namedtuple": "namedtuple",
+    "dataclass": "dataclass",
+}
+
+
+def _batch(kind: str):
+    name = BATCH_TYPES[kind]
+    return MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
+
+
+def _one_buffer(batch) -> None:
+    assert storages(batch) == {batch.buffer.untyped_storage().data_ptr()}
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
+def test_every_batch_type_carries_its_layout_and_buffer(kind):
+    batch = _batch(kind)
+    assert batch.layout is not None and batch.buffer.dtype == torch.uint8
+    assert batch.buffer.numel() == batch.layout.nbytes
+    _one_buffer(batch)
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
+def test_pickle_round_trip_is_one_buffer_and_small(kind):
+    batch = _batch(kind)
+    data = pickle.dumps(batch)
+    again = pickle.loads(data)
+    assert_same(again, batch)
+    assert type(again) is type(batch) and again.layout == batch.layout
+    _one_buffer(again)
+    if kind != "dataclass":  # default_collate rejects dataclasses
+        name = BATCH_TYPES[kind]
+        theirs = pickle.dumps(default_collate(PARITY[name]()))
+        assert len(data) <= 1.1 * len(theirs), (len(data), len(theirs))
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+def test_torch_save_and_load_with_weights_only(kind):
+    batch = _batch(kind)
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    again = torch.load(stream)  # weights_only=True is torch's default
+    assert_same(again, batch)
+    assert again.layout == batch.layout
+    _one_buffer(again)
+
+
+@pytest.mark.parametrize("kind", ["namedtuple", "dataclass"])
+def test_torch_save_of_user_types_loads_once_the_user_allows_them(kind):
+    batch = _batch(kind)
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    cls = Point if kind == "namedtuple" else Record
+    with torch.serialization.safe_globals([cls]):
+        again = torch.load(stream)
+    assert_same(again, batch)
+    _one_buffer(again)
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
+def test_pin_memory_makes_one_pinned_copy_and_points_buffer_at_it(kind, fake_pinned):
+    batch = _batch(kind)
+    pinned = batch.pin_memory()
+    assert fake_pinned == [batch.layout.nbytes]
+    assert pinned.buffer.data_ptr() != batch.buffer.data_ptr()
+    _one_buffer(pinned)
+    assert_same(pinned, batch)
+    assert pinned.pin_memory() is pinned and len(fake_pinned) == 1
+
+
+@pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
+def test_to_copies_the_buffer_once_and_points_buffer_at_it(kind):
+    batch = _batch(kind)
+    assert batch.to("cpu") is batch
+    copied = batch.to("cpu", copy=True)
+    assert copied.buffer.data_ptr() != batch.buffer.data_ptr()
+    _one_buffer(copied)
+    assert_same(copied, batch)
+
+
+def test_to_takes_tensor_to_arguments_and_casts_floats_only():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    for half in (batch.to(torch.float16), batch.to("cpu", torch.float16), batch.to(dtype=torch.float16), batch.to(torch.ones(1, dtype=torch.float16))):
+        assert half["audio"].dtype == torch.float16 and half["score"].dtype == torch.float16
+        assert half["image"].dtype == torch.uint8 and half["label"].dtype == torch.int64 and half["flag"].dtype == torch.bool
+        assert torch.equal(half["audio"], batch["audio"].half())
+        assert half["caption"] == batch["caption"]
+        _one_buffer(half)
+        assert half.layout.nbytes < batch.layout.nbytes
+    positional = batch.to("cpu", torch.float64, False, True)
+    assert positional["audio"].dtype == torch.float64 and positional.buffer.data_ptr() != batch.buffer.data_ptr()
+
+
+def test_to_device_moves_a_batch_in_one_copy():
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    moved = to_device(batch, "cpu")
+    assert moved is batch
+
+
+def test_a_batch_whose_contents_changed_moves_leaf_by_leaf(fake_pinned):
+    batch = mm_collate(PARITY["multimodal-dict"]())
+    batch["labels"] = torch.arange(4)
+    assert batch.layout is None and carried(batch) is None
+    pinned = batch.pin_memory()
+    assert torch.equal(pinned["labels"], torch.arange(4)) and "labels" in pinned
+    half = batch.to(torch.float16)
+    assert half["audio"].dtype == torch.float16 and torch.equal(half["labels"], torch.arange(4))
+    again = pickle.loads(pickle.dumps(batch))
+    assert torch.equal(again["labels"], torch.arange(4))
+    nested = mm_collate(PARITY["multimodal-dict"]())
+    nested["meta"]["boxes"] = torch.zeros(1)
+    assert nested.layout is None
+    assert nested.to(torch.float64)["meta"]["boxes"].dtype == torch.float64
+
+
+Shadow = collections.namedtuple("Shadow", "to pin_memory")
+
+
+def test_namedtuple_fields_beat_methods():
+    out = mm_collate([Shadow(torch.zeros(2), 1), Shadow(torch.ones(2), 2)])
+    assert isinstance(out, Shadow)
+    assert torch.equal(out.to, torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    assert out.pin_memory.tolist() == [1, 2]
+    assert out.layout is not None
+    moved = to_device(out, "cpu")
+    assert torch.equal(moved.to, out.to)
+
+
+def test_top_level_namedtuple_batch_is_a_subclass_that_pickles_as_the_users_class():
+    out = mm_collate(PARITY["namedtuple"]())
+    assert isinstance(out, Point) and type(out) is not Point and type(out).__name__ == "Point"
+    assert repr(out).startswith("Point(")
+
+
+@dataclasses.dataclass
+class _WithExtra:
+    x: torch.Tensor
+
+    def __post_init__(self):
+        self.cache = ["not a field"]
+
+
+def test_dataclass_batches_hold_fields_only():
+    samples = [_WithExtra(torch.zeros(2)), _WithExtra(torch.ones(2))]
+    out = mm_collate(samples)
+    assert isinstance(out, _WithExtra) and not hasattr(out, "cache")
+
+
+def test_batch_list_and_batch_types():
+    assert type(_batch("dict")) is Batch
+    assert type(_batch("list")) is BatchList
+
+
+def test_ragged_batches_pickle_as_one_buffer():
+    collate = MMCollate()
+    batch = collate([{"x": torch.arange(float(i + 1))} for i in range(8)])
+    again = pickle.loads(pickle.dumps(batch))
+    assert_same(again, batch)
+    _one_buffer(again)
