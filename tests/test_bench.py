@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from samples import assert_same
+
 from pincollate import bench
 from pincollate.datasets import SCENARIOS, InMemory
 
@@ -36,7 +38,15 @@ def test_every_method_agrees_with_the_baseline_on_values(scenario):
     methods = {k: v for k, v in bench.methods(scenario).items() if v is not None}
     outputs = {name: fn(samples) for name, fn in methods.items()}
     ours = outputs["mm_collate"]
-    if scenario in ("manyleaf", "video"):
+    if scenario == "nested":
+        assert_same(ours, default_collate(samples))
+    elif scenario == "ragged":
+        by_hand = outputs["pad/cat by hand"]
+        assert [len(t) for t in ours["tokens"]] == by_hand["tokens_lengths"].tolist()
+        for i, tokens in enumerate(ours["tokens"]):
+            assert torch.equal(tokens, by_hand["tokens"][i, : len(tokens)])
+        assert torch.equal(ours["label"], by_hand["label"])
+    elif scenario in ("manyleaf", "video"):
         reference = default_collate(samples)
         for key, value in reference.items():
             if isinstance(value, torch.Tensor):
