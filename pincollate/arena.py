@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Literal
 
@@ -130,6 +131,44 @@ def _check_shm_space(nbytes: int) -> None:
         )
 
 
+class _Recycled:
+    """The last few large plain buffers, handed out again once no batch views them.
+
+    A fresh large buffer costs a page fault and kernel zeroing per page written, as
+    often as the C allocator hands its memory back to the kernel, which depends on
+    what else allocates. Batches of one structure have one size, so keeping the
+    last few buffers of that size and reusing one whose storage nothing else holds
+    (its use count is ours alone) makes that cost go away. Only exact sizes are
+    reused (a batch pickles its whole storage); at most ``slots`` are kept.
+    """
+
+    def __init__(self, slots: int = 2, least: int = 1 << 20):
+        self.slots = slots
+        self.least = least
+        self.kept: list[torch.UntypedStorage] = []
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if nbytes < self.least:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        with self.lock:
+            for storage in self.kept:
+                if storage.nbytes() == nbytes and torch._C._storage_Use_Count(storage._cdata) == 1:
+                    return torch.empty(0, dtype=torch.uint8).set_(storage)
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            self.kept.append(buffer.untyped_storage())
+            if len(self.kept) > self.slots:
+                self.kept.pop(0)
+            return buffer
+
+    def clear(self) -> None:
+        with self.lock:
+            self.kept.clear()
+
+
+_recycled = _Recycled()
+
+
 def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
     """Allocate one flat ``uint8`` buffer of ``nbytes`` bytes of the given kind."""
     if kind == "shared":
@@ -140,7 +179,7 @@ def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
             return torch.empty(0, dtype=torch.uint8).set_(storage)
         if kind == "pinned":
             return _pinned_allocator(nbytes)
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return _recycled.take(nbytes)
     except (RuntimeError, MemoryError, OSError) as exc:
         where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
         raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc

@@ -41,3 +41,33 @@ def test_zero_byte_batches(monkeypatch):
     assert MMCollate(pin_memory=False)([torch.zeros(0), torch.zeros(0)]).shape == (2, 0)
     monkeypatch.setattr(arena, "get_worker_info", lambda: object())
     assert MMCollate()([torch.zeros(0), torch.zeros(0)]).shape == (2, 0)
+
+
+def test_large_plain_buffers_are_reused_only_once_nothing_views_them():
+    arena._recycled.clear()
+    nbytes = 2 << 20
+    first = arena.allocate(nbytes, "plain")
+    view = first[:16]
+    address = first.data_ptr()
+    del first
+    second = arena.allocate(nbytes, "plain")
+    assert second.data_ptr() != address  # a view of the first is alive
+    del view, second
+    third = arena.allocate(nbytes, "plain")
+    assert third.data_ptr() == address  # nothing views the first one now: reused
+    assert arena.allocate(nbytes + 64, "plain").data_ptr() != address  # only exact sizes
+    small = arena.allocate(1024, "plain")
+    assert all(storage.nbytes() >= 1 << 20 for storage in arena._recycled.kept)
+    assert len(arena._recycled.kept) <= arena._recycled.slots
+    del small, third
+    arena._recycled.clear()
+
+
+def test_a_recycled_buffer_never_changes_a_batch_still_held():
+    collate = MMCollate(pin_memory=False)
+    samples = [{"x": torch.full((1 << 18,), float(i))} for i in range(4)]
+    kept = collate(samples)
+    for _ in range(3):
+        other = collate([{"x": torch.full((1 << 18,), 9.0)} for _ in range(4)])
+        assert other.buffer.data_ptr() != kept.buffer.data_ptr()
+    assert kept["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]

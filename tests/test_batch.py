@@ -180,3 +180,26 @@ def test_ragged_batches_pickle_as_one_buffer():
     again = pickle.loads(pickle.dumps(batch))
     assert_same(again, batch)
     _one_buffer(again)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
+def test_on_cuda_a_batch_pins_and_moves_as_one_buffer(kind):
+    batch = _batch(kind)
+    pinned = batch.pin_memory()
+    assert pinned.buffer.is_pinned()
+    moved = pinned.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert moved.buffer.device.type == "cuda"
+    _one_buffer(moved)
+    assert_same(moved.to("cpu"), batch)
+    half = moved.to(torch.float16)
+    assert half.buffer.device.type == "cuda"
+    _one_buffer(half)
+
+
+@pytest.mark.cuda
+def test_on_cuda_collate_in_the_main_process_allocates_pinned():
+    batch = MMCollate(pin_memory=True)(PARITY["multimodal-dict"]())
+    assert batch.buffer.is_pinned()
+    assert batch.pin_memory() is batch

@@ -21,7 +21,7 @@ def test_parity_with_default_collate(name):
 
 
 @pytest.mark.parametrize("name", sorted(PARITY))
-def test_parity_holds_when_the_compiled_plan_is_reused(name):
+def test_parity_holds_when_the_cached_plan_is_reused(name):
     collate = MMCollate()
     for _ in range(3):
         assert_same(collate(PARITY[name]()), default_collate(PARITY[name]()))
