@@ -141,7 +141,7 @@ def _has_tensordict() -> bool:
 
 def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up: compiled plans, allocator caches
+    for fn in fns.values():  # warm-up: cached plans, allocator caches
         fn(batches[0])
         fn(batches[0])
     for round_ in range(rounds):

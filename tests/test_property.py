@@ -104,7 +104,7 @@ SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[Hea
 def test_equal_to_default_collate_where_it_succeeds(spec, size, seed):
     expected = default_collate(_batch(spec, size, seed))
     collate = MMCollate(pin_memory=False)
-    for _ in range(3):  # first sight, compiled plan, reuse
+    for _ in range(3):  # planned, then the cached plan reused
         out = collate(_batch(spec, size, seed))
         assert_same(out, expected)
         assert len(storages(out)) <= 1
