@@ -12,15 +12,17 @@ Example:
     torch.Size([2, 3, 8, 8])
 """
 
-from .arena import pinned_footprint
-from .batch import Batch, BatchList
-from .collate import MMCollate, mm_collate
-from .errors import CollateError
-from .packing import Concat, Jagged
-from .policies import AsList, Pad, Policy, Stack
-from .prefetch import Prefetcher
-from .transfer import to_device
-from .transforms import Normalize
+from ._arena import pinned_footprint
+from ._batch import Batch, BatchList
+from ._collate import MMCollate, mm_collate
+from ._errors import CollateError
+from ._layout import Layout
+from ._leaves import LeafHandler, register_leaf
+from ._packing import Concat, Jagged
+from ._policies import AsList, Pad, Policy, Stack
+from ._prefetch import Prefetcher
+from ._transfer import to_device
+from ._transforms import Normalize
 
 __all__ = [
     "AsList",
@@ -29,6 +31,8 @@ __all__ = [
     "CollateError",
     "Concat",
     "Jagged",
+    "Layout",
+    "LeafHandler",
     "MMCollate",
     "Normalize",
     "Pad",
@@ -37,7 +41,14 @@ __all__ = [
     "Stack",
     "mm_collate",
     "pinned_footprint",
+    "register_leaf",
     "to_device",
 ]
 
 __version__ = "0.1.0"
+
+# Tracebacks and reprs name the public home of these classes. (Batch, BatchList and
+# Layout keep theirs: torch.load's allow-list knows them by it.)
+for _cls in (AsList, CollateError, Concat, Jagged, LeafHandler, MMCollate, Normalize, Pad, Policy, Prefetcher, Stack):
+    _cls.__module__ = __name__
+del _cls

@@ -28,11 +28,11 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from .arena import accelerator_can_pin
-from .collate import MMCollate
+from ._arena import accelerator_can_pin
+from ._collate import MMCollate
 from .datasets import SCENARIOS, InMemory
-from .packing import Concat
-from .policies import Pad
+from ._packing import Concat
+from ._policies import Pad
 
 __all__ = ["machine", "main", "run"]
 
@@ -287,8 +287,8 @@ def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dic
 
 def run_gpu(quick: bool) -> dict[str, Any]:
     """Transfer and overlap on the current CUDA device (see ``make gpu-check``)."""
-    from .prefetch import Prefetcher
-    from .transfer import tensors, to_device
+    from ._prefetch import Prefetcher
+    from ._transfer import tensors, to_device
 
     device = torch.device("cuda")
     report: dict[str, Any] = {}
@@ -379,7 +379,7 @@ class _Images(Dataset):
 
 def _prefetch_loaders(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, Any]:
     """Batches/s of image batches reaching the GPU normalised: timm-style against ours."""
-    from .transforms import Normalize
+    from ._transforms import Normalize
 
     dataset = _Images(64 * (4 if quick else 16))
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -428,7 +428,7 @@ def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, An
         for _ in range(n):
             x = torch.tanh(x @ weight)
 
-    from .transfer import to_device
+    from ._transfer import to_device
 
     def avg(fn: Callable[[], Any], repeat: int = 5) -> float:
         fn()

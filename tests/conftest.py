@@ -18,7 +18,7 @@ def fake_pinned(monkeypatch):
     The real allocator needs an accelerator; this one returns ordinary memory
     and records each allocation so tests can prove "one pinned copy per batch".
     """
-    from pincollate import arena
+    from pincollate import _arena as arena
 
     calls: list[int] = []
     pinned: set[int] = set()

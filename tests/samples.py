@@ -160,6 +160,6 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
 
 def storages(tree: Any) -> set[int]:
     """The data pointers of the storages behind every tensor of ``tree``."""
-    from pincollate.transfer import tensors
+    from pincollate._transfer import tensors
 
     return {t.untyped_storage().data_ptr() for t in tensors(tree)}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pincollate import CollateError, MMCollate
-from pincollate import arena
+from pincollate import _arena as arena
 
 
 def test_main_process_without_accelerator_is_plain():

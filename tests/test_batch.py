@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, BatchList, MMCollate, mm_collate, to_device
-from pincollate.batch import carried
+from pincollate._batch import carried
 from samples import PARITY, RAGGED, Point, Record, assert_same, storages
 
 #: One sample tree per batch type.

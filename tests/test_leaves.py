@@ -10,7 +10,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.functional import pil_to_tensor
 
 from pincollate import CollateError, mm_collate
-from pincollate.leaves import LeafHandler, lookup, register
+from pincollate._leaves import LeafHandler, lookup, register_leaf as register
 from samples import storages
 
 

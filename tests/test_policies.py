@@ -8,7 +8,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, Stack
-from pincollate.patterns import FieldRules
+from pincollate._patterns import FieldRules
 from samples import assert_same, storages
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from pincollate import MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
-from pincollate.transfer import tensors
+from pincollate._transfer import tensors
 from samples import TreeDataset, storages
 
 
@@ -242,7 +242,7 @@ class _Event:
 def stand_in_cuda(monkeypatch):
     import contextlib
 
-    from pincollate import prefetch
+    from pincollate import _prefetch as prefetch
 
     _Stream.made = 0
     consumer = _Stream()

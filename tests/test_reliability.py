@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pincollate import CollateError, MMCollate, Prefetcher, mm_collate
-from pincollate import arena
+from pincollate import _arena as arena
 from samples import PARITY, TreeDataset, assert_same, storages
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, MMCollate, mm_collate, to_device
-from pincollate.transfer import map_tensors, pin, tensors
+from pincollate._transfer import map_tensors, pin, tensors
 from samples import PARITY, RAGGED, Point, assert_same, storages
 
 

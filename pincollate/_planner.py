@@ -2,12 +2,12 @@
 
 It plans what a cached plan cannot take at C speed (ragged tensors, lists of unequal
 length, mixed dtypes, policies, absent keys) and gives every error its sample index
-and key path. Its result is a planned node (:mod:`.fill`) plus the extra outputs
+and key path. Its result is a planned node (:mod:`._fill`) plus the extra outputs
 (lengths, masks, offsets) a policy asks for beside the field: ``plan`` returns both,
 and a parent mapping places the extras beside the field's key.
 
 The walk mirrors ``default_collate``: mappings by key, namedtuples and sequences by
-position (transposed), leaves by type through the registry in :mod:`.leaves`. Where
+position (transposed), leaves by type through the registry in :mod:`._leaves`. Where
 ``default_collate`` gives up it does not: tensors of unequal shape and lists of
 unequal length come back as per-sample lists, each stacked where its parts agree.
 """
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CollateError, format_path
-from .fill import Node, Segment, Slot, Tree, Value
-from .layout import Spec
-from .leaves import LeafHandler, lookup, type_name
-from .policies import AsList, Column, Policy, Stack, stack_or_list
-from .specs import (
+from ._errors import CollateError, format_path
+from ._fill import Node, Segment, Slot, Tree, Value
+from ._layout import Spec
+from ._leaves import LeafHandler, lookup, type_name
+from ._policies import AsList, Column, Policy, Stack, stack_or_list
+from ._specs import (
     DataclassSpec,
     ListSpec,
     MappingSpec,
@@ -36,7 +36,7 @@ from .specs import (
 )
 
 if TYPE_CHECKING:
-    from .patterns import FieldRules
+    from ._patterns import FieldRules
 
 __all__ = ["MAX_DEPTH", "Planner", "container_cls", "number_dtype"]
 

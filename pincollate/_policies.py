@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 import torch
 
-from .errors import CollateError
-from .fill import Node, Segment, Slot, Tree, Value
-from .layout import Wrap
-from .leaves import LeafHandler
-from .specs import ListSpec
+from ._errors import CollateError
+from ._fill import Node, Segment, Slot, Tree, Value
+from ._layout import Wrap
+from ._leaves import LeafHandler
+from ._specs import ListSpec
 
 __all__ = ["AsList", "Column", "Pad", "Policy", "Stack", "int_node", "stack_or_list"]
 
@@ -146,7 +146,7 @@ class Stack(Policy):
         >>> collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
         Traceback (most recent call last):
         ...
-        pincollate.errors.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
+        pincollate.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
     """
 
     def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:

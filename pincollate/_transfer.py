@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from .arena import is_pinned, pinned_allocator
-from .batch import batch_pin_memory, batch_to, carried
-from .layout import ALIGN
-from .specs import make_mapping, new_dataclass
+from ._arena import is_pinned, pinned_allocator
+from ._batch import batch_pin_memory, batch_to, carried
+from ._layout import ALIGN
+from ._specs import make_mapping, new_dataclass
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 

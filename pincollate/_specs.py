@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .layout import PartSpec, Spec, TensorSpec, Views
+from ._layout import PartSpec, Spec, TensorSpec, Views
 
 __all__ = [
     "DataclassSpec",

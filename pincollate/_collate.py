@@ -1,8 +1,8 @@
 """``MMCollate``: plan a batch once per structure, allocate its one buffer, fill it.
 
-The pipeline, one module per stage: :mod:`.plans` finds the batch's cached plan
-(or plans it), :mod:`.fill` gathers and checks each field and copies it into its
-slot, :mod:`.arena` allocates the buffer, :mod:`.batch` returns the views.
+The pipeline, one module per stage: :mod:`._plans` finds the batch's cached plan
+(or plans it), :mod:`._fill` gathers and checks each field and copies it into its
+slot, :mod:`._arena` allocates the buffer, :mod:`._batch` returns the views.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Literal
 
-from .arena import Kind, PinMode, allocate, resolve_kind
-from .batch import make_batch
-from .errors import CollateError
-from .fill import Mismatch
-from .layout import Layout
-from .leaves import type_name
-from .patterns import FieldRules
-from .planner import Planner
-from .plans import Plan, Plans
-from .policies import Policy
+from ._arena import Kind, PinMode, allocate, resolve_kind
+from ._batch import make_batch
+from ._errors import CollateError
+from ._fill import Mismatch
+from ._layout import Layout
+from ._leaves import type_name
+from ._patterns import FieldRules
+from ._planner import Planner
+from ._plans import Plan, Plans
+from ._policies import Policy
 
 __all__ = ["MMCollate", "mm_collate"]
 
@@ -60,7 +60,7 @@ class MMCollate:
             ``"items"`` treats every list as that sample's items (several images of
             one prompt): stacked where they agree, else kept as a list.
         fields: policies for key-path patterns, e.g. ``{"input_ids": Pad()}``; see
-            :class:`~pincollate.policies.FieldRules`.
+            :class:`~pincollate._policies.FieldRules`.
         ragged: the policy for fields no pattern names (``None``: stack when the
             values agree, else a list).
         missing: ``"error"`` (keys must agree across samples) or ``"none"`` (absent

@@ -2,9 +2,9 @@
 
 Two things queue fill work in a :class:`Fill`, and both end in its one task list:
 
-* the **ops** of a cached plan (:mod:`.ops`), which gather each field's column from
+* the **ops** of a cached plan (:mod:`._ops`), which gather each field's column from
   the samples, check it at C speed and queue one copy;
-* **planned nodes** of the careful planner (:mod:`.planner`) for fields planned anew
+* **planned nodes** of the careful planner (:mod:`._planner`) for fields planned anew
   for each batch: :class:`Slot` (a tensor filled by :class:`Segment` s),
   :class:`Value` and :class:`Tree`, turned into specs by :meth:`Fill.place`.
 
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CollateError
-from .layout import Part, Spec, TensorSpec, ValueSpec, Views, Wrap, align
+from ._errors import CollateError
+from ._layout import Part, Spec, TensorSpec, ValueSpec, Views, Wrap, align
 
 if TYPE_CHECKING:
-    from .ops import Op
-    from .planner import Planner
+    from ._ops import Op
+    from ._planner import Planner
 
 __all__ = ["Fill", "Filler", "Mismatch", "Node", "Segment", "Slot", "Tree", "Value"]
 

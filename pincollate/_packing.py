@@ -9,10 +9,10 @@ from collections.abc import Hashable
 
 import torch
 
-from .fill import Node, Segment, Slot, Tree
-from .layout import Spec, Wrap
-from .policies import Column, Policy, int_node
-from .specs import JaggedSpec
+from ._fill import Node, Segment, Slot, Tree
+from ._layout import Spec, Wrap
+from ._policies import Column, Policy, int_node
+from ._specs import JaggedSpec
 
 __all__ = ["Concat", "Jagged"]
 

@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from .arena import is_pinned, pinned_allocator
-from .layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
-from .specs import (
+from ._arena import is_pinned, pinned_allocator
+from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
+from ._specs import (
     DataclassSpec,
     JaggedSpec,
     ListSpec,
@@ -148,7 +148,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
     """This batch in pinned memory: one pinned allocation and one copy (itself if pinned)."""
     state = carried(self)
     if state is None:
-        from .transfer import pin
+        from ._transfer import pin
 
         return _plain_again(self, pin(_contents(self)))
     layout, buffer, values = state
@@ -172,7 +172,7 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
     device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     state = carried(self)
     if state is None:
-        from .transfer import map_tensors
+        from ._transfer import map_tensors
 
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None, non_blocking=non_blocking, copy=copy)

@@ -1,6 +1,6 @@
 """PIL images and torchvision ``tv_tensors`` as leaf types, registered on first sight.
 
-:mod:`.leaves` calls these the first time it looks up a class from PIL or
+:mod:`._leaves` calls these the first time it looks up a class from PIL or
 torchvision, so ``import pincollate`` imports neither.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import CollateError
-from .layout import Wrap
-from .leaves import LeafHandler, lookup, register, torch_dtype
+from ._errors import CollateError
+from ._layout import Wrap
+from ._leaves import LeafHandler, lookup, register_leaf, torch_dtype
 
 __all__ = ["register_pil", "register_tv_tensors"]
 
@@ -53,7 +53,7 @@ def register_pil() -> None:
         # numpy would broadcast a 1-band image into 3 bands: mode and size must agree.
         return (value.mode, value.size)
 
-    register(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill, key=key, signature=key))
+    register_leaf(Image.Image, LeafHandler("PIL.Image", "pil", describe, fill, key=key, signature=key))
 
 
 def register_tv_tensors() -> None:
@@ -69,7 +69,7 @@ def register_tv_tensors() -> None:
         return type(value)
 
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
-        register(
+        register_leaf(
             cls,
             LeafHandler(
                 cls.__name__,
@@ -93,7 +93,7 @@ def register_tv_tensors() -> None:
 
     # Boxes stay one tensor per image, with their own format and canvas size:
     # torchvision's BoundingBoxes are 2-D by definition.
-    register(
+    register_leaf(
         tv_tensors.BoundingBoxes,
         LeafHandler(
             "BoundingBoxes",
@@ -107,6 +107,6 @@ def register_tv_tensors() -> None:
             fill_one=base.fill_one,
         ),
     )
-    from .batch import allow_loading
+    from ._batch import allow_loading
 
     allow_loading(tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat)

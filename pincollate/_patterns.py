@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable, Mapping
 
-from .errors import CollateError
-from .policies import Policy
+from ._errors import CollateError
+from ._policies import Policy
 
 __all__ = ["FieldRules"]
 

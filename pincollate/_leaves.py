@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import CollateError
-from .fill import Filler
-from .layout import Wrap
-from .ops import ARRAY_DTYPE, TENSOR_DTYPE
+from ._errors import CollateError
+from ._fill import Filler
+from ._layout import Wrap
+from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 
-__all__ = ["LeafHandler", "describe_tensor", "lookup", "register", "torch_dtype", "type_name"]
+__all__ = ["LeafHandler", "describe_tensor", "lookup", "register_leaf", "torch_dtype", "type_name"]
 
 Path = tuple[Hashable, ...]
 
@@ -48,7 +48,7 @@ class LeafHandler:
             leaves that are not tensors (strings), which are returned as a list.
         fill: ``fill(region, values)`` copies values into ``region``, whose first
             dimension indexes the values.
-        wrap: ``wrap(value)`` gives the :class:`~pincollate.layout.Wrap` that turns a
+        wrap: ``wrap(value)`` gives the :class:`~pincollate._layout.Wrap` that turns a
             plain view into a value's type (a tensor subclass and its metadata), or
             ``None`` for a plain tensor.
         key: what must agree across a column for a cached plan to stack it, beside
@@ -102,8 +102,26 @@ class LeafHandler:
 _exact: dict[type, LeafHandler] = {}
 
 
-def register(cls: type | tuple[type, ...], handler: LeafHandler) -> None:
-    """Register ``handler`` for ``cls`` and its subclasses (one type or a tuple)."""
+def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None:
+    """Register ``handler`` for values of ``cls`` and its subclasses (one type or a tuple).
+
+    The nearest registered class in a value's method resolution order wins, so a
+    handler for a subclass overrides its base's. As torch's ``default_collate_fn_map``
+    does for ``default_collate``.
+
+    Example:
+        >>> import torch
+        >>> import pincollate
+        >>> class Celsius(float):
+        ...     pass
+        >>> def describe(value, sample, path):
+        ...     return torch.float32, ()
+        >>> def fill(region, values):
+        ...     region.copy_(torch.tensor([float(v) for v in values]))
+        >>> pincollate.register_leaf(Celsius, pincollate.LeafHandler("Celsius", "celsius", describe, fill))
+        >>> pincollate.mm_collate([{"t": Celsius(21.5)}, {"t": Celsius(19.0)}])["t"]
+        tensor([21.5000, 19.0000])
+    """
     if not isinstance(handler, LeafHandler):
         raise TypeError(f"handler must be a LeafHandler, got {type_name(handler)}")
     for each in cls if isinstance(cls, tuple) else (cls,):
@@ -163,7 +181,7 @@ def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
     return None if cls is torch.Tensor else Wrap(cls)
 
 
-register(
+register_leaf(
     torch.Tensor,
     LeafHandler(
         "Tensor",
@@ -216,7 +234,7 @@ def _array_signature(value: np.ndarray) -> Hashable:
     return (value.dtype, value.shape)
 
 
-register(
+register_leaf(
     np.ndarray,
     LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=ARRAY_DTYPE, signature=_array_signature, concat=_concat_arrays),
 )
@@ -254,17 +272,17 @@ def _fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
     region.numpy()[...] = values
 
 
-register(bool, LeafHandler("bool", "number", _describe_bool, _fill_numbers))
-register(int, LeafHandler("int", "number", _describe_int, _fill_numbers))
-register(float, LeafHandler("float", "number", _describe_float, _fill_numbers))
-register(complex, LeafHandler("complex", "number", _describe_complex, _fill_numbers))
-register((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, _fill_numbers))
+register_leaf(bool, LeafHandler("bool", "number", _describe_bool, _fill_numbers))
+register_leaf(int, LeafHandler("int", "number", _describe_int, _fill_numbers))
+register_leaf(float, LeafHandler("float", "number", _describe_float, _fill_numbers))
+register_leaf(complex, LeafHandler("complex", "number", _describe_complex, _fill_numbers))
+register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, _fill_numbers))
 
 # --- values kept as a list -----------------------------------------------------------
 
-register(str, LeafHandler("str", "str", None, None))
-register(bytes, LeafHandler("bytes", "bytes", None, None))
-register(type(None), LeafHandler("None", "None", None, None))
+register_leaf(str, LeafHandler("str", "str", None, None))
+register_leaf(bytes, LeafHandler("bytes", "bytes", None, None))
+register_leaf(type(None), LeafHandler("None", "None", None, None))
 
 
 # --- optional libraries, registered on first sight -------------------------------------
@@ -284,13 +302,13 @@ def _load_optional(cls: type) -> None:
         warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
 
 
-def _register(name: str) -> Callable[[], None]:
+def _register_leaf(name: str) -> Callable[[], None]:
     def load() -> None:
-        from . import vision
+        from . import _vision
 
-        getattr(vision, name)()
+        getattr(_vision, name)()
 
     return load
 
 
-_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register("register_pil"), "torchvision": _register("register_tv_tensors")}
+_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register_leaf("register_pil"), "torchvision": _register_leaf("register_tv_tensors")}

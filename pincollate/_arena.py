@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch.utils.data import get_worker_info
 
-from .errors import CollateError
+from ._errors import CollateError
 
 __all__ = [
     "Kind",

@@ -30,9 +30,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from .arena import accelerator_can_pin, is_pinned, trim_pinned
-from .errors import CollateError
-from .transfer import pin, tensors, to_device
+from ._arena import accelerator_can_pin, is_pinned, trim_pinned
+from ._errors import CollateError
+from ._transfer import pin, tensors, to_device
 
 __all__ = ["Prefetcher"]
 

@@ -4,13 +4,13 @@ A batch's *signature* is sample 0's structure (container types, keys with their
 types, leaf types, dtypes and shapes) and the batch size. The first batch of a
 signature is planned once: every field whose values all agree (one type, dtype and
 shape; mappings with one key set; sequences of one length) gets a slot in a cached
-:class:`~pincollate.layout.Layout` and an op that, for every later batch, gathers the
+:class:`~pincollate._layout.Layout` and an op that, for every later batch, gathers the
 field's column and checks it at C speed. Fields that do not agree (ragged, mixed,
 with a policy) become *parts*, planned anew for each batch by the careful planner
 after the cached slots.
 
 A batch that does not fit its plan (a column that turned ragged) raises
-:class:`~pincollate.fill.Mismatch`; its paths are remembered as careful for good,
+:class:`~pincollate._fill.Mismatch`; its paths are remembered as careful for good,
 and the batch is planned again: at most two plans for any batch.
 """
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CollateError
-from .fill import Fill
-from .layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
-from .leaves import describe_tensor, lookup
-from .ops import (
+from ._errors import CollateError
+from ._fill import Fill
+from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
+from ._leaves import describe_tensor, lookup
+from ._ops import (
     BlockOp,
     CarefulOp,
     DataclassOp,
@@ -40,8 +40,8 @@ from .ops import (
     StackOp,
     ValueOp,
 )
-from .planner import MAX_DEPTH, Planner, container_cls, is_dataclass
-from .specs import (
+from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
+from ._specs import (
     DataclassSpec,
     MappingSpec,
     NamedTupleSpec,
@@ -51,7 +51,7 @@ from .specs import (
 )
 
 if TYPE_CHECKING:
-    from .patterns import FieldRules
+    from ._patterns import FieldRules
 
 __all__ = ["Plan", "Plans"]
 

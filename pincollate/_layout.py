@@ -1,7 +1,7 @@
 """The Layout: a batch's structure over one flat buffer, holding no sample values.
 
 A Layout is a tree of specs. Containers (mappings, sequences, namedtuples,
-dataclasses and lists, in :mod:`.specs`) hold their
+dataclasses and lists, in :mod:`._specs`) hold their
 children; :class:`TensorSpec` is a tensor at an aligned byte offset of the buffer;
 :class:`ValueSpec` is a non-tensor output (a list of strings, say) kept beside the
 buffer by index. Specs are immutable, compare by value, pickle small and hold only
@@ -10,9 +10,9 @@ structure, carried by every batch, saved with it, and rebuilt on any device:
 
     outputs = layout.build(buffer, values)
 
-A cached template may hold :class:`~pincollate.specs.PartSpec` placeholders for
+A cached template may hold :class:`~pincollate._specs.PartSpec` placeholders for
 fields planned anew for each batch (ragged ones); a batch's Layout then carries
-those parts. The container specs live in :mod:`.specs`.
+those parts. The container specs live in :mod:`._specs`.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ class Layout:
 
     Example:
         >>> import torch
-        >>> from pincollate.specs import MappingSpec
+        >>> from pincollate._specs import MappingSpec
         >>> layout = Layout(MappingSpec(None, ["x", "name"], [TensorSpec(torch.float32, (2, 3), 0), ValueSpec(0)]), 64)
         >>> buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
         >>> out = layout.build(buffer, [["a", "b"]])

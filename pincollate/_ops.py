@@ -3,7 +3,7 @@
 An op mirrors one node of the cached Layout. It checks what the plan relies on at C
 speed (``set(map(type, column))``, one dtype read per tensor, sample 0's shape; the
 other shapes are compared by ``torch.stack`` as it copies) and raises
-:class:`~pincollate.fill.Mismatch` where the batch differs. Fields that agree in
+:class:`~pincollate._fill.Mismatch` where the batch differs. Fields that agree in
 one container are gathered with one ``itemgetter`` per sample and stacked as
 blocks: one call for all the plain tensors of one dtype and shape, one numpy
 assignment for all the numbers of one type.
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import CollateError
-from .fill import Fill, Filler, Mismatch
-from .layout import Part, TensorSpec
+from ._errors import CollateError
+from ._fill import Fill, Filler, Mismatch
+from ._layout import Part, TensorSpec
 
 __all__ = ["BlockOp", "CarefulOp", "DataclassOp", "MappingOp", "NumbersOp", "Op", "SequenceOp", "StackOp", "ValueOp"]
 
