@@ -58,7 +58,14 @@ def main() -> None:
 
     dataset = Blobs()
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers, collate_fn=pincollate.mm_collate, pin_memory=cuda)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        num_workers=args.workers,
+        collate_fn=pincollate.mm_collate,
+        pin_memory=cuda,
+    )
     batches = pincollate.Prefetcher(loader, device=device, transform=pincollate.Normalize([0.5] * 3, [0.25] * 3))
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2)).to(device)

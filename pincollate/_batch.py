@@ -42,7 +42,16 @@ from ._specs import (
     new_dataclass,
 )
 
-__all__ = ["Batch", "BatchList", "allow_loading", "batch_pin_memory", "batch_to", "carried", "carrier_class", "make_batch"]
+__all__ = [
+    "Batch",
+    "BatchList",
+    "allow_loading",
+    "batch_pin_memory",
+    "batch_to",
+    "carried",
+    "carrier_class",
+    "make_batch",
+]
 
 T = TypeVar("T")
 Carried = tuple[Layout, torch.Tensor, list[Any]]
@@ -90,7 +99,10 @@ class _Check:
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
         if kind is DataclassSpec:
-            return all(self.matches(child, getattr(obj, name, None)) for name, child in zip(spec.names, spec.children, strict=True))  # type: ignore[attr-defined]
+            return all(
+                self.matches(child, getattr(obj, name, None))
+                for name, child in zip(spec.names, spec.children, strict=True)
+            )  # type: ignore[attr-defined]
         children = spec.children  # type: ignore[attr-defined]
         return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
@@ -175,7 +187,12 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
         from ._transfer import map_tensors
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None, non_blocking=non_blocking, copy=copy)
+            return t.to(
+                device=device,
+                dtype=dtype if dtype is not None and t.is_floating_point() else None,
+                non_blocking=non_blocking,
+                copy=copy,
+            )
 
         return _plain_again(self, map_tensors(_contents(self), move))
     layout, buffer, values = state
@@ -299,7 +316,12 @@ def carrier_class(cls: type[T]) -> type[T]:
     }
     if hasattr(cls, "_fields"):
         namespace["__repr__"] = lambda self: cls.__repr__(self)  # type: ignore[operator]
-    for name, attr in (("pin_memory", batch_pin_memory), ("to", batch_to), ("layout", property(_layout)), ("buffer", property(_buffer))):
+    for name, attr in (
+        ("pin_memory", batch_pin_memory),
+        ("to", batch_to),
+        ("layout", property(_layout)),
+        ("buffer", property(_buffer)),
+    ):
         if name not in names:
             namespace[name] = attr
     return type(cls.__name__, (cls,), namespace)  # type: ignore[return-value]

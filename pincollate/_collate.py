@@ -174,7 +174,11 @@ class MMCollate:
             for pattern in self._rules.patterns:
                 if pattern not in self._rules.matched and pattern not in self._reported:
                     self._reported.add(pattern)
-                    warnings.warn(f"pincollate: field pattern {pattern!r} matched no key path in this batch", UserWarning, stacklevel=4)
+                    warnings.warn(
+                        f"pincollate: field pattern {pattern!r} matched no key path in this batch",
+                        UserWarning,
+                        stacklevel=4,
+                    )
 
 
 #: The default instance: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``.

@@ -88,7 +88,14 @@ class Slot:
 
     __slots__ = ("dtype", "segments", "shape", "stackable", "wrap")
 
-    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], segments: list[Segment], wrap: Wrap | None = None, stackable: bool = True):
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+        segments: list[Segment],
+        wrap: Wrap | None = None,
+        stackable: bool = True,
+    ):
         self.dtype = dtype
         self.shape = shape
         self.segments = segments

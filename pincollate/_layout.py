@@ -249,7 +249,13 @@ def _recast(spec: Spec, cast: Any) -> Spec:
             value = _recast(value, cast)
         elif isinstance(value, tuple) and value and isinstance(value[0], Spec):
             value = tuple(_recast(child, cast) for child in value)
-        elif isinstance(value, tuple) and value and isinstance(value[0], tuple) and len(value[0]) == 2 and isinstance(value[0][1], Spec):
+        elif (
+            isinstance(value, tuple)
+            and value
+            and isinstance(value[0], tuple)
+            and len(value[0]) == 2
+            and isinstance(value[0][1], Spec)
+        ):
             value = tuple((name, _recast(child, cast)) for name, child in value)
         fields.append(value)
     return type(spec)(*fields)
@@ -285,7 +291,9 @@ class Layout:
         ``views`` are those the fill made already, if it made any.
         """
         if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < self.nbytes:
-            raise ValueError(f"expected a flat uint8 buffer of at least {self.nbytes} bytes, got {buffer.dtype} of shape {tuple(buffer.shape)}")
+            raise ValueError(
+                f"expected a flat uint8 buffer of at least {self.nbytes} bytes, got {buffer.dtype} of shape {tuple(buffer.shape)}"
+            )
         if views is None:
             views = Views(buffer, values, self.parts)
         else:

@@ -65,7 +65,19 @@ class LeafHandler:
             leading dimension of 1.
     """
 
-    __slots__ = ("concat", "describe", "family", "fill", "fill_one", "key", "meta", "name", "signature", "stackable", "wrap")
+    __slots__ = (
+        "concat",
+        "describe",
+        "family",
+        "fill",
+        "fill_one",
+        "key",
+        "meta",
+        "name",
+        "signature",
+        "stackable",
+        "wrap",
+    )
 
     def __init__(
         self,
@@ -151,9 +163,13 @@ def lookup(cls: type) -> LeafHandler | None:
 
 def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if value.is_nested:
-        raise CollateError("nested tensors are not supported; pass their components as a list", sample=sample, path=path)
+        raise CollateError(
+            "nested tensors are not supported; pass their components as a list", sample=sample, path=path
+        )
     if value.layout != torch.strided:
-        raise CollateError(f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path)
+        raise CollateError(
+            f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path
+        )
     if value.device.type != "cpu":
         raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
     return value.dtype, tuple(value.shape)
@@ -213,7 +229,9 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
 
 def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if _NP_REJECTED.search(value.dtype.str) is not None:
-        raise CollateError(f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path)
+        raise CollateError(
+            f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path
+        )
     dtype = torch_dtype(value.dtype)
     if dtype is None:
         raise CollateError(f"numpy dtype {value.dtype} has no torch equivalent", sample=sample, path=path)
@@ -236,7 +254,15 @@ def _array_signature(value: np.ndarray) -> Hashable:
 
 register_leaf(
     np.ndarray,
-    LeafHandler("ndarray", "ndarray", _describe_array, _fill_arrays, key=ARRAY_DTYPE, signature=_array_signature, concat=_concat_arrays),
+    LeafHandler(
+        "ndarray",
+        "ndarray",
+        _describe_array,
+        _fill_arrays,
+        key=ARRAY_DTYPE,
+        signature=_array_signature,
+        concat=_concat_arrays,
+    ),
 )
 
 
@@ -311,4 +337,7 @@ def _register_leaf(name: str) -> Callable[[], None]:
     return load
 
 
-_OPTIONAL: dict[str, Callable[[], None]] = {"PIL": _register_leaf("register_pil"), "torchvision": _register_leaf("register_tv_tensors")}
+_OPTIONAL: dict[str, Callable[[], None]] = {
+    "PIL": _register_leaf("register_pil"),
+    "torchvision": _register_leaf("register_tv_tensors"),
+}

@@ -109,7 +109,15 @@ class BlockOp(Op):
 
     __slots__ = ("block", "dtype", "index", "paths", "shape")
 
-    def __init__(self, path: Path, paths: Sequence[Path], index: Sequence[int], block: TensorSpec, dtype: torch.dtype, shape: tuple[int, ...]):
+    def __init__(
+        self,
+        path: Path,
+        paths: Sequence[Path],
+        index: Sequence[int],
+        block: TensorSpec,
+        dtype: torch.dtype,
+        shape: tuple[int, ...],
+    ):
         super().__init__(path)
         self.paths = tuple(paths)
         self.index = tuple(index)
@@ -120,7 +128,9 @@ class BlockOp(Op):
     def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:  # type: ignore[override]
         values = list(itertools.chain.from_iterable(columns))
         try:
-            ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(column[0].shape == self.shape for column in columns)
+            ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(
+                column[0].shape == self.shape for column in columns
+            )
         except TypeError:
             ok = False
         if not ok:
@@ -185,7 +195,8 @@ class NumbersOp(Op):
         bad = [
             (*self.path, key)
             for j, key in enumerate(self.keys)
-            if {type(row[j]) for row in payload} != self.types or any(type(row[j]) is int and not -(2**63) <= row[j] < 2**63 for row in payload)
+            if {type(row[j]) for row in payload} != self.types
+            or any(type(row[j]) is int and not -(2**63) <= row[j] < 2**63 for row in payload)
         ]
         return tuple(bad) or tuple((*self.path, key) for key in self.keys)
 
@@ -258,7 +269,7 @@ class MappingOp(_Fields):
             raise Mismatch(self.path)
         try:
             if self.gather is not None:
-                self.fields(list(zip(*map(self.gather, column))), fill)
+                self.fields(list(zip(*map(self.gather, column), strict=True)), fill)
             for numbers in self.numbers:
                 numbers.run(column, fill)
         except KeyError:
@@ -279,7 +290,7 @@ class SequenceOp(_Fields):
         if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
             raise Mismatch(self.path)
         # zip's tuples, as default_collate: a column of strings comes back as one.
-        self.fields(list(zip(*column)), fill)
+        self.fields(list(zip(*column, strict=True)), fill)
 
 
 class DataclassOp(Op):
@@ -324,6 +335,9 @@ class CarefulOp(Op):
                 )
             for name in extras:
                 if name in self.siblings:
-                    raise CollateError(f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key", path=self.path[:-1])
+                    raise CollateError(
+                        f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key",
+                        path=self.path[:-1],
+                    )
         spec = fill.place(node)
         fill.parts[self.index] = Part(spec, tuple((name, fill.place(extra)) for name, extra in extras.items()))

@@ -38,9 +38,13 @@ class FieldRules:
                 raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
             parts = tuple(pattern.split("."))
             if not all(_SEGMENT.match(p) for p in parts):
-                raise CollateError(f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key")
+                raise CollateError(
+                    f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key"
+                )
             if not isinstance(policy, Policy):
-                raise CollateError(f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}")
+                raise CollateError(
+                    f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}"
+                )
             literal = sum(p != "*" for p in parts)
             self._rules.append((-literal, order, parts, pattern, policy))
         self._rules.sort(key=lambda rule: rule[:2])
@@ -62,7 +66,7 @@ class FieldRules:
         found = None
         keys = tuple(str(k) for k in path)
         for _, _, parts, pattern, policy in self._rules:
-            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys)):
+            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys, strict=True)):
                 found = policy
                 self.matched.add(pattern)
                 break

@@ -147,7 +147,9 @@ class _Walk:
 
     def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
         if depth > MAX_DEPTH:
-            raise self._error(f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origins)
+            raise self._error(
+                f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origins
+            )
         policy = self.rules.lookup(path) if self.rules else None
         first = next((v for v in values if v is not None), None) if self.missing else values[0]
         handler = lookup(type(first))
@@ -159,7 +161,12 @@ class _Walk:
             return self._sequence_policy(values, path, origins, depth, policy), {}
         if handler is not None:
             if policy is not None:
-                raise self._error(f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values", None, path, origins)
+                raise self._error(
+                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values",
+                    None,
+                    path,
+                    origins,
+                )
             return self._objects(values, path, origins, handler), {}
         container = self._container(first, items)
         if container is None:
@@ -172,10 +179,17 @@ class _Walk:
                 origins,
             )
         if policy is not None:
-            raise self._error(f"{type(policy).__name__}() applies to tensors and lists of items, not to a {_container_name(first)}", None, path, origins)
+            raise self._error(
+                f"{type(policy).__name__}() applies to tensors and lists of items, not to a {_container_name(first)}",
+                None,
+                path,
+                origins,
+            )
         seen = self._open.get(id(first))
         if seen is not None:
-            raise self._error(f"the sample refers to itself: this object is also at {format_path(seen)}", 0, path, origins)
+            raise self._error(
+                f"the sample refers to itself: this object is also at {format_path(seen)}", 0, path, origins
+            )
         self._open[id(first)] = path
         try:
             return container(values, path, origins, depth, items), {}
@@ -232,7 +246,9 @@ class _Walk:
                 raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
         return column
 
-    def _leaves(self, values: list[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None) -> tuple[Node, Extras]:
+    def _leaves(
+        self, values: list[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
+    ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
             # Every value is None (missing="none").
             return Value([None] * len(values)), {}
@@ -261,16 +277,27 @@ class _Walk:
             if value is None and self.missing:
                 continue
             if not isinstance(value, Mapping):
-                raise self._error(f"expected a mapping, got {_container_name(value)} ({type_name(value)})", i, path, origins)
+                raise self._error(
+                    f"expected a mapping, got {_container_name(value)} ({type_name(value)})", i, path, origins
+                )
             if value.keys() != first_keys:
                 missing = [k for k in keys if k not in value]
-                extra = [k for k in value.keys() if k not in first_keys]
+                extra = [k for k in value if k not in first_keys]
                 if self.missing:
                     keys.extend(extra)
                     first_keys = set(keys)  # type: ignore[assignment]
                     continue
-                detail = "; ".join(part for part in (f"missing keys {missing}" if missing else "", f"extra keys {extra}" if extra else "") if part)
-                raise self._error(f"keys differ from sample {self._blame(0, path, origins)[0]}: {detail} (pass missing='none' to allow absent keys)", i, path, origins)
+                detail = "; ".join(
+                    part
+                    for part in (f"missing keys {missing}" if missing else "", f"extra keys {extra}" if extra else "")
+                    if part
+                )
+                raise self._error(
+                    f"keys differ from sample {self._blame(0, path, origins)[0]}: {detail} (pass missing='none' to allow absent keys)",
+                    i,
+                    path,
+                    origins,
+                )
         out_keys: list[Hashable] = []
         children: list[Node] = []
         for key in keys:
@@ -280,7 +307,9 @@ class _Walk:
             children.append(node)
             for name, extra in extras.items():
                 if name in keys or name in out_keys:
-                    raise self._error(f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins)
+                    raise self._error(
+                        f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins
+                    )
                 out_keys.append(name)
                 children.append(extra)
         cls = container_cls(type(first), dict)
@@ -299,13 +328,18 @@ class _Walk:
 
     def _namedtuple(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
-        children = [self._field(column, (*path, name), origins, depth, items) for name, column in zip(cls._fields, zip(*values), strict=True)]  # type: ignore[attr-defined]
+        children = [
+            self._field(column, (*path, name), origins, depth, items)
+            for name, column in zip(cls._fields, zip(*values, strict=True), strict=True)
+        ]  # type: ignore[attr-defined]
         return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
 
     def _dataclass(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
         names = [f.name for f in dataclasses.fields(values[0])]
-        children = [self._field([getattr(v, name) for v in values], (*path, name), origins, depth, items) for name in names]
+        children = [
+            self._field([getattr(v, name) for v in values], (*path, name), origins, depth, items) for name in names
+        ]
         return Tree(_dataclass_maker(cls, names), children)
 
     def _sequence(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
@@ -313,14 +347,18 @@ class _Walk:
             if value is None and self.missing:
                 continue
             if not is_sequence(value) or is_namedtuple(value):
-                raise self._error(f"expected a sequence, got {_container_name(value)} ({type_name(value)})", i, path, origins)
+                raise self._error(
+                    f"expected a sequence, got {_container_name(value)} ({type_name(value)})", i, path, origins
+                )
         first = values[0]
         size = len(first) if first is not None else -1
         if any(value is None or len(value) != size for value in values):
             # default_collate raises here; per-sample item lists are what such data means.
             return self._items(values, path, origins, depth)
         # zip's tuples, as default_collate: a column of strings comes back as one.
-        children = [self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values))]
+        children = [
+            self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values, strict=True))
+        ]
         cls = container_cls(type(first), list)
         return Tree(lambda specs: SequenceSpec(cls, specs), children)
 
@@ -339,9 +377,13 @@ class _Walk:
             merged = _merge(children)
             if not isinstance(merged, Slot):
                 shapes = [tuple(c.shape) if isinstance(c, Slot) else type(c).__name__ for c in children]
-                raise self._error(f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins)
+                raise self._error(
+                    f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins
+                )
             return merged
-        raise self._error(f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins)
+        raise self._error(
+            f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins
+        )
 
     def _item_nodes(self, values: list[Any], path: Path, origins: Origins, depth: int) -> list[Node]:
         children: list[Node] = []
@@ -355,9 +397,13 @@ class _Walk:
                     children.append(Tree(ListSpec, []))
                     continue
                 item_origins = [(sample, (*where, j)) for j in range(len(value))]
-                child = self._no_extras(self.plan(list(value), (*where, 0), item_origins, depth + 1, True), path, origins)
+                child = self._no_extras(
+                    self.plan(list(value), (*where, 0), item_origins, depth + 1, True), path, origins
+                )
             else:
-                child = self._no_extras(self.plan([value], path, [self._blame(i, path, origins)], depth + 1, True), path, origins)
+                child = self._no_extras(
+                    self.plan([value], path, [self._blame(i, path, origins)], depth + 1, True), path, origins
+                )
                 if isinstance(child, Tree) and child.make is ListSpec and len(child.children) == 1:
                     child = child.children[0]
                 elif isinstance(child, Slot):
@@ -384,7 +430,12 @@ class _Walk:
             raise self._error(f"{type(policy).__name__}() got no items", None, path, origins)
         handler = lookup(type(flat[0]))
         if handler is None or not handler.is_tensor:
-            raise self._error(f"expected tensor items, got {type_name(flat[0])}", 0, (*path, 0), None if origins is None else flat_origins)
+            raise self._error(
+                f"expected tensor items, got {type_name(flat[0])}",
+                0,
+                (*path, 0),
+                None if origins is None else flat_origins,
+            )
         column = self._column(flat, path, flat_origins, handler)
         return policy.plan(column, path[-1] if path else None, counts=counts)
 
@@ -413,7 +464,13 @@ def _merge(children: list[Node]) -> Node:
             segment = segment.shifted(i * numel)
             if segments and segment.follows(segments[-1]):
                 prev = segments[-1]
-                segments[-1] = Segment(prev.start, (prev.shape[0] + segment.shape[0], *prev.shape[1:]), prev.fill, [*prev.payload, *segment.payload], True)
+                segments[-1] = Segment(
+                    prev.start,
+                    (prev.shape[0] + segment.shape[0], *prev.shape[1:]),
+                    prev.fill,
+                    [*prev.payload, *segment.payload],
+                    True,
+                )
             else:
                 segments.append(segment)
     return Slot(dtype, (len(slots), *shape), segments, slots[0].wrap)

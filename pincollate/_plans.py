@@ -160,7 +160,7 @@ class _Template:
             if set(map(len, column)) != {len(first)}:
                 return self.part(path, siblings)
             names = list(first._fields if is_namedtuple(first) else range(len(first)))
-            specs, singles, blocks = self.fields(list(zip(*column)), path, names, None)
+            specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
             op = SequenceOp(path, cls, len(names), singles, blocks)
             if is_namedtuple(first):
                 return NamedTupleSpec(cls, specs), op
@@ -168,10 +168,14 @@ class _Template:
         if is_dataclass(first):
             names = [f.name for f in dataclasses.fields(first)]
             planned = [self.plan([getattr(v, name) for v in column], (*path, name), None) for name in names]
-            return DataclassSpec(cls, names, [spec for spec, _ in planned]), DataclassOp(path, cls, [(name, op) for name, (_, op) in zip(names, planned, strict=True)])
+            return DataclassSpec(cls, names, [spec for spec, _ in planned]), DataclassOp(
+                path, cls, [(name, op) for name, (_, op) in zip(names, planned, strict=True)]
+            )
         return self.part(path, siblings)
 
-    def leaves(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any) -> tuple[Spec, Op]:
+    def leaves(
+        self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any
+    ) -> tuple[Spec, Op]:
         if not handler.stackable or handler.key is None:
             return self.part(path, siblings)
         first = column[0]
@@ -185,7 +189,9 @@ class _Template:
             return self.part(path, siblings)
         dtype, shape = described.pop()
         wrap = handler.wrap(first) if handler.wrap else None
-        spec = TensorSpec(dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap)
+        spec = TensorSpec(
+            dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap
+        )
         # For plain tensors the dtype getter already rejects anything else.
         cls = None if type(first) is torch.Tensor else type(first)
         first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
@@ -193,7 +199,11 @@ class _Template:
 
     def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
         """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
-        if type(column[0]) is not torch.Tensor or path in self.careful or (self.rules and self.rules.lookup(path) is not None):
+        if (
+            type(column[0]) is not torch.Tensor
+            or path in self.careful
+            or (self.rules and self.rules.lookup(path) is not None)
+        ):
             return None
         if set(map(type, column)) != {torch.Tensor}:
             return None
@@ -246,7 +256,7 @@ class _Template:
                 numbers.setdefault(type(child[0]), []).append(key)
             else:
                 gathered.append(key)
-        columns = list(zip(*([v[key] for key in gathered] for v in column)))
+        columns = list(zip(*([v[key] for key in gathered] for v in column), strict=True))
         specs, singles, blocks = self.fields(columns, path, gathered, frozenset(keys))
         children = dict(zip(gathered, specs, strict=True))
         number_ops = []
@@ -331,5 +341,11 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     if handler is not None:
         return (cls, handler.signature(value)) if handler.signature is not None else cls
     if is_dataclass(value):
-        return (cls, *(_signature(getattr(value, f.name), (*path, f.name), careful, items, depth) for f in dataclasses.fields(value)))
+        return (
+            cls,
+            *(
+                _signature(getattr(value, f.name), (*path, f.name), careful, items, depth)
+                for f in dataclasses.fields(value)
+            ),
+        )
     return cls

@@ -156,7 +156,9 @@ class Stack(Policy):
                 if shape is None:
                     raise column.error("Stack() got a missing value", i)
                 if shape != first:
-                    raise column.error(f"Stack() needs equal shapes, got {shape} here and {first} in sample {column.origin(0)[0]}", i)
+                    raise column.error(
+                        f"Stack() needs equal shapes, got {shape} here and {first} in sample {column.origin(0)[0]}", i
+                    )
             raise column.error("Stack() needs equal metadata (a box format or canvas size differs)")
         return column.stacked(), {}
 
@@ -250,7 +252,10 @@ class Pad(Policy):
             raise column.error("Pad() cannot pad 0-d values", present[0])
         for i in present:
             if len(column.shapes[i]) != ndim:
-                raise column.error(f"Pad() needs values of one rank, got shape {column.shapes[i]} here and {column.shapes[present[0]]} in sample {column.origin(present[0])[0]}", i)
+                raise column.error(
+                    f"Pad() needs values of one rank, got shape {column.shapes[i]} here and {column.shapes[present[0]]} in sample {column.origin(present[0])[0]}",
+                    i,
+                )
         dtype = column.dtype
         if not _fits(self.value, dtype):
             raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
@@ -264,7 +269,10 @@ class Pad(Policy):
             for i in present:
                 for d in range(ndim):
                     if d not in dims and column.shapes[i][d] != sizes[d]:
-                        raise column.error(f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({column.shapes[i][d]} vs {sizes[d]})", i)
+                        raise column.error(
+                            f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({column.shapes[i][d]} vs {sizes[d]})",
+                            i,
+                        )
         for d in dims:
             sizes[d] = self._round(sizes[d])
         n = len(column.values)
@@ -281,15 +289,26 @@ class Pad(Policy):
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
             mask_fill = _fill_mask_1d if len(dims) == 1 else _fill_mask
-            extras[mask_name] = Slot(torch.bool, mask_shape, [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)])
+            extras[mask_name] = Slot(
+                torch.bool,
+                mask_shape,
+                [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)],
+            )
         return node, extras
 
 
 def _box(sizes: tuple[int, ...], full: tuple[int, ...], left: bool) -> tuple[slice, ...]:
-    return tuple(slice(f - s, f) if left else slice(0, s) for s, f in zip(sizes, full))
+    return tuple(slice(f - s, f) if left else slice(0, s) for s, f in zip(sizes, full, strict=True))
 
 
-def _fill_padded(region: torch.Tensor, entries: list[tuple[int, Any, tuple[int, ...]]], *, value: Any, left: bool, handler: LeafHandler) -> None:
+def _fill_padded(
+    region: torch.Tensor,
+    entries: list[tuple[int, Any, tuple[int, ...]]],
+    *,
+    value: Any,
+    left: bool,
+    handler: LeafHandler,
+) -> None:
     region.fill_(value)
     full = tuple(region.shape[1:])
     plain = handler.family == "tensor"

@@ -169,7 +169,9 @@ class DataclassSpec(Spec):
         return self.children
 
     def build(self, views: Views) -> Any:
-        return new_dataclass(self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)})
+        return new_dataclass(
+            self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)}
+        )
 
 
 class JaggedSpec(Spec):

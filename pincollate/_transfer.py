@@ -54,7 +54,9 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
             clone[i] = map_tensors(v, fn)
         return clone
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return new_dataclass(type(tree), {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)})  # type: ignore[no-any-return]
+        return new_dataclass(
+            type(tree), {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)}
+        )  # type: ignore[no-any-return]
     return tree
 
 
@@ -80,7 +82,7 @@ def _span(leaves: list[torch.Tensor]) -> tuple[int, int, int]:
     for t in leaves:
         size = t.dtype.itemsize
         lo = t.storage_offset() * size
-        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) if t.numel() else 0
+        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0) if t.numel() else 0
         hi = lo + extent * size
         start = lo if start is None else min(start, lo)
         end = max(end, hi)

@@ -37,7 +37,9 @@ def register_pil() -> None:
         try:
             dtype, channels = mode_info(value.mode)
         except (TypeError, ValueError) as exc:
-            raise CollateError(f"PIL images of mode {value.mode!r} are not supported", sample=sample, path=path) from exc
+            raise CollateError(
+                f"PIL images of mode {value.mode!r} are not supported", sample=sample, path=path
+            ) from exc
         width, height = value.size
         return dtype, (channels, height, width)
 
@@ -109,4 +111,6 @@ def register_tv_tensors() -> None:
     )
     from ._batch import allow_loading
 
-    allow_loading(tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat)
+    allow_loading(
+        tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat
+    )

@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ._arena import accelerator_can_pin
 from ._collate import MMCollate
-from .datasets import SCENARIOS, InMemory
 from ._packing import Concat
 from ._policies import Pad
+from .datasets import SCENARIOS, InMemory
 
 __all__ = ["machine", "main", "run"]
 
@@ -119,12 +119,19 @@ def methods(scenario: str) -> dict[str, Collate | None]:
         }
         return table
     ours = {
-        "vlm": MMCollate(fields={"input_ids": Pad(mask_key="attention_mask", lengths_key=None), "pixel_values": Concat(counts_key=None, item_offsets_key=None)}),
+        "vlm": MMCollate(
+            fields={
+                "input_ids": Pad(mask_key="attention_mask", lengths_key=None),
+                "pixel_values": Concat(counts_key=None, item_offsets_key=None),
+            }
+        ),
         "audio": MMCollate(fields={"audio": Pad(dims=[-1], mask_key=None)}),
         "detection": MMCollate(),
         "ragged": MMCollate(),
     }[scenario]
-    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand, "ragged": ragged_by_hand}[scenario]
+    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand, "ragged": ragged_by_hand}[
+        scenario
+    ]
     return {"pad/cat by hand": by_hand, "mm_collate": ours}
 
 
@@ -165,11 +172,15 @@ def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
     return items[shift:] + items[:shift]
 
 
-def _time_workers(fns: dict[str, Collate], dataset: Dataset, batch_size: int, workers: int, rounds: int, progress: Any) -> dict[str, float]:
+def _time_workers(
+    fns: dict[str, Collate], dataset: Dataset, batch_size: int, workers: int, rounds: int, progress: Any
+) -> dict[str, float]:
     rates: dict[str, list[float]] = {name: [] for name in fns}
     for round_ in range(rounds):
         for name, fn in _rotated(fns, round_):
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=fn, prefetch_factor=4, timeout=120)
+            loader = DataLoader(
+                dataset, batch_size=batch_size, num_workers=workers, collate_fn=fn, prefetch_factor=4, timeout=120
+            )
             iterator = iter(loader)
             next(iterator)  # workers started and warm
             start = time.perf_counter()
@@ -258,7 +269,13 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
     bar.close()
-    return {"machine": machine(), "workers": workers, "quick": quick, "results": results, "first_batch": first_batch_cost(quick)}
+    return {
+        "machine": machine(),
+        "workers": workers,
+        "quick": quick,
+        "results": results,
+        "first_batch": first_batch_cost(quick),
+    }
 
 
 def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dict[str, Any]:
@@ -319,7 +336,10 @@ def run_gpu(quick: bool) -> dict[str, Any]:
         return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in theirs.items()}
 
     rows = {}
-    for name, fn in (("mm_collate + to_device", lambda: to_device(ours, device)), ("per-leaf .to(non_blocking)", per_leaf)):
+    for name, fn in (
+        ("mm_collate + to_device", lambda: to_device(ours, device)),
+        ("per-leaf .to(non_blocking)", per_leaf),
+    ):
         rows[name] = _guarded(lambda fn=fn: {"gb_per_s": nbytes / timed(fn, 50) / 1e9, "memcpys": _count_memcpy(fn)})
     report["manyleaf_transfer"] = rows
     report["manyleaf_batch_bytes"] = nbytes
@@ -400,8 +420,12 @@ def _prefetch_loaders(device: torch.device, quick: bool, prefetcher: Any) -> dic
     norm = Normalize(mean, std)
     rates: dict[str, list[float]] = {"timm-style + default_collate": [], "Prefetcher + mm_collate": []}
     for _ in range(3):
-        rates["timm-style + default_collate"].append(consume(TimmStylePrefetcher(loader(default_collate), mean, std, device)))
-        rates["Prefetcher + mm_collate"].append(consume(prefetcher(loader(MMCollate()), device=device, transform=lambda b: [norm.normalize(b[0]), b[1]])))
+        rates["timm-style + default_collate"].append(
+            consume(TimmStylePrefetcher(loader(default_collate), mean, std, device))
+        )
+        rates["Prefetcher + mm_collate"].append(
+            consume(prefetcher(loader(MMCollate()), device=device, transform=lambda b: [norm.normalize(b[0]), b[1]]))
+        )
     medians = {name: statistics.median(values) for name, values in rates.items()}
     medians["ratio"] = medians["Prefetcher + mm_collate"] / medians["timm-style + default_collate"]
     return medians
@@ -453,7 +477,12 @@ def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, An
         steps += 1
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - start) / steps
-    return {"compute_ms": compute_s * 1e3, "copy_ms": copy_s * 1e3, "step_ms": step_s * 1e3, "step_over_max": step_s / max(compute_s, copy_s)}
+    return {
+        "compute_ms": compute_s * 1e3,
+        "copy_ms": copy_s * 1e3,
+        "step_ms": step_s * 1e3,
+        "step_over_max": step_s / max(compute_s, copy_s),
+    }
 
 
 # --- output --------------------------------------------------------------------------------
@@ -494,11 +523,17 @@ def format_table(report: dict[str, Any]) -> str:
             text = row.get("error") or f"{row['gb_per_s']:6.1f} GB/s  {row['memcpys']} memcpy"
             lines.append(f"manyleaf transfer, {name:<28} {text}")
         loaders = gpu["prefetch_loaders"]
-        lines.append("prefetch loaders (batches/s): " + (loaders.get("error") or ", ".join(f"{k} {v:.2f}" for k, v in loaders.items())))
+        lines.append(
+            "prefetch loaders (batches/s): "
+            + (loaders.get("error") or ", ".join(f"{k} {v:.2f}" for k, v in loaders.items()))
+        )
         o = gpu["overlap"]
         lines.append(
             "overlap: "
-            + (o.get("error") or f"step {o['step_ms']:.2f} ms, compute {o['compute_ms']:.2f} ms, copy {o['copy_ms']:.2f} ms, step/max = {o['step_over_max']:.3f}")
+            + (
+                o.get("error")
+                or f"step {o['step_ms']:.2f} ms, compute {o['compute_ms']:.2f} ms, copy {o['copy_ms']:.2f} ms, step/max = {o['step_over_max']:.3f}"
+            )
         )
     return "\n".join(lines)
 
@@ -512,10 +547,12 @@ def plot(report: dict[str, Any], path: str) -> None:
     rows = [r for r in report["results"] if r["method"] != r["baseline"]]
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     methods_ = list(dict.fromkeys(r["method"] for r in rows))
-    modes = [("main_speedup", "main process")] + ([("workers_speedup", f"{report['workers']} workers")] if report["workers"] else [])
+    modes = [("main_speedup", "main process")] + (
+        [("workers_speedup", f"{report['workers']} workers")] if report["workers"] else []
+    )
     fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
     width = 0.8 / max(len(methods_), 1)
-    for ax, (key, title) in zip(axes[0], modes):
+    for ax, (key, title) in zip(axes[0], modes, strict=True):
         for i, method in enumerate(methods_):
             xs, ys = [], []
             for j, scenario in enumerate(scenarios):
@@ -538,12 +575,16 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pincollate-bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeat to pick several (default: all)")
+    parser.add_argument(
+        "--scenario", action="append", choices=sorted(SCENARIOS), help="repeat to pick several (default: all)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the workers mode (0 skips it)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and batches (under 90 s on 2 cores)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write ratio bars as PNG (matplotlib)")
-    parser.add_argument("--gpu", action="store_true", help="require the transfer and overlap rows (added anyway when CUDA is present)")
+    parser.add_argument(
+        "--gpu", action="store_true", help="require the transfer and overlap rows (added anyway when CUDA is present)"
+    )
     parser.add_argument("--no-gpu", action="store_true", help="skip the transfer and overlap rows even with CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

@@ -47,7 +47,9 @@ class ManyLeafDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         g = _gen(index, 1)
-        sample: dict[str, Any] = {"image": torch.randint(0, 256, (3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)}
+        sample: dict[str, Any] = {
+            "image": torch.randint(0, 256, (3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
+        }
         for j in range(self.fields):
             kind = j % 4
             if kind == 0:
@@ -144,7 +146,10 @@ class VLMDataset(Dataset):
         g = _gen(index, 3)
         tokens = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
         images = int(torch.randint(1, self.max_images + 1, (), generator=g))
-        patches = [torch.randn(int(torch.randint(4, 17, (), generator=g)) * 4, self.patch_dim, generator=g).to(torch.bfloat16) for _ in range(images)]
+        patches = [
+            torch.randn(int(torch.randint(4, 17, (), generator=g)) * 4, self.patch_dim, generator=g).to(torch.bfloat16)
+            for _ in range(images)
+        ]
         return {"input_ids": torch.randint(0, 32000, (tokens,), generator=g), "pixel_values": patches}
 
 

@@ -148,7 +148,7 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
     elif isinstance(theirs, (list, tuple)):
         assert isinstance(ours, type(theirs)), f"{path}: {type(ours).__name__} is not a {type(theirs).__name__}"
         assert len(ours) == len(theirs), f"{path}: length {len(ours)} != {len(theirs)}"
-        for i, (a, b) in enumerate(zip(ours, theirs)):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             assert_same(a, b, f"{path}[{i}]")
     elif dataclasses.is_dataclass(theirs):
         assert type(ours) is type(theirs)

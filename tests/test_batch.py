@@ -103,9 +103,18 @@ def test_to_copies_the_buffer_once_and_points_buffer_at_it(kind):
 
 def test_to_takes_tensor_to_arguments_and_casts_floats_only():
     batch = mm_collate(PARITY["multimodal-dict"]())
-    for half in (batch.to(torch.float16), batch.to("cpu", torch.float16), batch.to(dtype=torch.float16), batch.to(torch.ones(1, dtype=torch.float16))):
+    for half in (
+        batch.to(torch.float16),
+        batch.to("cpu", torch.float16),
+        batch.to(dtype=torch.float16),
+        batch.to(torch.ones(1, dtype=torch.float16)),
+    ):
         assert half["audio"].dtype == torch.float16 and half["score"].dtype == torch.float16
-        assert half["image"].dtype == torch.uint8 and half["label"].dtype == torch.int64 and half["flag"].dtype == torch.bool
+        assert (
+            half["image"].dtype == torch.uint8
+            and half["label"].dtype == torch.int64
+            and half["flag"].dtype == torch.bool
+        )
         assert torch.equal(half["audio"], batch["audio"].half())
         assert half["caption"] == batch["caption"]
         _one_buffer(half)

@@ -8,21 +8,43 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from samples import assert_same
-
 from pincollate import bench
 from pincollate.datasets import SCENARIOS, InMemory
+from samples import assert_same
 
 
 def test_quick_run_writes_table_json_and_plot(tmp_path, capsys):
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
-    assert bench.main(["--quick", "--scenario", "manyleaf", "--scenario", "audio", "--workers", "0", "--no-progress", "--json", str(out_json), "--plot", str(out_png)]) == 0
+    assert (
+        bench.main(
+            [
+                "--quick",
+                "--scenario",
+                "manyleaf",
+                "--scenario",
+                "audio",
+                "--workers",
+                "0",
+                "--no-progress",
+                "--json",
+                str(out_json),
+                "--plot",
+                str(out_png),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("machine: ") and "cores, torch" in printed
     report = json.loads(out_json.read_text())
     assert report["machine"]["torch"] == torch.__version__
     rows = {(r["scenario"], r["method"]): r for r in report["results"]}
-    assert set(rows) >= {("manyleaf", "default_collate"), ("manyleaf", "mm_collate"), ("audio", "pad/cat by hand"), ("audio", "mm_collate")}
+    assert set(rows) >= {
+        ("manyleaf", "default_collate"),
+        ("manyleaf", "mm_collate"),
+        ("audio", "pad/cat by hand"),
+        ("audio", "mm_collate"),
+    }
     for (scenario, _), row in rows.items():
         base = rows[(scenario, row["baseline"])]
         assert row["main_speedup"] == pytest.approx(base["main_ms"] / row["main_ms"])
@@ -58,7 +80,7 @@ def test_every_method_agrees_with_the_baseline_on_values(scenario):
             if isinstance(value, torch.Tensor):
                 assert torch.equal(ours[key].to(value.dtype), value), key
             else:
-                assert all(torch.equal(a, b) for a, b in zip(ours[key], value))
+                assert all(torch.equal(a, b) for a, b in zip(ours[key], value, strict=True))
 
 
 def test_gpu_flag_without_cuda_is_refused(capsys):
@@ -77,7 +99,9 @@ def test_make_gpu_check_skips_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: gpu-check would really run")
     root = pathlib.Path(__file__).parent.parent
-    result = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=root, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=root, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "skipped" in result.stdout and "GPU benchmark skipped" in result.stdout
     assert not (root / "gpu-check.json").exists()

@@ -52,7 +52,9 @@ def test_namedtuple_batches_keep_their_type_and_pickle():
 
 def test_slots_are_aligned_for_every_dtype():
     layout = mm_collate.plan(PARITY["multimodal-dict"]())
-    assert layout.tensors() and all(spec.offset % 64 == 0 for spec in layout.tensors() if spec.shape[0] > 0 and len(spec.shape) > 1)
+    assert layout.tensors() and all(
+        spec.offset % 64 == 0 for spec in layout.tensors() if spec.shape[0] > 0 and len(spec.shape) > 1
+    )
     assert layout.nbytes % 64 == 0
 
 
@@ -163,15 +165,24 @@ BAD = {
     "missing-key": ([{"a": 1, "b": 2}, {"a": 1}], r"sample 1 at root: keys differ from sample 0: missing keys \['b'\]"),
     "extra-key": ([{"a": 1}, {"a": 1, "z": 2}], r"sample 1 at root: .*extra keys \['z'\]"),
     "missing-deep-key": ([{"m": {"a": 1, "b": 2}}, {"m": {"a": 1}}], r"sample 1 at \['m'\]: .*missing keys \['b'\]"),
-    "unsupported-type": ([{"a": Unsupported()}, {"a": Unsupported()}], r"sample 0 at \['a'\]: unsupported type Unsupported"),
+    "unsupported-type": (
+        [{"a": Unsupported()}, {"a": Unsupported()}],
+        r"sample 0 at \['a'\]: unsupported type Unsupported",
+    ),
     "leaf-type-mismatch": ([{"a": torch.zeros(1)}, {"a": "x"}], r"sample 1 at \['a'\]: expected Tensor, got str"),
     "container-mismatch": ([{"a": {"b": 1}}, {"a": [1]}], r"sample 1 at \['a'\]: expected a mapping, got sequence"),
     "namedtuple-mismatch": ([Point(1, 2), (1, 2)], r"sample 1 at root: expected Point, got tuple"),
     "string-array": ([np.array(["a"]), np.array(["b"])], r"sample 0 at root: numpy arrays of dtype <U1"),
     "object-array": ([{"o": np.array([object()])}] * 2, r"sample 0 at \['o'\]: numpy arrays of dtype object"),
     "sparse": ([{"s": torch.eye(2).to_sparse()}] * 2, r"sample 0 at \['s'\]: sparse"),
-    "nested-tensor": ([{"n": torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)}] * 2, r"sample 0 at \['n'\]: nested tensors"),
-    "meta-device": ([{"d": torch.zeros(2)}, {"d": torch.zeros(2, device="meta")}], r"sample 1 at \['d'\]: expected a CPU tensor, got one on meta"),
+    "nested-tensor": (
+        [{"n": torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)}] * 2,
+        r"sample 0 at \['n'\]: nested tensors",
+    ),
+    "meta-device": (
+        [{"d": torch.zeros(2)}, {"d": torch.zeros(2, device="meta")}],
+        r"sample 1 at \['d'\]: expected a CPU tensor, got one on meta",
+    ),
     "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
     "string-vs-number": (["a", 1], r"sample 1 at root: expected str, got int"),

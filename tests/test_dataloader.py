@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
 from pincollate import Batch, MMCollate, mm_collate
-from samples import PARITY, RAGGED, Point, TreeDataset, assert_same, storages
+from samples import PARITY, RAGGED, TreeDataset, assert_same, storages
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_parity_through_dataloader(name, workers):
     ours = _batches(dataset, mm_collate, num_workers=workers)
     theirs = _batches(dataset, default_collate, num_workers=0)
     assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert_same(a, b)
         assert len(storages(a)) <= 1
 
@@ -51,7 +51,7 @@ def test_ragged_results_are_the_same_in_workers_and_main_process(name):
     dataset = TreeDataset(name)
     in_workers = _batches(dataset, MMCollate(), num_workers=2)
     in_main = _batches(dataset, MMCollate(), num_workers=0)
-    for a, b in zip(in_workers, in_main):
+    for a, b in zip(in_workers, in_main, strict=True):
         assert_same(a, b)
 
 
@@ -66,7 +66,9 @@ def test_one_file_descriptor_per_worker_batch(monkeypatch):
     dataset = TreeDataset("multimodal-dict", repeat=4)  # 16 samples, 4 batches
     counts = {}
     for label, collate in (("mm", mm_collate), ("default", default_collate)):
-        loader = DataLoader(dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60)
+        loader = DataLoader(
+            dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60
+        )
         iterator = iter(loader)  # workers fork here, before the patch below
         # The main process unpickles each storage through this module attribute.
         monkeypatch.setattr(reductions, "rebuild_storage_fd", counting)
@@ -97,7 +99,7 @@ def test_pin_thread_makes_one_pinned_copy_per_batch(monkeypatch, fake_pinned, na
     for batch in batches:
         assert len(storages(batch)) == 1
     reference = _batches(dataset, default_collate)
-    for a, b in zip(batches, reference):
+    for a, b in zip(batches, reference, strict=True):
         assert_same(a, b)
 
 
@@ -124,7 +126,9 @@ def test_torch_pin_memory_function_uses_the_batch_own_pin(fake_pinned, name):
 
 def test_persistent_workers_many_epochs():
     dataset = TreeDataset("multimodal-dict", repeat=2)
-    loader = DataLoader(dataset, batch_size=4, collate_fn=mm_collate, num_workers=2, persistent_workers=True, timeout=60)
+    loader = DataLoader(
+        dataset, batch_size=4, collate_fn=mm_collate, num_workers=2, persistent_workers=True, timeout=60
+    )
     for _ in range(5):
         batches = list(loader)
         assert len(batches) == 2 and all(len(storages(b)) == 1 for b in batches)

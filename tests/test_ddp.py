@@ -18,8 +18,18 @@ ROOT = pathlib.Path(__file__).parent.parent
 def test_ddp_example_trains_on_disjoint_shards(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-        str(ROOT / "examples" / "ddp_train.py"), "--out", str(tmp_path), "--workers", "1",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        str(ROOT / "examples" / "ddp_train.py"),
+        "--out",
+        str(tmp_path),
+        "--workers",
+        "1",
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]

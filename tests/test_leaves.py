@@ -10,7 +10,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.functional import pil_to_tensor
 
 from pincollate import CollateError, mm_collate
-from pincollate._leaves import LeafHandler, lookup, register_leaf as register
+from pincollate._leaves import LeafHandler, lookup
+from pincollate._leaves import register_leaf as register
 from samples import storages
 
 
@@ -35,7 +36,7 @@ def test_pil_images_of_different_sizes_come_back_as_a_list():
     images = [_image("RGB", (4, 4)), _image("RGB", (6, 2))]
     out = mm_collate([{"im": im} for im in images])
     assert [tuple(t.shape) for t in out["im"]] == [(3, 4, 4), (3, 2, 6)]
-    assert all(torch.equal(a, pil_to_tensor(b)) for a, b in zip(out["im"], images))
+    assert all(torch.equal(a, pil_to_tensor(b)) for a, b in zip(out["im"], images, strict=True))
     assert len(storages(out)) == 1
 
 
@@ -62,13 +63,10 @@ def test_tv_tensors_keep_their_subclass(make):
 
 
 def test_bounding_boxes_with_different_counts_keep_format_and_canvas():
-    boxes = [
-        tv_tensors.BoundingBoxes(torch.rand(n, 4) * 10, format="XYXY", canvas_size=(10, 12))
-        for n in (1, 3, 0)
-    ]
+    boxes = [tv_tensors.BoundingBoxes(torch.rand(n, 4) * 10, format="XYXY", canvas_size=(10, 12)) for n in (1, 3, 0)]
     out = mm_collate([{"boxes": b} for b in boxes])
     assert isinstance(out["boxes"], list) and len(out["boxes"]) == 3
-    for got, want in zip(out["boxes"], boxes):
+    for got, want in zip(out["boxes"], boxes, strict=True):
         assert type(got) is tv_tensors.BoundingBoxes
         assert got.format == want.format and got.canvas_size == want.canvas_size
         assert torch.equal(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
@@ -104,7 +102,9 @@ def test_bounding_boxes_through_policies():
     from pincollate import AsList, Concat, Jagged, MMCollate, Pad
 
     def boxes(canvas):
-        return [{"b": tv_tensors.BoundingBoxes(torch.rand(n, 4) * 8, format="XYXY", canvas_size=canvas)} for n in (1, 3)]
+        return [
+            {"b": tv_tensors.BoundingBoxes(torch.rand(n, 4) * 8, format="XYXY", canvas_size=canvas)} for n in (1, 3)
+        ]
 
     same = boxes((8, 8))
     concat = MMCollate(fields={"b": Concat()})(same)

@@ -21,9 +21,13 @@ def test_notebooks_exist():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_under_a_minute(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
-    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "outputs must be stripped in git"
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (
+        "outputs must be stripped in git"
+    )
     start = time.monotonic()
-    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     elapsed = time.monotonic() - start
     errors = [o for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

@@ -130,7 +130,10 @@ def test_jagged_rejects_zero_dim_values():
 
 
 def test_stack_names_key_path_and_shapes():
-    with pytest.raises(CollateError, match=r"sample 1 at \['ids'\]: Stack\(\) needs equal shapes, got \(1,\) here and \(3,\) in sample 0"):
+    with pytest.raises(
+        CollateError,
+        match=r"sample 1 at \['ids'\]: Stack\(\) needs equal shapes, got \(1,\) here and \(3,\) in sample 0",
+    ):
         MMCollate(fields={"ids": Stack()})(_ids(3, 1))
 
 
@@ -216,7 +219,10 @@ def test_items_mode_single_sample_single_item():
 
 
 def test_items_of_dicts_collate_by_key():
-    samples = [{"objs": [{"box": torch.zeros(4), "cls": 1}, {"box": torch.ones(4), "cls": 2}]}, {"objs": [{"box": torch.ones(4), "cls": 3}]}]
+    samples = [
+        {"objs": [{"box": torch.zeros(4), "cls": 1}, {"box": torch.ones(4), "cls": 2}]},
+        {"objs": [{"box": torch.ones(4), "cls": 3}]},
+    ]
     out = MMCollate(sequences="items")(samples)
     assert isinstance(out["objs"], list)
     assert out["objs"][0]["box"].shape == (2, 4) and out["objs"][0]["cls"].tolist() == [1, 2]
@@ -278,10 +284,12 @@ class _VLM(torch.utils.data.Dataset):
 
 @pytest.mark.slow
 def test_policies_through_dataloader_workers_match_main_process():
-    collate = MMCollate(sequences="items", fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat()})
+    collate = MMCollate(
+        sequences="items", fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat()}
+    )
     in_workers = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=2, timeout=60))
     in_main = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=0))
-    for a, b in zip(in_workers, in_main):
+    for a, b in zip(in_workers, in_main, strict=True):
         assert_same(a, b)
         assert len(storages(a)) == 1
         assert a["attention_mask"].dtype == torch.bool
@@ -329,12 +337,12 @@ def test_every_policy_and_vision_type_through_workers(name, sequences):
     in_workers = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60))
     in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
     assert len(in_workers) == len(in_main) == 2
-    for a, b in zip(in_workers, in_main):
+    for a, b in zip(in_workers, in_main, strict=True):
         assert list(a) == list(b)
         for key in a:
             x, y = a[key], b[key]
             if isinstance(y, torch.Tensor) and y.is_nested:
-                assert x.is_nested and all(torch.equal(p, q) for p, q in zip(x.unbind(), y.unbind()))
+                assert x.is_nested and all(torch.equal(p, q) for p, q in zip(x.unbind(), y.unbind(), strict=True))
             else:
                 assert_same(x, y, key)
         assert len(storages(a)) == 1
@@ -361,12 +369,16 @@ def test_aslist_and_stack_on_lists_of_items():
     assert stacked["img"].shape == (2, 2, 2, 2)
     with pytest.raises(CollateError, match=r"at \['img'\]: Stack\(\) needs every sample's items to stack"):
         MMCollate(fields={"img": Stack()})([{"img": [a, b]}, {"img": [c]}])
-    with pytest.raises(CollateError, match=r"at \['img'\]: Pad\(\) takes tensors; for lists of items use Concat\(\) or Jagged\(\)"):
+    with pytest.raises(
+        CollateError, match=r"at \['img'\]: Pad\(\) takes tensors; for lists of items use Concat\(\) or Jagged\(\)"
+    ):
         MMCollate(fields={"img": Pad()})(samples)
 
 
 def test_policy_on_a_mapping_is_an_error_not_ignored():
-    with pytest.raises(CollateError, match=r"at \['meta'\]: Pad\(\) applies to tensors and lists of items, not to a mapping"):
+    with pytest.raises(
+        CollateError, match=r"at \['meta'\]: Pad\(\) applies to tensors and lists of items, not to a mapping"
+    ):
         MMCollate(fields={"meta": Pad()})([{"meta": {"a": torch.zeros(1)}}] * 2)
 
 

@@ -66,7 +66,9 @@ def test_transform_runs_on_each_batch():
     assert torch.allclose(batches[1]["image"][0], torch.full((3, 4, 4), 2 / 255))
 
 
-@pytest.mark.parametrize("kwargs,error", [({"depth": 0}, ValueError), ({"pin_memory": "x"}, ValueError), ({"transform": 3}, TypeError)])
+@pytest.mark.parametrize(
+    "kwargs,error", [({"depth": 0}, ValueError), ({"pin_memory": "x"}, ValueError), ({"transform": 3}, TypeError)]
+)
 def test_bad_arguments(kwargs, error):
     with pytest.raises(error):
         Prefetcher(_loader(), device="cpu", **kwargs)
@@ -95,7 +97,9 @@ class _Exploding(torch.utils.data.Dataset):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_errors_surface_with_their_message(fake_pinned, workers):
-    loader = DataLoader(_Exploding(), batch_size=2, collate_fn=mm_collate, num_workers=workers, timeout=60 if workers else 0)
+    loader = DataLoader(
+        _Exploding(), batch_size=2, collate_fn=mm_collate, num_workers=workers, timeout=60 if workers else 0
+    )
     seen = []
     with pytest.raises(ValueError, match="bad record 5"):
         for batch in Prefetcher(loader, device="cpu", pin_memory=True):
@@ -152,7 +156,11 @@ def test_normalize_nested_keys_lists_and_channels_last():
 
 @pytest.mark.parametrize(
     "kwargs,pattern",
-    [({"mean": [0.5], "std": [0.5, 0.5]}, "one value per channel"), ({"mean": [0.5], "std": [0.0]}, "zeros"), ({"mean": [0.5], "std": [1.0], "dtype": torch.int64}, "floating")],
+    [
+        ({"mean": [0.5], "std": [0.5, 0.5]}, "one value per channel"),
+        ({"mean": [0.5], "std": [0.0]}, "zeros"),
+        ({"mean": [0.5], "std": [1.0], "dtype": torch.int64}, "floating"),
+    ],
 )
 def test_normalize_bad_arguments(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -171,7 +179,9 @@ def test_normalize_reports_missing_key_and_wrong_channels():
 
 @pytest.mark.cuda
 def test_cuda_batches_are_pinned_and_one_storage():
-    loader = DataLoader(TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate, num_workers=2, pin_memory=True)
+    loader = DataLoader(
+        TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate, num_workers=2, pin_memory=True
+    )
     for batch in loader:
         assert all(t.is_pinned() for t in tensors(batch))
         assert len(storages(batch)) == 1
@@ -301,6 +311,8 @@ def test_cuda_device_is_resolved_in_the_callers_thread(stand_in_cuda, monkeypatc
 
 def test_pin_thread_sets_the_cuda_device(stand_in_cuda, monkeypatch, fake_pinned):
     chosen = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append((threading.current_thread().name, device)))
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda device: chosen.append((threading.current_thread().name, device))
+    )
     batches = list(Prefetcher(_loader(4), device="cuda:1", pin_memory=True))
     assert len(batches) == 2 and chosen == [("pincollate-pin", torch.device("cuda", 1))]

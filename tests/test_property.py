@@ -24,14 +24,27 @@ class DC:
     b: Any
 
 
-TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64]
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
 NUMPY_DTYPES = [np.float32, np.float64, np.int64, np.int16, np.uint8, np.bool_]
 
 shapes = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)
 
 
 def leaf_specs(ragged: bool) -> st.SearchStrategy:
-    tensor = st.tuples(st.just("tensor"), st.sampled_from(TORCH_DTYPES), shapes, st.booleans() if ragged else st.just(False))
+    tensor = st.tuples(
+        st.just("tensor"), st.sampled_from(TORCH_DTYPES), shapes, st.booleans() if ragged else st.just(False)
+    )
     array = st.tuples(st.just("numpy"), st.sampled_from(NUMPY_DTYPES), shapes, st.just(False))
     plain = st.tuples(st.sampled_from(["int", "float", "bool", "str"]), st.none(), st.none(), st.just(False))
     options = [tensor, array, plain]
@@ -96,7 +109,9 @@ def _batch(spec, size, seed):
     return [build(spec, rng) for _ in range(size)]
 
 
-SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @SETTINGS
@@ -128,7 +143,7 @@ def test_ragged_tensors_round_trip_per_sample(dtype, ndim, size, seed):
     out = MMCollate(pin_memory=False)(batch)
     assert len(storages(out)) == 1
     if isinstance(out["x"], list):
-        for ours, sample in zip(out["x"], batch):
+        for ours, sample in zip(out["x"], batch, strict=True):
             _same_leaf(ours, sample["x"])
     else:
         for i, sample in enumerate(batch):

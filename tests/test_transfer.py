@@ -67,21 +67,21 @@ def test_strided_and_offset_views_survive_a_move(fake_pinned):
     tree = [base.t(), base[2:5, ::2], base[0]]
     moved = pin(tree)
     assert len(fake_pinned) == 1
-    for a, b in zip(moved, tree):
+    for a, b in zip(moved, tree, strict=True):
         assert a.stride() == b.stride() and torch.equal(a, b)
 
 
 def test_to_device_same_device_is_a_noop():
     batch = mm_collate(PARITY["multimodal-dict"]())
     moved = to_device(batch, "cpu")
-    assert all(a is b for a, b in zip(tensors(moved), tensors(batch)))
+    assert all(a is b for a, b in zip(tensors(moved), tensors(batch), strict=True))
 
 
 def test_to_device_meta_rebuilds_structure():
     batch = mm_collate(PARITY["multimodal-dict"]())
     moved = to_device(batch, "meta")
     assert type(moved) is Batch
-    for a, b in zip(tensors(moved), tensors(batch)):
+    for a, b in zip(tensors(moved), tensors(batch), strict=True):
         assert a.device.type == "meta" and _layout(a)[:3] == _layout(b)[:3]
     assert moved["caption"] == batch["caption"]
 
