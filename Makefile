@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench gpu-check install clean
+.PHONY: demo test test-fast lint format typecheck verifytypes bench gpu-check install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,29 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), well under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
+
+## ruff's lint rules and formatting, checked (make format applies them).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## mypy --strict over the package (settings in pyproject.toml).
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## pyright's type completeness of the public API, on an installed copy (fetches pyright from PyPI and npm).
+verifytypes: $(STAMP)
+	$(BIN)/python -m pip install -q pyright
+	rm -rf build/verifytypes && $(BIN)/python -m pip install -q --no-deps --no-build-isolation --target build/verifytypes .
+	cd build && PYTHONPATH=$(CURDIR)/build/verifytypes $(CURDIR)/$(BIN)/pyright --pythonpath $(CURDIR)/$(BIN)/python --verifytypes pincollate --ignoreexternal
+
 ## The full benchmark (all scenarios, longer runs).
 bench: $(STAMP)
 	$(BIN)/python -m pincollate.bench --json bench.json --plot bench.png
@@ -37,4 +60,4 @@ gpu-check:
 	fi
 
 clean:
-	rm -rf $(VENV) bench.json bench.png gpu-check.json .pytest_cache
+	rm -rf $(VENV) build bench.json bench.png gpu-check.json .pytest_cache

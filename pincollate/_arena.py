@@ -175,7 +175,7 @@ def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
         _check_shm_space(nbytes)
     try:
         if kind == "shared":
-            storage = torch.UntypedStorage._new_shared(nbytes)
+            storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
             return torch.empty(0, dtype=torch.uint8).set_(storage)
         if kind == "pinned":
             return _pinned_allocator(nbytes)

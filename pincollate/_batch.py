@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections.abc as abc
 import dataclasses
 import functools
+from collections.abc import Hashable
 from typing import Any, TypeVar
 
 import torch
@@ -98,11 +99,11 @@ class _Check:
                 and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
-        if kind is DataclassSpec:
+        if isinstance(spec, DataclassSpec):
             return all(
                 self.matches(child, getattr(obj, name, None))
                 for name, child in zip(spec.names, spec.children, strict=True)
-            )  # type: ignore[attr-defined]
+            )
         children = spec.children  # type: ignore[attr-defined]
         return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
@@ -162,7 +163,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
     if state is None:
         from ._transfer import pin
 
-        return _plain_again(self, pin(_contents(self)))
+        return _plain_again(self, pin(_contents(self)))  # type: ignore[no-any-return]
     layout, buffer, values = state
     if is_pinned(buffer):
         return self
@@ -194,7 +195,7 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
                 copy=copy,
             )
 
-        return _plain_again(self, map_tensors(_contents(self), move))
+        return _plain_again(self, map_tensors(_contents(self), move))  # type: ignore[no-any-return]
     layout, buffer, values = state
     target = buffer.device if device is None else device
     cast = layout if dtype is None else layout.cast(dtype)
@@ -255,7 +256,7 @@ def _buffer(self: Any) -> torch.Tensor | None:
     return None if state is None else state[1]
 
 
-class Batch(dict):  # type: ignore[type-arg]
+class Batch(dict[Hashable, Any]):
     """A collated ``dict`` batch whose tensors are all views of :attr:`buffer`.
 
     Example:
@@ -271,8 +272,16 @@ class Batch(dict):  # type: ignore[type-arg]
     _pincollate: Carried | None = None
     pin_memory = batch_pin_memory
     to = batch_to
-    layout = property(_layout)
-    buffer = property(_buffer)
+
+    @property
+    def layout(self) -> Layout | None:
+        """The batch's layout, or ``None`` once its contents no longer match it."""
+        return _layout(self)
+
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+        return _buffer(self)
 
     def __reduce__(self) -> Any:
         state = carried(self)
@@ -281,14 +290,22 @@ class Batch(dict):  # type: ignore[type-arg]
         return (_rebuild, state)
 
 
-class BatchList(list):  # type: ignore[type-arg]
+class BatchList(list[Any]):
     """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
 
     _pincollate: Carried | None = None
     pin_memory = batch_pin_memory
     to = batch_to
-    layout = property(_layout)
-    buffer = property(_buffer)
+
+    @property
+    def layout(self) -> Layout | None:
+        """The batch's layout, or ``None`` once its contents no longer match it."""
+        return _layout(self)
+
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+        return _buffer(self)
 
     def __reduce__(self) -> Any:
         state = carried(self)
@@ -297,7 +314,6 @@ class BatchList(list):  # type: ignore[type-arg]
         return (_rebuild, state)
 
 
-@functools.cache
 def carrier_class(cls: type[T]) -> type[T]:
     """A subclass of the namedtuple or dataclass ``cls`` whose instances carry their layout.
 
@@ -307,7 +323,13 @@ def carrier_class(cls: type[T]) -> type[T]:
     does for ``cls`` itself). Instances pickle as ``cls`` would, rebuilt as the
     subclass, so they cross process boundaries like the original.
     """
-    names = set(cls._fields) if hasattr(cls, "_fields") else {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return _carrier_class(cls)  # type: ignore[no-any-return,arg-type]
+
+
+@functools.cache
+def _carrier_class(cls: Any) -> Any:
+    fields: tuple[str, ...] = getattr(cls, "_fields", ())
+    names = set(fields) if hasattr(cls, "_fields") else {f.name for f in dataclasses.fields(cls)}
     namespace: dict[str, Any] = {
         "__module__": cls.__module__,
         "__qualname__": getattr(cls, "__qualname__", cls.__name__),
@@ -315,7 +337,7 @@ def carrier_class(cls: type[T]) -> type[T]:
         "_pincollate": None,
     }
     if hasattr(cls, "_fields"):
-        namespace["__repr__"] = lambda self: cls.__repr__(self)  # type: ignore[operator]
+        namespace["__repr__"] = lambda self: cls.__repr__(self)
     for name, attr in (
         ("pin_memory", batch_pin_memory),
         ("to", batch_to),
@@ -324,7 +346,7 @@ def carrier_class(cls: type[T]) -> type[T]:
     ):
         if name not in names:
             namespace[name] = attr
-    return type(cls.__name__, (cls,), namespace)  # type: ignore[return-value]
+    return type(cls.__name__, (cls,), namespace)
 
 
 def _carrier_reduce(self: Any) -> Any:
@@ -337,8 +359,8 @@ def _carrier_reduce(self: Any) -> Any:
     return (_rebuild_dataclass, (base, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
 
 
-def _rebuild_namedtuple(cls: type, values: tuple[Any, ...]) -> Any:
-    return carrier_class(cls)(*values)
+def _rebuild_namedtuple(cls: Any, values: tuple[Any, ...]) -> Any:
+    return _carrier_class(cls)(*values)
 
 
 def _rebuild_dataclass(cls: type, fields: dict[str, Any]) -> Any:

@@ -94,11 +94,11 @@ class MMCollate:
             raise CollateError(f"missing must be 'error' or 'none', got {missing!r}")
         if ragged is not None and not isinstance(ragged, Policy):
             raise CollateError(f"ragged must be a policy or None, got {type_name(ragged)}")
-        self.pin_memory = pin_memory
-        self.sequences = sequences
-        self.fields = dict(fields or {})
-        self.ragged = ragged
-        self.missing = missing
+        self.pin_memory: PinMode = pin_memory
+        self.sequences: Literal["transpose", "items"] = sequences
+        self.fields: dict[str, Policy] = dict(fields or {})
+        self.ragged: Policy | None = ragged
+        self.missing: Literal["error", "none"] = missing
         self._rules = FieldRules(self.fields)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
@@ -182,4 +182,4 @@ class MMCollate:
 
 
 #: The default instance: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``.
-mm_collate = MMCollate()
+mm_collate: MMCollate = MMCollate()

@@ -34,8 +34,8 @@ class CollateError(TypeError, ValueError):
     """
 
     def __init__(self, message: str, *, sample: int | None = None, path: Sequence[Hashable] = ()):
-        self.sample = sample
-        self.path = tuple(path)
+        self.sample: int | None = sample
+        self.path: tuple[Hashable, ...] = tuple(path)
         where = format_path(self.path)
         if sample is not None:
             message = f"sample {sample} at {where}: {message}"

@@ -39,7 +39,7 @@ class Mismatch(Exception):
 
     def __init__(self, *paths: Path):
         super().__init__(paths)
-        self.paths = paths
+        self.paths: tuple[Path, ...] = paths
 
 
 # --- planned nodes (careful planning, one batch) ---------------------------------------
@@ -56,11 +56,11 @@ class Segment:
     __slots__ = ("fill", "payload", "shape", "stacking", "start")
 
     def __init__(self, start: int, shape: tuple[int, ...], fill: Filler, payload: Any, stacking: bool = False):
-        self.start = start
-        self.shape = shape
-        self.fill = fill
-        self.payload = payload
-        self.stacking = stacking
+        self.start: int = start
+        self.shape: tuple[int, ...] = shape
+        self.fill: Filler = fill
+        self.payload: Any = payload
+        self.stacking: bool = stacking
 
     @property
     def numel(self) -> int:
@@ -96,11 +96,11 @@ class Slot:
         wrap: Wrap | None = None,
         stackable: bool = True,
     ):
-        self.dtype = dtype
-        self.shape = shape
-        self.segments = segments
-        self.wrap = wrap
-        self.stackable = stackable
+        self.dtype: torch.dtype = dtype
+        self.shape: tuple[int, ...] = shape
+        self.segments: list[Segment] = segments
+        self.wrap: Wrap | None = wrap
+        self.stackable: bool = stackable
 
     @property
     def numel(self) -> int:
@@ -117,7 +117,7 @@ class Value:
     __slots__ = ("value",)
 
     def __init__(self, value: Any):
-        self.value = value
+        self.value: Any = value
 
 
 class Tree:
@@ -126,8 +126,8 @@ class Tree:
     __slots__ = ("children", "make")
 
     def __init__(self, make: Callable[[list[Spec]], Spec], children: list[Node]):
-        self.make = make
-        self.children = children
+        self.make: Callable[[list[Spec]], Spec] = make
+        self.children: list[Node] = children
 
 
 Node = Slot | Value | Tree
@@ -146,11 +146,11 @@ class Fill:
     __slots__ = ("offset", "parts", "planner", "tasks", "values")
 
     def __init__(self, planner: Planner, nvalues: int, nparts: int, offset: int):
-        self.planner = planner
+        self.planner: Planner = planner
         self.tasks: list[tuple[Filler, TensorSpec, Any, Op | None]] = []
         self.values: list[Any] = [None] * nvalues
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
-        self.offset = offset
+        self.offset: int = offset
 
     def place(self, node: Node) -> Spec:
         """Turn a planned node into specs at the next offsets, queueing its copies."""

@@ -56,8 +56,8 @@ class Wrap:
     __slots__ = ("cls", "meta")
 
     def __init__(self, cls: type, meta: tuple[tuple[str, Any], ...] = ()):
-        self.cls = cls
-        self.meta = meta
+        self.cls: type = cls
+        self.meta: tuple[tuple[str, Any], ...] = meta
 
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
         if self.meta:
@@ -87,9 +87,9 @@ class Views:
     __slots__ = ("buffer", "made", "parts", "typed", "unbound", "values")
 
     def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Part, ...] = ()):
-        self.buffer = buffer
-        self.values = values
-        self.parts = parts
+        self.buffer: torch.Tensor = buffer
+        self.values: Sequence[Any] = values
+        self.parts: tuple[Part, ...] = parts
         self.typed: dict[torch.dtype, torch.Tensor] = {}
         self.made: dict[int, torch.Tensor] = {}
         self.unbound: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -111,7 +111,7 @@ class Spec:
         return tuple(getattr(self, name) for name in self._fields)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._key() == other._key()  # type: ignore[attr-defined]
+        return isinstance(other, Spec) and type(other) is type(self) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash((type(self), self._key()))
@@ -151,14 +151,14 @@ class TensorSpec(Spec):
     ):
         if offset % dtype.itemsize:
             raise ValueError(f"offset {offset} is not aligned for {dtype}")
-        self.dtype = dtype
-        self.shape = tuple(shape)
-        self.offset = offset
-        self.wrap = wrap
-        self.block = block
-        self.index = index
-        self._strides = _contiguous_strides(self.shape)
-        self._at = offset // dtype.itemsize
+        self.dtype: torch.dtype = dtype
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.offset: int = offset
+        self.wrap: Wrap | None = wrap
+        self.block: TensorSpec | None = block
+        self.index: int = index
+        self._strides: tuple[int, ...] = _contiguous_strides(self.shape)
+        self._at: int = offset // dtype.itemsize
 
     @property
     def nbytes(self) -> int:
@@ -198,7 +198,7 @@ class ValueSpec(Spec):
     _fields = ("index",)
 
     def __init__(self, index: int):
-        self.index = index
+        self.index: int = index
 
     def build(self, views: Views) -> Any:
         return views.values[self.index]
@@ -211,7 +211,7 @@ class PartSpec(Spec):
     _fields = ("index",)
 
     def __init__(self, index: int):
-        self.index = index
+        self.index: int = index
 
     def build(self, views: Views) -> Any:
         return views.parts[self.index].node.build(views)
@@ -224,8 +224,8 @@ class Part(Spec):
     _fields = ("node", "extras")
 
     def __init__(self, node: Spec, extras: tuple[tuple[str, Spec], ...] = ()):
-        self.node = node
-        self.extras = tuple(extras)
+        self.node: Spec = node
+        self.extras: tuple[tuple[str, Spec], ...] = tuple(extras)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.node, *(spec for _, spec in self.extras))
@@ -281,9 +281,9 @@ class Layout:
     __slots__ = ("nbytes", "parts", "root")
 
     def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = ()):
-        self.root = root
-        self.nbytes = nbytes
-        self.parts = tuple(parts)
+        self.root: Spec = root
+        self.nbytes: int = nbytes
+        self.parts: tuple[Part, ...] = tuple(parts)
 
     def build(self, buffer: torch.Tensor, values: Sequence[Any] = (), views: Views | None = None) -> Any:
         """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor a view of it.

@@ -28,7 +28,7 @@ from ._fill import Filler
 from ._layout import Wrap
 from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 
-__all__ = ["LeafHandler", "describe_tensor", "lookup", "register_leaf", "torch_dtype", "type_name"]
+__all__ = ["LeafHandler", "describe_tensor", "fill_numbers", "lookup", "register_leaf", "torch_dtype", "type_name"]
 
 Path = tuple[Hashable, ...]
 
@@ -88,27 +88,32 @@ class LeafHandler:
         *,
         wrap: Callable[[Any], Wrap | None] | None = None,
         key: Callable[[Any], Any] | None = None,
-        signature: Callable[[Any], Hashable] | None = None,
-        meta: Callable[[Any], Hashable] | None = None,
+        signature: Callable[[Any], object] | None = None,
+        meta: Callable[[Any], object] | None = None,
         stackable: bool = True,
         concat: Filler | None = None,
         fill_one: Filler | None = None,
     ):
-        self.name = name
-        self.family = family
-        self.describe = describe
-        self.fill = fill
-        self.wrap = wrap
-        self.key = key
-        self.signature = signature
-        self.meta = meta
-        self.stackable = stackable
-        self.concat = concat
-        self.fill_one = fill_one if fill_one is not None else (lambda region, values: fill(region.unsqueeze(0), values))  # type: ignore[misc]
+        self.name: str = name
+        self.family: str = family
+        self.describe: Callable[[Any, int, Path], tuple[torch.dtype, tuple[int, ...]]] | None = describe
+        self.fill: Filler | None = fill
+        self.wrap: Callable[[Any], Wrap | None] | None = wrap
+        self.key: Callable[[Any], Any] | None = key
+        self.signature: Callable[[Any], object] | None = signature
+        self.meta: Callable[[Any], object] | None = meta
+        self.stackable: bool = stackable
+        self.concat: Filler | None = concat
+        self.fill_one: Filler = fill_one if fill_one is not None else functools.partial(_fill_one_by_stack, fill)
 
     @property
     def is_tensor(self) -> bool:
         return self.describe is not None
+
+
+def _fill_one_by_stack(fill: Filler | None, region: torch.Tensor, values: list[Any]) -> None:
+    assert fill is not None  # only tensor-like handlers are filled
+    fill(region.unsqueeze(0), values)
 
 
 _exact: dict[type, LeafHandler] = {}
@@ -140,22 +145,29 @@ def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None
         if not isinstance(each, type):
             raise TypeError(f"cls must be a type or a tuple of types, got {each!r}")
         _exact[each] = handler
-    lookup.cache_clear()
+    _cached_lookup.cache_clear()
 
 
-@functools.lru_cache(maxsize=1024)
-def lookup(cls: type) -> LeafHandler | None:
-    """The handler for values of type ``cls``, or ``None`` if it is not a leaf.
-
-    The exact type wins; otherwise the nearest registered base class in ``cls``'s
-    method resolution order, so a subclass of torchvision's ``Image`` is an image.
-    """
+def _find(cls: Any) -> LeafHandler | None:
     for base in cls.__mro__:
         _load_optional(base)
         handler = _exact.get(base)
         if handler is not None:
             return handler
     return None
+
+
+_cached_lookup = functools.lru_cache(maxsize=1024)(_find)
+
+
+def lookup(cls: type) -> LeafHandler | None:
+    """The handler for values of type ``cls``, or ``None`` if it is not a leaf.
+
+    The exact type wins; otherwise the nearest registered base class in ``cls``'s
+    method resolution order, so a subclass of torchvision's ``Image`` is an image.
+    Answers are cached per class until the next registration.
+    """
+    return _cached_lookup(cls)
 
 
 # --- tensors -------------------------------------------------------------------------
@@ -293,16 +305,16 @@ def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dt
     return torch.complex128, ()
 
 
-def _fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
+def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
     # One numpy assignment is ten times cheaper than torch.tensor(values).
     region.numpy()[...] = values
 
 
-register_leaf(bool, LeafHandler("bool", "number", _describe_bool, _fill_numbers))
-register_leaf(int, LeafHandler("int", "number", _describe_int, _fill_numbers))
-register_leaf(float, LeafHandler("float", "number", _describe_float, _fill_numbers))
-register_leaf(complex, LeafHandler("complex", "number", _describe_complex, _fill_numbers))
-register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, _fill_numbers))
+register_leaf(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
+register_leaf(int, LeafHandler("int", "number", _describe_int, fill_numbers))
+register_leaf(float, LeafHandler("float", "number", _describe_float, fill_numbers))
+register_leaf(complex, LeafHandler("complex", "number", _describe_complex, fill_numbers))
+register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, fill_numbers))
 
 # --- values kept as a list -----------------------------------------------------------
 

@@ -28,8 +28,8 @@ __all__ = ["BlockOp", "CarefulOp", "DataclassOp", "MappingOp", "NumbersOp", "Op"
 Path = tuple[Hashable, ...]
 
 #: The dtype getters, called at C speed by ``map``.
-TENSOR_DTYPE = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
-ARRAY_DTYPE = np.ndarray.dtype.__get__  # type: ignore[attr-defined]
+TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
+ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
 
 
 class Op:
@@ -43,7 +43,7 @@ class Op:
     lists = False
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path: Path = path
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         raise NotImplementedError
@@ -79,12 +79,12 @@ class StackOp(Op):
         shape: tuple[int, ...] | None,
     ):
         super().__init__(path)
-        self.spec = spec
+        self.spec: TensorSpec = spec
         self.types = None if cls is None else frozenset((cls,))
-        self.fill = fill
-        self.key = key
+        self.fill: Filler = fill
+        self.key: Callable[[Any], Any] | None = key
         self.expected = frozenset((expected,))
-        self.shape = shape
+        self.shape: tuple[int, ...] | None = shape
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         try:
@@ -121,11 +121,11 @@ class BlockOp(Op):
         super().__init__(path)
         self.paths = tuple(paths)
         self.index = tuple(index)
-        self.block = block
+        self.block: TensorSpec = block
         self.dtype = frozenset((dtype,))
-        self.shape = shape
+        self.shape: tuple[int, ...] = shape
 
-    def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:  # type: ignore[override]
+    def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
         values = list(itertools.chain.from_iterable(columns))
         try:
             ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(
@@ -155,7 +155,7 @@ class ValueOp(Op):
 
     def __init__(self, path: Path, index: int, cls: type):
         super().__init__(path)
-        self.index = index
+        self.index: int = index
         self.types = frozenset((cls,))
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
@@ -178,7 +178,7 @@ class NumbersOp(Op):
         super().__init__(path)
         self.types = frozenset((cls,))
         self.keys = tuple(keys)
-        self.block = block
+        self.block: TensorSpec = block
         # One C-level call per sample gathers its row (a tuple, or one value).
         self.get = operator.itemgetter(*self.keys)
 
@@ -250,10 +250,12 @@ class MappingOp(_Fields):
         self.keys = tuple(keys)
         self.key_types = tuple(map(type, self.keys))
         # One C-level call per sample gathers its row; zip turns rows into columns.
-        self.gather = operator.itemgetter(*gathered) if gathered else None
+        self.gather: Callable[[Any], tuple[Any, ...]] | None = None
         if len(gathered) == 1:
             key = gathered[0]
             self.gather = lambda sample: (sample[key],)
+        elif gathered:
+            self.gather = operator.itemgetter(*gathered)
         self.numbers = tuple(numbers)
         self.sizes = frozenset((len(self.keys),))
 
@@ -322,8 +324,8 @@ class CarefulOp(Op):
 
     def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None):
         super().__init__(path)
-        self.index = index
-        self.siblings = siblings
+        self.index: int = index
+        self.siblings: frozenset[Hashable] | None = siblings
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         node, extras = fill.planner.plan(column, self.path)

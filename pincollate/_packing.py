@@ -51,27 +51,28 @@ class Concat(Policy):
         counts_key: str | None = "{key}_counts",
         item_offsets_key: str | None = "{key}_item_offsets",
     ):
-        self.offsets_key = offsets_key
-        self.counts_key = counts_key
-        self.item_offsets_key = item_offsets_key
+        self.offsets_key: str | None = offsets_key
+        self.counts_key: str | None = counts_key
+        self.item_offsets_key: str | None = item_offsets_key
 
     def _values(self, column: Column) -> tuple[Slot, list[int]]:
         present = column.present
         if not present:
             raise column.error(f"{type(self).__name__}() got no values (all missing)")
         first = present[0]
+        shapes = column.known
         for i in present:
-            shape = column.shapes[i]
+            shape = shapes[i]
             if len(shape) == 0:
                 raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
-            if shape[1:] != column.shapes[first][1:]:
+            if shape[1:] != shapes[first][1:]:
                 raise column.error(
                     f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
-                    f"{column.shapes[first]} in sample {column.origin(first)[0]}",
+                    f"{shapes[first]} in sample {column.origin(first)[0]}",
                     i,
                 )
         rows = [0 if shape is None else shape[0] for shape in column.shapes]
-        trailing = column.shapes[first][1:]
+        trailing = shapes[first][1:]
         total = sum(rows)
         concat = column.handler.concat
         if concat is not None:
@@ -82,7 +83,7 @@ class Concat(Policy):
             start = 0
             row_numel = math.prod(trailing)
             for i in present:
-                segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))
+                segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))  # type: ignore[arg-type]
                 start += rows[i] * row_numel
         return Slot(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
 

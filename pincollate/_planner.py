@@ -14,6 +14,7 @@ unequal length come back as per-sample lists, each stacked where its parts agree
 
 from __future__ import annotations
 
+import collections.abc as abc
 import dataclasses
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -98,10 +99,10 @@ class Planner:
     """Plans one field's column carefully. One per :class:`~pincollate.MMCollate`."""
 
     def __init__(self, rules: FieldRules, default: Policy | None, missing: bool, items: bool):
-        self.rules = rules
-        self.default = default
-        self.missing = missing
-        self.items = items
+        self.rules: FieldRules = rules
+        self.default: Policy | None = default
+        self.missing: bool = missing
+        self.items: bool = items
 
     def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
         """Plan the column ``values`` (one per sample) found at ``path``."""
@@ -209,7 +210,7 @@ class _Walk:
 
     # leaves ----------------------------------------------------------------------
 
-    def _column(self, values: list[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
+    def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
         family = handler.family
         dtypes: list[torch.dtype | None] = []
         shapes: list[tuple[int, ...] | None] = []
@@ -247,7 +248,7 @@ class _Walk:
         return column
 
     def _leaves(
-        self, values: list[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
+        self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
     ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
             # Every value is None (missing="none").
@@ -259,7 +260,7 @@ class _Walk:
             return stack_or_list(column), {}
         return policy.plan(column, path[-1] if path else None)
 
-    def _objects(self, values: list[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
+    def _objects(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
         for i, value in enumerate(values):
             h = lookup(type(value))
             if h is not handler and not (value is None and self.missing):
@@ -269,10 +270,10 @@ class _Walk:
 
     # containers ------------------------------------------------------------------
 
-    def _mapping(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+    def _mapping(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         first = next(v for v in values if v is not None) if self.missing else values[0]
         keys = list(first.keys())
-        first_keys = first.keys()
+        first_keys: abc.Set[Hashable] = first.keys()
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
@@ -285,7 +286,7 @@ class _Walk:
                 extra = [k for k in value if k not in first_keys]
                 if self.missing:
                     keys.extend(extra)
-                    first_keys = set(keys)  # type: ignore[assignment]
+                    first_keys = set(keys)
                     continue
                 detail = "; ".join(
                     part
@@ -302,16 +303,16 @@ class _Walk:
         children: list[Node] = []
         for key in keys:
             column = [None if v is None else v.get(key) for v in values] if self.missing else [v[key] for v in values]
-            node, extras = self.plan(column, (*path, key), origins, depth + 1, items)
+            child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
             out_keys.append(key)
-            children.append(node)
-            for name, extra in extras.items():
+            children.append(child)
+            for name, extra_node in extras.items():
                 if name in keys or name in out_keys:
                     raise self._error(
                         f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins
                     )
                 out_keys.append(name)
-                children.append(extra)
+                children.append(extra_node)
         cls = container_cls(type(first), dict)
         return Tree(lambda specs: MappingSpec(cls, out_keys, specs), children)
 
@@ -319,22 +320,23 @@ class _Walk:
         """A child of a container that has no keys to put a policy's extras beside."""
         return self._no_extras(self.plan(values, path, origins, depth + 1, items), path, origins)
 
-    def _same_type(self, values: list[Any], path: Path, origins: Origins) -> type:
+    def _same_type(self, values: Sequence[Any], path: Path, origins: Origins) -> type:
         cls = type(values[0])
         for i, value in enumerate(values):
             if type(value) is not cls:
                 raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         return cls
 
-    def _namedtuple(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+    def _namedtuple(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
+        names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
         children = [
             self._field(column, (*path, name), origins, depth, items)
-            for name, column in zip(cls._fields, zip(*values, strict=True), strict=True)
-        ]  # type: ignore[attr-defined]
+            for name, column in zip(names, zip(*values, strict=True), strict=True)
+        ]
         return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
 
-    def _dataclass(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+    def _dataclass(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
         names = [f.name for f in dataclasses.fields(values[0])]
         children = [
@@ -342,7 +344,7 @@ class _Walk:
         ]
         return Tree(_dataclass_maker(cls, names), children)
 
-    def _sequence(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
+    def _sequence(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
@@ -364,11 +366,11 @@ class _Walk:
 
     # item semantics ----------------------------------------------------------------
 
-    def _items(self, values: list[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
+    def _items(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
         """Each value's list holds its own items: stack where they agree, else a list."""
         return _merge(self._item_nodes(values, path, origins, depth))
 
-    def _sequence_policy(self, values: list[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
+    def _sequence_policy(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
         """``AsList`` or ``Stack`` on a field whose values are lists of items."""
         children = self._item_nodes(values, path, origins, depth)
         if isinstance(policy, AsList):
@@ -385,7 +387,7 @@ class _Walk:
             f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins
         )
 
-    def _item_nodes(self, values: list[Any], path: Path, origins: Origins, depth: int) -> list[Node]:
+    def _item_nodes(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> list[Node]:
         children: list[Node] = []
         for i, value in enumerate(values):
             if value is None and self.missing:
@@ -411,7 +413,7 @@ class _Walk:
             children.append(child)
         return children
 
-    def _items_policy(self, values: list[Any], path: Path, origins: Origins, policy: Policy) -> tuple[Node, Extras]:
+    def _items_policy(self, values: Sequence[Any], path: Path, origins: Origins, policy: Policy) -> tuple[Node, Extras]:
         """A Concat/Jagged field whose per-sample values are lists of items."""
         flat: list[Any] = []
         flat_origins: list[tuple[int, Path]] = []

@@ -28,7 +28,7 @@ import torch
 from ._errors import CollateError
 from ._fill import Fill
 from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
-from ._leaves import describe_tensor, lookup
+from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
     BlockOp,
     CarefulOp,
@@ -61,7 +61,6 @@ _NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, boo
 _INT64 = (-(2**63), 2**63)
 _VALUES = (str, bytes, type(None))
 _CAREFUL = object()
-_FILL_NUMBERS = lookup(int).fill  # type: ignore[union-attr]
 
 
 class Plan:
@@ -73,11 +72,11 @@ class Plan:
     __slots__ = ("key", "layout", "nbytes", "nparts", "nvalues", "op", "template")
 
     def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int):
-        self.template = template
-        self.op = op
-        self.nbytes = nbytes
-        self.nvalues = nvalues
-        self.nparts = nparts
+        self.template: Spec = template
+        self.op: Op = op
+        self.nbytes: int = nbytes
+        self.nvalues: int = nvalues
+        self.nparts: int = nparts
         self.layout = Layout(template, nbytes) if nparts == 0 else None
         self.key: Hashable = None
 
@@ -144,7 +143,7 @@ class _Template:
             if dtype is None:
                 return self.part(path, siblings)
             spec = TensorSpec(dtype, (n,), self.take(n * dtype.itemsize))
-            return spec, StackOp(path, spec, cls, _FILL_NUMBERS, None, None, None)
+            return spec, StackOp(path, spec, cls, fill_numbers, None, None, None)
         handler = lookup(cls)
         if handler is not None:
             if not handler.is_tensor:
@@ -214,7 +213,11 @@ class _Template:
         return described.pop() if len(described) == 1 else None
 
     def fields(
-        self, columns: list[Sequence[Any]], path: Path, names: list[Hashable], siblings: frozenset[Hashable] | None
+        self,
+        columns: Sequence[Sequence[Any]],
+        path: Path,
+        names: Sequence[Hashable],
+        siblings: frozenset[Hashable] | None,
     ) -> tuple[list[Spec], list[tuple[int, Op]], list[BlockOp]]:
         """A container's fields: plain tensors of one dtype and shape share a block."""
         specs: list[Spec | None] = [None] * len(names)
@@ -279,10 +282,10 @@ class Plans:
     """
 
     def __init__(self, rules: FieldRules, missing: bool, items: bool, capacity: int = 64):
-        self.rules = rules
-        self.missing = missing
-        self.items = items
-        self.capacity = capacity
+        self.rules: FieldRules = rules
+        self.missing: bool = missing
+        self.items: bool = items
+        self.capacity: int = capacity
         self.careful: set[Path] = set()
         self.planned = 0
         #: The plan the last batch used: tried first, without a signature.
@@ -321,7 +324,7 @@ class Plans:
         return plan, commit
 
 
-def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> Hashable:
+def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> object:
     """What of ``value`` decides its plan; careful paths are not looked into."""
     if careful and path in careful:
         return _CAREFUL

@@ -14,7 +14,7 @@ Every output, extras included, lives in the batch's one buffer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -40,7 +40,7 @@ class Column:
 
     def __init__(
         self,
-        values: list[Any],
+        values: Sequence[Any],
         path: Path,
         handler: LeafHandler,
         dtypes: list[torch.dtype | None],
@@ -48,13 +48,13 @@ class Column:
         metas: list[Hashable] | None,
         origins: list[tuple[int, Path]] | None,
     ):
-        self.values = values
-        self.path = path
-        self.handler = handler
-        self.dtypes = dtypes
-        self.shapes = shapes
-        self.metas = metas
-        self.origins = origins
+        self.values: Sequence[Any] = values
+        self.path: Path = path
+        self.handler: LeafHandler = handler
+        self.dtypes: list[torch.dtype | None] = dtypes
+        self.shapes: list[tuple[int, ...] | None] = shapes
+        self.metas: list[Hashable] | None = metas
+        self.origins: list[tuple[int, Path]] | None = origins
 
     def origin(self, i: int) -> tuple[int, Path]:
         return (i, self.path) if self.origins is None else self.origins[i]
@@ -64,6 +64,11 @@ class Column:
             return CollateError(message, path=self.path)
         sample, path = self.origin(i)
         return CollateError(message, sample=sample, path=path)
+
+    @functools.cached_property
+    def known(self) -> dict[int, tuple[int, ...]]:
+        """The shapes of the values present, by index."""
+        return {i: shape for i, shape in enumerate(self.shapes) if shape is not None}
 
     @functools.cached_property
     def present(self) -> list[int]:
@@ -92,8 +97,8 @@ class Column:
 
     def stacked(self) -> Slot:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
-        shape = (len(self.values), *self.shapes[0])
-        segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)
+        shape = (len(self.values), *self.known[0])
+        segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
         return Slot(self.dtype, shape, [segment], self._wrap(0))
 
     def single(self, i: int) -> Node:
@@ -101,8 +106,10 @@ class Column:
         shape = self.shapes[i]
         if shape is None:
             return Value(None)
+        dtype = self.dtypes[i]
+        assert dtype is not None  # present values have a dtype
         segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
-        return Slot(self.dtypes[i], shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+        return Slot(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 
 class Policy:
@@ -111,8 +118,12 @@ class Policy:
     #: Whether per-sample values may be lists of items, flattened before planning.
     takes_items = False
 
-    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
-        """Return the field's node and its extra outputs keyed by their names."""
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        """Return the field's node and its extra outputs keyed by their names.
+
+        ``counts`` is set for policies that take lists of items (:attr:`takes_items`):
+        how many of the column's values each sample gave.
+        """
         raise NotImplementedError
 
     def _extra_name(self, template: str | None, name: Hashable) -> str | None:
@@ -149,7 +160,7 @@ class Stack(Policy):
         pincollate.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
     """
 
-    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         if not column.uniform:
             first = column.shapes[0]
             for i, shape in enumerate(column.shapes):
@@ -166,7 +177,7 @@ class Stack(Policy):
 class AsList(Policy):
     """Always a list of per-sample tensors, each in the batch buffer."""
 
-    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
 
 
@@ -232,56 +243,57 @@ class Pad(Policy):
             raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
         if dims is not None and not tuple(dims):
             raise CollateError("Pad(dims=...) must name at least one dimension (or be None)")
-        self.value = value
-        self.side = side
-        self.multiple_of = multiple_of
-        self.dims = None if dims is None else tuple(dims)
-        self.lengths_key = lengths_key
-        self.mask_key = mask_key
+        self.value: float | bool = value
+        self.side: Literal["right", "left"] = side
+        self.multiple_of: int | None = multiple_of
+        self.dims: tuple[int, ...] | None = None if dims is None else tuple(dims)
+        self.lengths_key: str | None = lengths_key
+        self.mask_key: str | None = mask_key
 
     def _round(self, size: int) -> int:
         m = self.multiple_of
         return size if m is None else -(-size // m) * m
 
-    def plan(self, column: Column, name: Hashable) -> tuple[Node, dict[str, Node]]:
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present
+        shapes = column.known
         if not present:
             raise column.error("Pad() got no values to pad (all missing)")
-        ndim = len(column.shapes[present[0]])
+        ndim = len(shapes[present[0]])
         if ndim == 0:
             raise column.error("Pad() cannot pad 0-d values", present[0])
         for i in present:
-            if len(column.shapes[i]) != ndim:
+            if len(shapes[i]) != ndim:
                 raise column.error(
-                    f"Pad() needs values of one rank, got shape {column.shapes[i]} here and {column.shapes[present[0]]} in sample {column.origin(present[0])[0]}",
+                    f"Pad() needs values of one rank, got shape {shapes[i]} here and {shapes[present[0]]} in sample {column.origin(present[0])[0]}",
                     i,
                 )
         dtype = column.dtype
         if not _fits(self.value, dtype):
             raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
-        sizes = [max(column.shapes[i][d] for i in present) for d in range(ndim)]
+        sizes = [max(shapes[i][d] for i in present) for d in range(ndim)]
         if self.dims is None:
-            dims = tuple(d for d in range(ndim) if any(column.shapes[i][d] != sizes[d] for i in present)) or (0,)
+            dims = tuple(d for d in range(ndim) if any(shapes[i][d] != sizes[d] for i in present)) or (0,)
         else:
             dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
             if any(not 0 <= d < ndim for d in dims):
                 raise column.error(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
             for i in present:
                 for d in range(ndim):
-                    if d not in dims and column.shapes[i][d] != sizes[d]:
+                    if d not in dims and shapes[i][d] != sizes[d]:
                         raise column.error(
-                            f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({column.shapes[i][d]} vs {sizes[d]})",
+                            f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({shapes[i][d]} vs {sizes[d]})",
                             i,
                         )
         for d in dims:
             sizes[d] = self._round(sizes[d])
         n = len(column.values)
         shape = (n, *sizes)
-        entries = [(i, column.values[i], column.shapes[i]) for i in present]
+        entries = [(i, column.values[i], shapes[i]) for i in present]
         fill = functools.partial(_fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
         node = Slot(dtype, shape, [Segment(0, shape, fill, entries)])
         extras: dict[str, Node] = {}
-        lengths = [[column.shapes[i][d] if column.shapes[i] is not None else 0 for d in dims] for i in range(n)]
+        lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
         if lengths_name is not None:
             extras[lengths_name] = int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
@@ -312,12 +324,14 @@ def _fill_padded(
     region.fill_(value)
     full = tuple(region.shape[1:])
     plain = handler.family == "tensor"
+    fill = handler.fill
+    assert fill is not None  # tensor handlers fill
     for i, item, shape in entries:
         target = region[i][_box(shape, full, left)]
         if plain:
             target.copy_(item)
         else:
-            handler.fill(target.unsqueeze(0), [item])
+            fill(target.unsqueeze(0), [item])
 
 
 def _fill_mask_1d(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:

@@ -45,7 +45,7 @@ class _Failure:
     __slots__ = ("error",)
 
     def __init__(self, error: BaseException):
-        self.error = error
+        self.error: BaseException = error
 
 
 def _default_device() -> torch.device:
@@ -95,24 +95,24 @@ class Prefetcher(Generic[T]):
         pinned_limit: int | None = 4 << 30,
     ):
         if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, got {depth!r}")
+            raise CollateError(f"Prefetcher(depth=...) must be a positive int, got {depth!r}")
         if pin_memory not in (True, False, "auto"):
-            raise ValueError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
+            raise CollateError(f"Prefetcher(pin_memory=...) must be True, False or 'auto', got {pin_memory!r}")
         if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
-        self.loader = loader
-        self.device = _default_device() if device is None else torch.device(device)
+            raise CollateError(f"Prefetcher(transform=...) must be callable, got {type(transform).__name__}")
+        self.loader: Iterable[T] = loader
+        self.device: torch.device = _default_device() if device is None else torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             # Resolve "cuda" here, in the caller's thread (a DDP rank's device);
             # the pin thread would otherwise see device 0.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.depth = depth
-        self.transform = transform
-        self.pinned_limit = pinned_limit
+        self.depth: int = depth
+        self.transform: Callable[[Any], Any] | None = transform
+        self.pinned_limit: int | None = pinned_limit
         cuda = self.device.type == "cuda"
         if pin_memory is True and not accelerator_can_pin():
             raise CollateError("pin_memory=True but pinned memory is not available in this process")
-        self.pin = pin_memory is True or (pin_memory == "auto" and cuda and accelerator_can_pin())
+        self.pin: bool = pin_memory is True or (pin_memory == "auto" and cuda and accelerator_can_pin())
         self._stream: Any = None
 
     # loader passthrough --------------------------------------------------------------
@@ -155,7 +155,7 @@ class Prefetcher(Generic[T]):
             source = _PinThread(source, self.depth, self.device)
         if self.device.type == "cuda":
             if self._stream is None:
-                self._stream = torch.cuda.Stream(device=self.device)
+                self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             return _CudaPrefetch(source, self)
         return _Passthrough(source, self)
 
@@ -168,7 +168,7 @@ class _Pinning:
         self.source: Iterator[Any] | None = source
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
-        self.device = device
+        self.device: torch.device = device
 
     def run(self) -> None:
         # Thread-local: keeps the copies in pin() from competing with the consumer.
@@ -248,9 +248,9 @@ class _PinThread(Iterator[Any]):
 class _Passthrough(Iterator[Any]):
     """No accelerator: move (a no-op on CPU) and transform, synchronously."""
 
-    def __init__(self, source: Iterator[Any], owner: Prefetcher):
-        self._source = source
-        self._owner = owner
+    def __init__(self, source: Iterator[Any], owner: Prefetcher[Any]):
+        self._source: Iterator[Any] = source
+        self._owner: Prefetcher[Any] = owner
 
     def __next__(self) -> Any:
         batch = next(self._source)
@@ -273,9 +273,9 @@ class _Passthrough(Iterator[Any]):
 class _CudaPrefetch(Iterator[Any]):
     """Copies and transforms ``depth`` batches ahead on the prefetcher's side stream."""
 
-    def __init__(self, source: Iterator[Any], owner: Prefetcher):
-        self._source = source
-        self._owner = owner
+    def __init__(self, source: Iterator[Any], owner: Prefetcher[Any]):
+        self._source: Iterator[Any] = source
+        self._owner: Prefetcher[Any] = owner
         self._inflight: collections.deque[tuple[Any, Any]] = collections.deque()
         self._exhausted = False
         self._count = 0
@@ -292,7 +292,7 @@ class _CudaPrefetch(Iterator[Any]):
             batch = to_device(host, owner.device, non_blocking=True)
             if owner.transform is not None:
                 batch = owner.transform(batch)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         self._inflight.append((batch, event))
 

@@ -37,7 +37,7 @@ class ListSpec(Spec):
     _fields = ("children",)
 
     def __init__(self, children: Sequence[Spec]):
-        self.children = tuple(children)
+        self.children: tuple[Spec, ...] = tuple(children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
@@ -86,9 +86,9 @@ class MappingSpec(Spec):
     _fields = ("cls", "keys", "children")
 
     def __init__(self, cls: type | None, keys: Sequence[Hashable], children: Sequence[Spec]):
-        self.cls = cls
-        self.keys = tuple(keys)
-        self.children = tuple(children)
+        self.cls: type | None = cls
+        self.keys: tuple[Hashable, ...] = tuple(keys)
+        self.children: tuple[Spec, ...] = tuple(children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
@@ -116,8 +116,8 @@ class SequenceSpec(Spec):
     _fields = ("cls", "children")
 
     def __init__(self, cls: type | None, children: Sequence[Spec]):
-        self.cls = cls
-        self.children = tuple(children)
+        self.cls: type | None = cls
+        self.children: tuple[Spec, ...] = tuple(children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
@@ -133,8 +133,8 @@ class NamedTupleSpec(Spec):
     _fields = ("cls", "children")
 
     def __init__(self, cls: type, children: Sequence[Spec]):
-        self.cls = cls
-        self.children = tuple(children)
+        self.cls: type = cls
+        self.children: tuple[Spec, ...] = tuple(children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
@@ -148,7 +148,7 @@ def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
 
     Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
     """
-    out = object.__new__(cls)
+    out: Any = object.__new__(cls)
     for name, value in fields.items():
         object.__setattr__(out, name, value)
     return out
@@ -161,9 +161,9 @@ class DataclassSpec(Spec):
     _fields = ("cls", "names", "children")
 
     def __init__(self, cls: type, names: Sequence[str], children: Sequence[Spec]):
-        self.cls = cls
-        self.names = tuple(names)
-        self.children = tuple(children)
+        self.cls: type = cls
+        self.names: tuple[str, ...] = tuple(names)
+        self.children: tuple[Spec, ...] = tuple(children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
@@ -181,8 +181,8 @@ class JaggedSpec(Spec):
     _fields = ("values", "offsets")
 
     def __init__(self, values: TensorSpec, offsets: TensorSpec):
-        self.values = values
-        self.offsets = offsets
+        self.values: TensorSpec = values
+        self.offsets: TensorSpec = offsets
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.values, self.offsets)

@@ -38,7 +38,7 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
     namedtuples, sequences and dataclasses.
     """
     if isinstance(tree, torch.Tensor):
-        return fn(tree)
+        return fn(tree)  # type: ignore[no-any-return]
     if isinstance(tree, (str, bytes)) or tree is None:
         return tree
     if isinstance(tree, abc.Mapping):
@@ -54,9 +54,8 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
             clone[i] = map_tensors(v, fn)
         return clone
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        return new_dataclass(
-            type(tree), {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)}
-        )  # type: ignore[no-any-return]
+        fields = {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)}
+        return new_dataclass(type(tree), fields)  # type: ignore[no-any-return]
     return tree
 
 
@@ -73,15 +72,16 @@ def tensors(tree: Any) -> Iterator[torch.Tensor]:
 
 
 def _nested_parts(t: torch.Tensor) -> list[torch.Tensor]:
-    return [t.values(), t.offsets()]
+    return [t.values(), t.offsets()]  # type: ignore[attr-defined]
 
 
 def _span(leaves: list[torch.Tensor]) -> tuple[int, int, int]:
     """(start, end, used) in bytes of the part of the storage the leaves view."""
-    start, end, used = None, 0, 0
+    start: int | None = None
+    end = used = 0
     for t in leaves:
         size = t.dtype.itemsize
-        lo = t.storage_offset() * size
+        lo = int(t.storage_offset()) * size
         extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0) if t.numel() else 0
         hi = lo + extent * size
         start = lo if start is None else min(start, lo)
@@ -104,7 +104,7 @@ def _rewrap(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     wrap = getattr(type(like), "wrap", None)
     if wrap is not None:
         try:
-            return wrap(out, like)
+            return wrap(out, like)  # type: ignore[no-any-return]
         except TypeError:
             pass
     return out.as_subclass(type(like))
@@ -138,7 +138,7 @@ def _move(
         if end - start > SPARSE_SPAN_RATIO * used + ALIGN:
             moved.update((id(t), per_leaf(t)) for t in leaves)
             continue
-        flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (end - start,))
+        flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (end - start,), (1,))
         target = copy_span(flat).untyped_storage()
         moved.update((id(t), _rebuild(t, target, start, device)) for t in leaves)
 

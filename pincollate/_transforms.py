@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ._errors import CollateError
+
 __all__ = ["Normalize"]
 
 
@@ -43,18 +45,18 @@ class Normalize:
         channels_last: bool = False,
     ):
         if len(mean) != len(std):
-            raise ValueError(f"mean and std need one value per channel, got {len(mean)} and {len(std)}")
+            raise CollateError(f"Normalize: mean and std need one value per channel, got {len(mean)} and {len(std)}")
         if any(s == 0 for s in std):
-            raise ValueError("std must not contain zeros")
+            raise CollateError("Normalize: std must not contain zeros")
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be floating point, got {dtype}")
+            raise CollateError(f"Normalize: dtype must be floating point, got {dtype}")
         if isinstance(keys, str):
             keys = (keys,)
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        self.keys = tuple(tuple(k.split(".")) for k in keys)
-        self.dtype = dtype
-        self.channels_last = channels_last
+        self.mean: tuple[float, ...] = tuple(float(m) for m in mean)
+        self.std: tuple[float, ...] = tuple(float(s) for s in std)
+        self.keys: tuple[tuple[str, ...], ...] = tuple(tuple(k.split(".")) for k in keys)
+        self.dtype: torch.dtype = dtype
+        self.channels_last: bool = channels_last
         self._constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
@@ -73,7 +75,9 @@ class Normalize:
     def normalize(self, image: torch.Tensor) -> torch.Tensor:
         """Normalise one image tensor ``(..., C, H, W)``."""
         if image.dim() < 3 or image.shape[-3] != len(self.mean):
-            raise ValueError(f"expected images (..., {len(self.mean)}, H, W), got shape {tuple(image.shape)}")
+            raise CollateError(
+                f"Normalize: expected images (..., {len(self.mean)}, H, W), got shape {tuple(image.shape)}"
+            )
         mean, std = self._stats(image.device)
         out = image.to(self.dtype)
         if not image.dtype.is_floating_point:
@@ -92,7 +96,8 @@ class Normalize:
 def _replace(tree: Any, path: tuple[str, ...], fn: Any) -> Any:
     if not isinstance(tree, abc.Mapping) or path[0] not in tree:
         raise KeyError(f"Normalize: no key {'.'.join(path)!r} in the batch")
-    clone = copy.copy(tree)
+    # A shallow copy: the batch given is never changed in place.
+    clone: Any = copy.copy(tree) if isinstance(tree, abc.MutableMapping) else dict(tree)
     value = tree[path[0]]
     if len(path) == 1:
         clone[path[0]] = [fn(v) for v in value] if isinstance(value, list) else fn(value)

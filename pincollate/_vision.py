@@ -67,7 +67,7 @@ def register_tv_tensors() -> None:
     def same_type(value: Any) -> Wrap:
         return Wrap(type(value))
 
-    def meta(value: Any) -> Hashable:
+    def meta(value: Any) -> object:
         return type(value)
 
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):

@@ -15,6 +15,7 @@ host-to-device transfer and compute/copy overlap rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -173,7 +174,7 @@ def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
 
 
 def _time_workers(
-    fns: dict[str, Collate], dataset: Dataset, batch_size: int, workers: int, rounds: int, progress: Any
+    fns: dict[str, Collate], dataset: Dataset[Any], batch_size: int, workers: int, rounds: int, progress: Any
 ) -> dict[str, float]:
     rates: dict[str, list[float]] = {name: [] for name in fns}
     for round_ in range(rounds):
@@ -244,7 +245,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
         n_batches = 12 if quick else 32
         if scenario == "video":
             n_batches = 4 if quick else 12
-        dataset = InMemory(cls(length=batch_size * n_batches))  # type: ignore[call-arg]
+        dataset = InMemory(cls(length=batch_size * n_batches))
         batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n_batches)]
         bar.set_postfix_str(f"{scenario}: main process")
         main_times = _time_main(fns, batches, rounds_main, bar)
@@ -313,19 +314,20 @@ def run_gpu(quick: bool) -> dict[str, Any]:
     def timed(fn: Callable[[], Any], repeat: int) -> float:
         fn()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         for _ in range(repeat):
             fn()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeat
+        return float(start.elapsed_time(end)) / 1e3 / repeat
 
     big = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
     seconds = timed(lambda: big.to(device, non_blocking=True), 10)
     report["peak_pinned_h2d_gb_per_s"] = big.numel() / seconds / 1e9
 
-    dataset = InMemory(SCENARIOS["manyleaf"][0](length=32 * 4))  # type: ignore[call-arg]
+    dataset = InMemory(SCENARIOS["manyleaf"][0](length=32 * 4))
     samples = [dataset[i] for i in range(32)]
     ours = MMCollate()(samples)
     nbytes = sum(t.numel() * t.element_size() for t in tensors(ours))
@@ -340,7 +342,11 @@ def run_gpu(quick: bool) -> dict[str, Any]:
         ("mm_collate + to_device", lambda: to_device(ours, device)),
         ("per-leaf .to(non_blocking)", per_leaf),
     ):
-        rows[name] = _guarded(lambda fn=fn: {"gb_per_s": nbytes / timed(fn, 50) / 1e9, "memcpys": _count_memcpy(fn)})
+
+        def row(fn: Callable[[], Any] = fn) -> dict[str, Any]:
+            return {"gb_per_s": nbytes / timed(fn, 50) / 1e9, "memcpys": _count_memcpy(fn)}
+
+        rows[name] = _guarded(row)
     report["manyleaf_transfer"] = rows
     report["manyleaf_batch_bytes"] = nbytes
     report["prefetch_loaders"] = _guarded(lambda: _prefetch_loaders(device, quick, Prefetcher))
@@ -356,7 +362,7 @@ def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
-class TimmStylePrefetcher:
+class _TimmStylePrefetcher:
     """timm's ``PrefetchLoader`` pattern, from its published behaviour.
 
     Per-leaf ``non_blocking`` copies of ``(input, target)`` and the normalisation on a
@@ -370,7 +376,7 @@ class TimmStylePrefetcher:
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
 
     def __iter__(self) -> Any:
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         first = True
         current: Any = None
         for images, targets in self.loader:
@@ -386,7 +392,7 @@ class TimmStylePrefetcher:
             yield current
 
 
-class _Images(Dataset):
+class _Images(Dataset[Any]):
     def __init__(self, n: int):
         self.images = [torch.randint(0, 256, (3, 224, 224), dtype=torch.uint8) for _ in range(n)]
 
@@ -414,14 +420,14 @@ def _prefetch_loaders(device: torch.device, quick: bool, prefetcher: Any) -> dic
         torch.cuda.synchronize()
         return count / (time.perf_counter() - start)
 
-    def loader(collate: Any) -> DataLoader:
+    def loader(collate: Any) -> DataLoader[Any]:
         return DataLoader(dataset, batch_size=64, num_workers=4, pin_memory=True, collate_fn=collate)
 
     norm = Normalize(mean, std)
     rates: dict[str, list[float]] = {"timm-style + default_collate": [], "Prefetcher + mm_collate": []}
     for _ in range(3):
         rates["timm-style + default_collate"].append(
-            consume(TimmStylePrefetcher(loader(default_collate), mean, std, device))
+            consume(_TimmStylePrefetcher(loader(default_collate), mean, std, device))
         )
         rates["Prefetcher + mm_collate"].append(
             consume(prefetcher(loader(MMCollate()), device=device, transform=lambda b: [norm.normalize(b[0]), b[1]]))
@@ -442,9 +448,10 @@ def _count_memcpy(fn: Callable[[], Any]) -> int:
 
 def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, Any]:
     """Step time with the Prefetcher against max(compute, copy) for a synthetic kernel."""
-    dataset = InMemory(SCENARIOS["video"][0](length=8 * (4 if quick else 12)))  # type: ignore[call-arg]
+    batches = 4 if quick else 12
+    dataset = InMemory(SCENARIOS["video"][0](length=8 * batches))
     collate = MMCollate()
-    host_batches = [collate([dataset[i * 8 + j] for j in range(8)]) for i in range(len(dataset) // 8)]
+    host_batches = [collate([dataset[i * 8 + j] for j in range(8)]) for i in range(batches)]
     weight = torch.randn(4096, 4096, device=device)
 
     def compute(n: int) -> None:
@@ -465,9 +472,9 @@ def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, An
 
     copy_s = avg(lambda: to_device(host_batches[0], device))
     iters = 1
-    while avg(lambda n=iters: compute(n)) < copy_s and iters < 4096:
+    while avg(functools.partial(compute, iters)) < copy_s and iters < 4096:
         iters *= 2
-    compute_s = avg(lambda n=iters: compute(n))
+    compute_s = avg(functools.partial(compute, iters))
     torch.cuda.synchronize()
     start = time.perf_counter()
     steps = 0

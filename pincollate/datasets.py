@@ -1,11 +1,12 @@
 """Synthetic multimodal datasets: deterministic, built in, nothing downloaded.
 
-Each is a map-style ``Dataset`` whose item ``i`` is the same on every call and in
+Each builds a map-style ``Dataset`` whose item ``i`` is the same on every call and in
 every process, so benchmarks and tests compare methods on identical samples.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ def _gen(index: int, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + index)
 
 
-class ManyLeafDataset(Dataset):
+class _ManyLeafDataset(Dataset[Any]):
     """An image plus ``fields`` small tensor and number fields: a typical multimodal record.
 
     Example:
@@ -65,7 +66,7 @@ class ManyLeafDataset(Dataset):
         return sample
 
 
-class NestedDataset(Dataset):
+class _NestedDataset(Dataset[Any]):
     """A many-leaf record with nesting: an image, a dict of 24 small features, 8 crops, ids, a label.
 
     Example:
@@ -93,7 +94,7 @@ class NestedDataset(Dataset):
         }
 
 
-class RaggedDataset(Dataset):
+class _RaggedDataset(Dataset[Any]):
     """Token ids of 16 to 512 per sample and a label: ragged, with no policy asked for."""
 
     def __init__(self, length: int = 512, max_tokens: int = 512):
@@ -109,7 +110,7 @@ class RaggedDataset(Dataset):
         return {"tokens": torch.randint(0, 32000, (n,), generator=g), "label": index % 10}
 
 
-class VideoDataset(Dataset):
+class _VideoDataset(Dataset[Any]):
     """Few, large leaves: a uint8 video clip and a float16 optical-flow tensor (over 1 MB each)."""
 
     def __init__(self, length: int = 64, frames: int = 16, size: int = 160):
@@ -130,7 +131,7 @@ class VideoDataset(Dataset):
         }
 
 
-class VLMDataset(Dataset):
+class _VLMDataset(Dataset[Any]):
     """Token ids of varying length and a varying number of variable-resolution patch tensors."""
 
     def __init__(self, length: int = 256, max_tokens: int = 256, max_images: int = 4, patch_dim: int = 588):
@@ -153,7 +154,7 @@ class VLMDataset(Dataset):
         return {"input_ids": torch.randint(0, 32000, (tokens,), generator=g), "pixel_values": patches}
 
 
-class AudioDataset(Dataset):
+class _AudioDataset(Dataset[Any]):
     """Mono waveforms of 0.5 to 2 seconds at 16 kHz, with a label."""
 
     def __init__(self, length: int = 256, rate: int = 16000):
@@ -169,7 +170,7 @@ class AudioDataset(Dataset):
         return {"audio": torch.randn(1, samples, generator=g), "label": index % 35}
 
 
-class DetectionDataset(Dataset):
+class _DetectionDataset(Dataset[Any]):
     """Images with a different number of boxes (and labels) per image."""
 
     def __init__(self, length: int = 256, size: int = 128, max_boxes: int = 20):
@@ -192,15 +193,15 @@ class DetectionDataset(Dataset):
         }
 
 
-class InMemory(Dataset):
+class _InMemory(Dataset[Any]):
     """Another dataset's items, built once up front.
 
     Benchmarks use it so that workers spend their time collating and sending,
     not generating random data; forked workers share the items copy-on-write.
     """
 
-    def __init__(self, dataset: Dataset):
-        self.items = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
+    def __init__(self, dataset: Dataset[Any]):
+        self.items: list[Any] = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -209,8 +210,64 @@ class InMemory(Dataset):
         return self.items[index]
 
 
-#: name -> (dataset class, batch size)
-SCENARIOS: dict[str, tuple[type[Dataset], int]] = {
+def ManyLeafDataset(length: int = 512, fields: int = 40, image_size: int = 64) -> Dataset[Any]:
+    """An image plus ``fields`` small tensor and number fields: a typical multimodal record.
+
+    Example:
+        >>> sample = ManyLeafDataset(4)[0]
+        >>> len(sample), sample["image"].shape
+        (43, torch.Size([3, 64, 64]))
+    """
+    return _ManyLeafDataset(length, fields, image_size)
+
+
+def NestedDataset(length: int = 512, features: int = 24, crops: int = 8) -> Dataset[Any]:
+    """A many-leaf record with nesting: an image, a dict of 24 small features, 8 crops, ids, a label.
+
+    Example:
+        >>> sample = NestedDataset(4)[0]
+        >>> len(sample["feats"]), len(sample["crops"]), sample["crops"][0].shape
+        (24, 8, torch.Size([3, 8, 8]))
+    """
+    return _NestedDataset(length, features, crops)
+
+
+def RaggedDataset(length: int = 512, max_tokens: int = 512) -> Dataset[Any]:
+    """Token ids of 16 to 512 per sample and a label: ragged, with no policy asked for."""
+    return _RaggedDataset(length, max_tokens)
+
+
+def VideoDataset(length: int = 64, frames: int = 16, size: int = 160) -> Dataset[Any]:
+    """Few, large leaves: a uint8 video clip and a float16 optical-flow tensor (over 1 MB each)."""
+    return _VideoDataset(length, frames, size)
+
+
+def VLMDataset(length: int = 256, max_tokens: int = 256, max_images: int = 4, patch_dim: int = 588) -> Dataset[Any]:
+    """Token ids of varying length and a varying number of variable-resolution patch tensors."""
+    return _VLMDataset(length, max_tokens, max_images, patch_dim)
+
+
+def AudioDataset(length: int = 256, rate: int = 16000) -> Dataset[Any]:
+    """Mono waveforms of 0.5 to 2 seconds at 16 kHz, with a label."""
+    return _AudioDataset(length, rate)
+
+
+def DetectionDataset(length: int = 256, size: int = 128, max_boxes: int = 20) -> Dataset[Any]:
+    """Images with a different number of boxes (and labels) per image."""
+    return _DetectionDataset(length, size, max_boxes)
+
+
+def InMemory(dataset: Dataset[Any]) -> Dataset[Any]:
+    """Another dataset's items, built once up front.
+
+    Benchmarks use it so that workers spend their time collating and sending,
+    not generating random data; forked workers share the items copy-on-write.
+    """
+    return _InMemory(dataset)
+
+
+#: name -> (dataset, batch size)
+SCENARIOS: dict[str, tuple[Callable[..., Dataset[Any]], int]] = {
     "manyleaf": (ManyLeafDataset, 32),
     "nested": (NestedDataset, 32),
     "video": (VideoDataset, 8),

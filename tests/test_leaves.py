@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torchvision import tv_tensors
-from torchvision.transforms.functional import pil_to_tensor
 
 from pincollate import CollateError, mm_collate
 from pincollate._leaves import LeafHandler, lookup
 from pincollate._leaves import register_leaf as register
 from samples import storages
+
+Image = pytest.importorskip("PIL.Image")
+tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+pil_to_tensor = pytest.importorskip("torchvision.transforms.functional").pil_to_tensor
 
 
 def _image(mode: str, size=(5, 3), seed=0) -> Image.Image:

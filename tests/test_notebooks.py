@@ -5,9 +5,10 @@ from __future__ import annotations
 import pathlib
 import time
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat")
+NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pincollate import MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
+from pincollate import CollateError, MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
 from pincollate._transfer import tensors
 from samples import TreeDataset, storages
 
@@ -67,7 +67,8 @@ def test_transform_runs_on_each_batch():
 
 
 @pytest.mark.parametrize(
-    "kwargs,error", [({"depth": 0}, ValueError), ({"pin_memory": "x"}, ValueError), ({"transform": 3}, TypeError)]
+    "kwargs,error",
+    [({"depth": 0}, CollateError), ({"pin_memory": "x"}, CollateError), ({"transform": 3}, CollateError)],
 )
 def test_bad_arguments(kwargs, error):
     with pytest.raises(error):
