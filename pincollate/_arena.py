@@ -5,13 +5,13 @@ The kind is decided per call, never cached across processes:
 * inside a DataLoader worker the buffer is one shared-memory storage, so the batch
   reaches the main process as one file descriptor however many tensors it holds;
   a worker never touches CUDA (a forked child cannot create a context);
-* in the main process it is pinned when pinning is wanted and possible;
+* in the main process it is pinned when pinning is wanted and possible (with
+  ``"auto"``: in a process that started the accelerator);
 * otherwise it is plain pageable memory.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable
@@ -76,8 +76,13 @@ def is_pinned(tensor: torch.Tensor) -> bool:
     return _is_pinned(tensor)
 
 
-@functools.cache
-def _accelerator_can_pin() -> bool:
+_available: dict[int, bool] = {}
+
+
+def _probe_accelerator() -> bool:
+    bad_fork = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if bad_fork is not None and bad_fork():
+        return False  # a fork of a process that started CUDA cannot use it
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and hasattr(accelerator, "is_available"):
         if not accelerator.is_available():
@@ -87,18 +92,35 @@ def _accelerator_can_pin() -> bool:
     return torch.cuda.is_available()
 
 
+def _accelerator_available() -> bool:
+    # Asked once per process: a forked child inherits the parent's memory, and with
+    # it any cached answer, so the answer is keyed by the process id.
+    pid = os.getpid()
+    known = _available.get(pid)
+    if known is None:
+        known = _available[pid] = _probe_accelerator()
+    return known
+
+
+def _accelerator_started() -> bool:
+    """Whether this process has started the accelerator (pinning would not start it)."""
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+    return True
+
+
 def accelerator_can_pin() -> bool:
     """Whether this process can allocate page-locked memory for an accelerator.
 
     Always ``False`` inside a DataLoader worker, where pinning is both impossible
-    (no CUDA in a forked child) and useless (pinned pages do not cross processes).
-    The answer is cached per process id, since a forked worker inherits the cache.
+    (no CUDA in a forked child) and useless (pinned pages do not cross processes),
+    and in a fork of a process that started CUDA. Decided once per process.
     """
     if get_worker_info() is not None:
         return False
     if _pinned_allocator is not _torch_pinned:
         return True
-    return _accelerator_can_pin()
+    return _accelerator_available()
 
 
 def resolve_kind(pin_memory: PinMode) -> Kind:
@@ -107,7 +129,12 @@ def resolve_kind(pin_memory: PinMode) -> Kind:
         return "shared"
     if pin_memory is False:
         return "plain"
-    if accelerator_can_pin():
+    # "auto" pins only in a process that started the accelerator itself: another
+    # child process (a multiprocessing pool, a torchdata process mapper) does not
+    # start CUDA for a buffer that pinning cannot carry across processes anyway.
+    if accelerator_can_pin() and (
+        pin_memory is True or _pinned_allocator is not _torch_pinned or _accelerator_started()
+    ):
         return "pinned"
     if pin_memory is True:
         raise CollateError(

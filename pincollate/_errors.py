@@ -4,21 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-__all__ = ["CollateError", "format_path"]
+__all__ = ["Attr", "CollateError", "format_path"]
+
+
+class Attr(str):
+    """A key path entry that is an attribute (a namedtuple or dataclass field), not a key.
+
+    It equals the field's name as a ``str``, and renders as ``.name``.
+    """
+
+    __slots__ = ()
 
 
 def format_path(path: Sequence[Hashable]) -> str:
-    """Render a key path the way a user would index into the sample.
+    """Render a key path the way a user would reach into the sample.
 
     Example:
         >>> format_path(("meta", "boxes", 0))
         "['meta']['boxes'][0]"
+        >>> format_path(("meta", Attr("box"), 0))
+        "['meta'].box[0]"
         >>> format_path(())
         'root'
     """
     if not path:
         return "root"
-    return "".join(f"[{key!r}]" for key in path)
+    return "".join(f".{key}" if isinstance(key, Attr) else f"[{key!r}]" for key in path)
 
 
 class CollateError(TypeError, ValueError):

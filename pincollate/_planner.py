@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import CollateError, format_path
+from ._errors import Attr, CollateError, format_path
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, type_name
@@ -331,7 +331,7 @@ class _Walk:
         cls = self._same_type(values, path, origins)
         names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
         children = [
-            self._field(column, (*path, name), origins, depth, items)
+            self._field(column, (*path, Attr(name)), origins, depth, items)
             for name, column in zip(names, zip(*values, strict=True), strict=True)
         ]
         return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
@@ -340,7 +340,8 @@ class _Walk:
         cls = self._same_type(values, path, origins)
         names = [f.name for f in dataclasses.fields(values[0])]
         children = [
-            self._field([getattr(v, name) for v in values], (*path, name), origins, depth, items) for name in names
+            self._field([getattr(v, name) for v in values], (*path, Attr(name)), origins, depth, items)
+            for name in names
         ]
         return Tree(_dataclass_maker(cls, names), children)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import CollateError
+from ._errors import Attr, CollateError
 from ._fill import Fill
 from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
 from ._leaves import describe_tensor, fill_numbers, lookup
@@ -158,17 +158,19 @@ class _Template:
         if is_namedtuple(first) or (is_sequence(first) and not self.items):
             if set(map(len, column)) != {len(first)}:
                 return self.part(path, siblings)
-            names = list(first._fields if is_namedtuple(first) else range(len(first)))
+            names: list[Hashable] = (
+                [Attr(name) for name in first._fields] if is_namedtuple(first) else list(range(len(first)))
+            )
             specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
             op = SequenceOp(path, cls, len(names), singles, blocks)
             if is_namedtuple(first):
                 return NamedTupleSpec(cls, specs), op
             return SequenceSpec(container_cls(cls, list), specs), op
         if is_dataclass(first):
-            names = [f.name for f in dataclasses.fields(first)]
-            planned = [self.plan([getattr(v, name) for v in column], (*path, name), None) for name in names]
-            return DataclassSpec(cls, names, [spec for spec, _ in planned]), DataclassOp(
-                path, cls, [(name, op) for name, (_, op) in zip(names, planned, strict=True)]
+            fields = [f.name for f in dataclasses.fields(first)]
+            planned = [self.plan([getattr(v, name) for v in column], (*path, Attr(name)), None) for name in fields]
+            return DataclassSpec(cls, fields, [spec for spec, _ in planned]), DataclassOp(
+                path, cls, [(name, op) for name, (_, op) in zip(fields, planned, strict=True)]
             )
         return self.part(path, siblings)
 
@@ -339,7 +341,11 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     if isinstance(value, Mapping):
         return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
     if is_namedtuple(value) or (is_sequence(value) and not items):
-        return (cls, *(_signature(v, (*path, i), careful, items, depth) for i, v in enumerate(value)))
+        names = map(Attr, value._fields) if is_namedtuple(value) else range(len(value))
+        return (
+            cls,
+            *(_signature(v, (*path, name), careful, items, depth) for name, v in zip(names, value, strict=True)),
+        )
     handler = lookup(cls)
     if handler is not None:
         return (cls, handler.signature(value)) if handler.signature is not None else cls
@@ -347,7 +353,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         return (
             cls,
             *(
-                _signature(getattr(value, f.name), (*path, f.name), careful, items, depth)
+                _signature(getattr(value, f.name), (*path, Attr(f.name)), careful, items, depth)
                 for f in dataclasses.fields(value)
             ),
         )

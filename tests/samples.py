@@ -158,6 +158,14 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
         assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
 
 
+def assert_one_buffer(tree: Any) -> None:
+    """Every tensor of ``tree`` views one storage (and there is one, if there are tensors)."""
+    from pincollate._transfer import tensors
+
+    expected = 1 if any(True for _ in tensors(tree)) else 0
+    assert len(storages(tree)) == expected, f"{len(storages(tree))} storages, expected {expected}"
+
+
 def storages(tree: Any) -> set[int]:
     """The data pointers of the storages behind every tensor of ``tree``."""
     from pincollate._transfer import tensors

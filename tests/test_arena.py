@@ -71,3 +71,23 @@ def test_a_recycled_buffer_never_changes_a_batch_still_held():
         other = collate([{"x": torch.full((1 << 18,), 9.0)} for _ in range(4)])
         assert other.buffer.data_ptr() != kept.buffer.data_ptr()
     assert kept["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_auto_pins_only_in_a_process_that_started_the_accelerator(monkeypatch):
+    monkeypatch.setattr(arena, "_accelerator_available", lambda: True)
+    monkeypatch.setattr(arena, "_accelerator_started", lambda: False)
+    assert arena.resolve_kind("auto") == "plain"
+    assert arena.resolve_kind(True) == "pinned"
+    monkeypatch.setattr(arena, "_accelerator_started", lambda: True)
+    assert arena.resolve_kind("auto") == "pinned"
+
+
+def test_the_accelerator_answer_is_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(arena, "_probe_accelerator", lambda: calls.append(1) or False)
+    monkeypatch.setattr(arena, "_available", {})
+    assert not arena._accelerator_available() and not arena._accelerator_available()
+    assert len(calls) == 1
+    monkeypatch.setattr(arena.os, "getpid", lambda: -1)  # as a forked child sees it
+    arena._accelerator_available()
+    assert len(calls) == 2

@@ -11,7 +11,7 @@ from torch.utils.data import default_collate
 
 import pincollate
 from pincollate import Batch, BatchList, CollateError, MMCollate, mm_collate
-from samples import PARITY, RAGGED, Frozen, Point, Record, assert_same, storages
+from samples import PARITY, RAGGED, Frozen, Point, Record, assert_one_buffer, assert_same, storages
 
 
 @pytest.mark.parametrize("name", sorted(PARITY))
@@ -30,7 +30,7 @@ def test_parity_holds_when_the_cached_plan_is_reused(name):
 @pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
 def test_every_tensor_is_a_view_of_one_buffer(name):
     out = mm_collate(PARITY.get(name, RAGGED.get(name))())
-    assert len(storages(out)) <= 1
+    assert_one_buffer(out)
 
 
 def test_top_level_containers_know_their_buffer():
@@ -171,6 +171,11 @@ BAD = {
     ),
     "leaf-type-mismatch": ([{"a": torch.zeros(1)}, {"a": "x"}], r"sample 1 at \['a'\]: expected Tensor, got str"),
     "container-mismatch": ([{"a": {"b": 1}}, {"a": [1]}], r"sample 1 at \['a'\]: expected a mapping, got sequence"),
+    "namedtuple-field": ([Point(torch.zeros(1), 1), Point("x", 1)], r"sample 1 at \.x: expected Tensor, got str"),
+    "dataclass-field": (
+        [Record(torch.zeros(1), 1), Record(torch.zeros(1), "y")],
+        r"sample 1 at \.label: expected a number, got str",
+    ),
     "namedtuple-mismatch": ([Point(1, 2), (1, 2)], r"sample 1 at root: expected Point, got tuple"),
     "string-array": ([np.array(["a"]), np.array(["b"])], r"sample 0 at root: numpy arrays of dtype <U1"),
     "object-array": ([{"o": np.array([object()])}] * 2, r"sample 0 at \['o'\]: numpy arrays of dtype object"),

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
 from pincollate import Batch, MMCollate, mm_collate
-from samples import PARITY, RAGGED, TreeDataset, assert_same, storages
+from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, storages
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_parity_through_dataloader(name, workers):
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs, strict=True):
         assert_same(a, b)
-        assert len(storages(a)) <= 1
+        assert_one_buffer(a)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

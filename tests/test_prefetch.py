@@ -135,46 +135,6 @@ def test_pinned_footprint_reports_zero_without_cuda():
     assert pinned_footprint() == {"reserved": 0, "active": 0, "peak": 0}
 
 
-# --- Normalize ---------------------------------------------------------------------------
-
-
-def test_normalize_matches_torchvision():
-    from torchvision.transforms import v2
-
-    images = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8)
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    ours = Normalize(mean, std)({"image": images})["image"]
-    theirs = v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(images))
-    assert torch.allclose(ours, theirs, atol=1e-6)
-
-
-def test_normalize_nested_keys_lists_and_channels_last():
-    batch = {"inputs": {"pixels": [torch.zeros(2, 3, 4, 4, dtype=torch.uint8)]}, "y": 1}
-    out = Normalize([0.5] * 3, [0.5] * 3, keys=["inputs.pixels"], channels_last=True)(batch)
-    assert out["inputs"]["pixels"][0].is_contiguous(memory_format=torch.channels_last)
-    assert batch["inputs"]["pixels"][0].dtype == torch.uint8  # the input is not changed
-
-
-@pytest.mark.parametrize(
-    "kwargs,pattern",
-    [
-        ({"mean": [0.5], "std": [0.5, 0.5]}, "one value per channel"),
-        ({"mean": [0.5], "std": [0.0]}, "zeros"),
-        ({"mean": [0.5], "std": [1.0], "dtype": torch.int64}, "floating"),
-    ],
-)
-def test_normalize_bad_arguments(kwargs, pattern):
-    with pytest.raises(ValueError, match=pattern):
-        Normalize(**kwargs)
-
-
-def test_normalize_reports_missing_key_and_wrong_channels():
-    with pytest.raises(KeyError, match="no key 'img'"):
-        Normalize([0.5] * 3, [0.5] * 3, keys=["img"])({"image": torch.zeros(3, 2, 2)})
-    with pytest.raises(ValueError, match=r"expected images \(\.\.\., 3, H, W\)"):
-        Normalize([0.5] * 3, [0.5] * 3)({"image": torch.zeros(1, 2, 2)})
-
-
 # --- CUDA ------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,81 @@
+"""The Layout: structure only, compared and pickled by value, rebuilt over any buffer."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from pincollate import Layout, MMCollate
+from pincollate._layout import ALIGN, TensorSpec, ValueSpec
+from pincollate._specs import MappingSpec
+from samples import PARITY
+
+
+def _layout() -> Layout:
+    return MMCollate(pin_memory=False).plan(PARITY["multimodal-dict"]())
+
+
+def test_layouts_of_one_structure_are_equal_and_hash_alike():
+    a, b = _layout(), _layout()
+    assert a == b and hash(a) == hash(b)
+    assert a != MMCollate(pin_memory=False).plan(PARITY["tensors"]())
+
+
+def test_a_layout_pickles_by_value_and_holds_no_sample_values():
+    layout = _layout()
+    data = pickle.dumps(layout)
+    assert pickle.loads(data) == layout
+    assert b"caption 0" not in data  # strings are values, kept beside the buffer
+    assert len(data) < 4096
+
+
+def test_tensor_specs_are_aligned_and_inside_the_buffer():
+    layout = _layout()
+    specs = layout.tensors()
+    assert specs and all(spec.offset % spec.dtype.itemsize == 0 for spec in specs)
+    assert all(spec.offset % ALIGN == 0 for spec in specs if spec.block is None)
+    assert all(spec.offset + spec.nbytes <= layout.nbytes for spec in specs)
+    assert layout.nbytes % ALIGN == 0
+
+
+def test_build_gives_views_of_the_buffer_and_the_values():
+    layout = Layout(MappingSpec(None, ["x", "s"], [TensorSpec(torch.float32, (2, 2), 0), ValueSpec(0)]), 64)
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    out = layout.build(buffer, [["a", "b"]])
+    out["x"].fill_(1.0)
+    assert buffer.view(torch.float32)[:4].tolist() == [1.0] * 4
+    assert out["s"] == ["a", "b"]
+
+
+def test_build_refuses_a_buffer_too_small_or_not_flat_uint8():
+    layout = _layout()
+    with pytest.raises(ValueError, match="flat uint8 buffer"):
+        layout.build(torch.zeros(layout.nbytes - 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="flat uint8 buffer"):
+        layout.build(torch.zeros(layout.nbytes, dtype=torch.float32))
+
+
+def test_cast_changes_floating_tensors_only_and_places_them_anew():
+    layout = _layout()
+    half = layout.cast(torch.float16)
+    before = {(spec.shape, spec.dtype) for spec in layout.tensors()}
+    after = {(spec.shape, spec.dtype) for spec in half.tensors()}
+    assert {shape for shape, dtype in after if dtype == torch.float16} == {
+        shape for shape, dtype in before if dtype.is_floating_point
+    }
+    assert {(s, d) for s, d in after if not d.is_floating_point} == {
+        (s, d) for s, d in before if not d.is_floating_point
+    }
+    assert half.nbytes < layout.nbytes
+    assert layout.cast(torch.float32).cast(torch.float32) == layout.cast(torch.float32)
+    assert (
+        MMCollate(pin_memory=False).plan([{"i": torch.zeros(2, dtype=torch.int64)}] * 2).cast(torch.float16).nbytes
+        == 64
+    )
+
+
+def test_offsets_must_fit_the_dtype():
+    with pytest.raises(ValueError, match="not aligned"):
+        TensorSpec(torch.float32, (1,), 2)
