@@ -8,7 +8,6 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, Stack
-from pincollate._patterns import FieldRules
 from samples import assert_same, storages
 
 
@@ -82,50 +81,6 @@ def test_pad_rejects_bad_arguments_up_front():
         Pad(dims=[])
 
 
-# --- Concat and Jagged ---------------------------------------------------------------
-
-
-def test_concat_gives_cu_seqlens_offsets():
-    out = MMCollate(fields={"ids": Concat()})(_ids(3, 1, 2))
-    assert out["ids"].tolist() == [1, 2, 3, 1, 1, 2]
-    assert out["ids_offsets"].dtype == torch.int32 and out["ids_offsets"].tolist() == [0, 3, 4, 6]
-
-
-def test_concat_of_items_gives_flat_layout_with_counts():
-    patches = [[torch.full((2, 4), 1.0), torch.full((3, 4), 2.0)], [torch.full((1, 4), 3.0)]]
-    out = MMCollate(fields={"pixel_values": Concat()})([{"pixel_values": p} for p in patches])
-    assert out["pixel_values"].shape == (6, 4)
-    assert out["pixel_values"][:, 0].tolist() == [1, 1, 2, 2, 2, 3]
-    assert out["pixel_values_offsets"].tolist() == [0, 5, 6]
-    assert out["pixel_values_counts"].tolist() == [2, 1]
-    assert out["pixel_values_item_offsets"].tolist() == [0, 2, 5, 6]
-    assert len(storages(out)) == 1
-
-
-def test_jagged_of_items_is_one_row_per_sample():
-    patches = [[torch.ones(2, 4), torch.ones(3, 4)], [torch.ones(1, 4)]]
-    out = MMCollate(fields={"p": Jagged()})([{"p": p} for p in patches])
-    assert [t.shape for t in out["p"].unbind()] == [(5, 4), (1, 4)]
-    assert out["p_item_offsets"].tolist() == [0, 2, 5, 6]
-
-
-def test_concat_trailing_dims_must_agree():
-    with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: Concat\(\) needs equal trailing dims"):
-        MMCollate(fields={"x": Concat()})([{"x": torch.zeros(2, 3)}, {"x": torch.zeros(2, 4)}])
-
-
-def test_jagged_builds_a_nested_tensor_on_the_buffer():
-    out = MMCollate(fields={"ids": Jagged()})(_ids(3, 1))
-    nested = out["ids"]
-    assert nested.is_nested and [t.tolist() for t in nested.unbind()] == [[1, 2, 3], [1]]
-    assert nested.values().untyped_storage().data_ptr() == nested.offsets().untyped_storage().data_ptr()
-
-
-def test_jagged_rejects_zero_dim_values():
-    with pytest.raises(CollateError, match=r"sample 0 at \['x'\]: Jagged\(\) cannot concatenate 0-d values"):
-        MMCollate(fields={"x": Jagged()})([{"x": torch.tensor(1)}, {"x": torch.tensor(2)}])
-
-
 # --- Stack and AsList -----------------------------------------------------------------
 
 
@@ -145,41 +100,6 @@ def test_aslist_is_a_list_even_when_shapes_agree():
 def test_ragged_default_policy_applies_to_unnamed_fields():
     out = MMCollate(ragged=Pad())(_ids(1, 2))
     assert out["ids"].tolist() == [[1, 0], [1, 2]]
-
-
-# --- patterns ------------------------------------------------------------------------------
-
-
-def test_most_specific_pattern_wins():
-    rules = FieldRules({"*.boxes": AsList(), "meta.boxes": Stack(), "*.*": Pad()})
-    assert rules.lookup(("meta", "boxes")) == Stack()
-    assert rules.lookup(("det", "boxes")) == AsList()
-    assert rules.lookup(("a", "b")) == Pad()
-    assert rules.lookup(("a",)) is None
-
-
-@pytest.mark.parametrize("pattern", ["", "a..b", "a.b*", "*x"])
-def test_malformed_patterns_are_rejected(pattern):
-    with pytest.raises(CollateError, match="pattern"):
-        MMCollate(fields={pattern: Pad()})
-
-
-def test_a_policy_must_be_a_policy():
-    with pytest.raises(CollateError, match=r"field 'x': expected a policy"):
-        MMCollate(fields={"x": "pad"})  # type: ignore[dict-item]
-
-
-def test_a_pattern_matching_nothing_is_reported_once():
-    collate = MMCollate(fields={"typo": Pad()})
-    with pytest.warns(UserWarning, match="'typo' matched no key path"):
-        collate(_ids(1, 2))
-    collate(_ids(1, 2))  # no second warning: filterwarnings=error would fail here
-
-
-def test_extra_outputs_must_not_clash_with_keys():
-    samples = [{"ids": torch.ones(1), "ids_mask": 1}, {"ids": torch.ones(2), "ids_mask": 2}]
-    with pytest.raises(CollateError, match="'ids_mask' of field 'ids' clashes"):
-        MMCollate(fields={"ids": Pad()})(samples)
 
 
 # --- item semantics ---------------------------------------------------------------------------

@@ -81,16 +81,25 @@ def no_leaks():
 # --- faults through real DataLoaders ----------------------------------------------------
 
 
+def _drain(loader: DataLoader, error: type[BaseException], match: str) -> None:
+    """Iterate until ``error``, then shut the workers down at once (not at garbage collection)."""
+    iterator = iter(loader)
+    try:
+        with pytest.raises(error, match=match):
+            for _ in iterator:
+                pass
+    finally:
+        iterator._shutdown_workers()
+
+
 def test_dataset_exception_in_worker_surfaces_with_its_message(no_leaks):
     loader = DataLoader(_Faulty("raise"), batch_size=4, num_workers=2, collate_fn=mm_collate, timeout=60)
-    with pytest.raises(ValueError, match="corrupt record 5"):
-        list(loader)
+    _drain(loader, ValueError, "corrupt record 5")
 
 
 def test_collate_error_in_worker_names_sample_and_key_path(no_leaks):
     loader = DataLoader(_Faulty("bad-leaf"), batch_size=4, num_workers=2, collate_fn=mm_collate, timeout=60)
-    with pytest.raises(CollateError, match=r"sample 1 at \['meta'\]\['boxes'\]: expected Tensor, got str"):
-        list(loader)
+    _drain(loader, CollateError, r"sample 1 at \['meta'\]\['boxes'\]: expected Tensor, got str")
 
 
 def test_worker_killed_by_sigkill_gives_dataloader_error_not_a_hang():

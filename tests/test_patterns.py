@@ -1,0 +1,48 @@
+"""Field patterns: which policy applies at which key path, and what a bad pattern says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pincollate import AsList, CollateError, MMCollate, Pad, Stack
+from pincollate._patterns import FieldRules
+
+
+def _ids(*lengths: int) -> list[dict]:
+    return [{"ids": torch.arange(1, n + 1)} for n in lengths]
+
+
+# --- patterns ------------------------------------------------------------------------------
+
+
+def test_most_specific_pattern_wins():
+    rules = FieldRules({"*.boxes": AsList(), "meta.boxes": Stack(), "*.*": Pad()})
+    assert rules.lookup(("meta", "boxes")) == Stack()
+    assert rules.lookup(("det", "boxes")) == AsList()
+    assert rules.lookup(("a", "b")) == Pad()
+    assert rules.lookup(("a",)) is None
+
+
+@pytest.mark.parametrize("pattern", ["", "a..b", "a.b*", "*x"])
+def test_malformed_patterns_are_rejected(pattern):
+    with pytest.raises(CollateError, match="pattern"):
+        MMCollate(fields={pattern: Pad()})
+
+
+def test_a_policy_must_be_a_policy():
+    with pytest.raises(CollateError, match=r"field 'x': expected a policy"):
+        MMCollate(fields={"x": "pad"})  # type: ignore[dict-item]
+
+
+def test_a_pattern_matching_nothing_is_reported_once():
+    collate = MMCollate(fields={"typo": Pad()})
+    with pytest.warns(UserWarning, match="'typo' matched no key path"):
+        collate(_ids(1, 2))
+    collate(_ids(1, 2))  # no second warning: filterwarnings=error would fail here
+
+
+def test_extra_outputs_must_not_clash_with_keys():
+    samples = [{"ids": torch.ones(1), "ids_mask": 1}, {"ids": torch.ones(2), "ids_mask": 2}]
+    with pytest.raises(CollateError, match="'ids_mask' of field 'ids' clashes"):
+        MMCollate(fields={"ids": Pad()})(samples)
