@@ -103,7 +103,7 @@ class MMCollate:
         self._reported: set[str] = set()
         self._lock = threading.Lock()
         self._planner = Planner(self._rules, ragged, missing == "none", sequences == "items")
-        self._plans = Plans(self._rules, missing == "none", sequences == "items")
+        self._plans = Plans(self._rules, missing == "none", sequences == "items", ragged)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("pin_memory", "sequences", "fields", "ragged", "missing")}

@@ -58,7 +58,8 @@ class Concat(Policy):
     def _values(self, column: Column) -> tuple[Slot, list[int]]:
         present = column.present
         if not present:
-            raise column.error(f"{type(self).__name__}() got no values (all missing)")
+            # Nothing to concatenate (a text-only batch): empty values, zero offsets.
+            return Slot(torch.float32, (0,), []), [0] * len(column.values)
         first = present[0]
         shapes = column.known
         for i in present:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections.abc as abc
 import dataclasses
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -251,16 +252,50 @@ class _Walk:
         self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
     ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
-            # Every value is None (missing="none").
+            # Every value is None (missing="none"): a packing policy gives its empty result.
+            if policy is not None and policy.takes_items:
+                n = len(values)
+                tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
+                return policy.plan(
+                    Column([None] * n, path, tensor, [None] * n, [None] * n, None, None), path[-1] if path else None
+                )
             return Value([None] * len(values)), {}
+        if policy is None and _mixed_families(values):
+            return self._as_default_collate(values, path, origins), {}
         column = self._column(values, path, origins, handler)
-        if policy is None:
+        if policy is None and handler.family != "number" and any(column.known.values()):
+            # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
             policy = self.default
         if policy is None:
             return stack_or_list(column), {}
         return policy.plan(column, path[-1] if path else None)
 
+    def _as_default_collate(self, values: Sequence[Any], path: Path, origins: Origins) -> Node:
+        """A column that mixes tensors, arrays and numbers: what ``default_collate`` makes of it.
+
+        Its promotion rules for such columns (``torch.as_tensor`` of arrays, ``torch.tensor``
+        of numbers and 0-d tensors) are kept exactly by asking it, then copying its result
+        into the batch's buffer: one extra copy, for these columns only.
+        """
+        from torch.utils.data import default_collate
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
+                value = default_collate(list(values))
+        except (RuntimeError, TypeError, ValueError):
+            # It gives up where a tensor comes first: each value as a tensor, then stacked.
+            try:
+                value = torch.stack([torch.as_tensor(v) for v in values])
+            except (RuntimeError, TypeError, ValueError) as exc:
+                raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
+        shape = tuple(value.shape)
+        return Slot(value.dtype, shape, [Segment(0, shape, _copy_into, value)])
+
     def _objects(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
+        if handler.family in ("str", "bytes"):
+            # default_collate returns a column that starts with a string as it is.
+            return Value(values)
         for i, value in enumerate(values):
             h = lookup(type(value))
             if h is not handler and not (value is None and self.missing):
@@ -320,27 +355,40 @@ class _Walk:
         """A child of a container that has no keys to put a policy's extras beside."""
         return self._no_extras(self.plan(values, path, origins, depth + 1, items), path, origins)
 
-    def _same_type(self, values: Sequence[Any], path: Path, origins: Origins) -> type:
-        cls = type(values[0])
+    def _same_type(self, values: Sequence[Any], path: Path, origins: Origins, tuples: bool = False) -> type:
+        """The class every value has (absent ones aside, with ``missing="none"``).
+
+        With ``tuples``, plain tuples of the same length pass too: ``default_collate``
+        zips them into the first value's namedtuple.
+        """
+        first = next(v for v in values if v is not None) if self.missing else values[0]
+        cls = type(first)
         for i, value in enumerate(values):
-            if type(value) is not cls:
-                raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
+            if value is None and self.missing:
+                continue
+            if type(value) is cls or (tuples and type(value) is tuple and len(value) == len(first)):
+                continue
+            raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         return cls
 
     def _namedtuple(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
-        cls = self._same_type(values, path, origins)
+        cls = self._same_type(values, path, origins, tuples=True)
         names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        # An absent sample (missing="none") has every field absent.
+        rows = [(None,) * len(names) if v is None else v for v in values]
         children = [
             self._field(column, (*path, Attr(name)), origins, depth, items)
-            for name, column in zip(names, zip(*values, strict=True), strict=True)
+            for name, column in zip(names, zip(*rows, strict=True), strict=True)
         ]
         return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
 
     def _dataclass(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
-        names = [f.name for f in dataclasses.fields(values[0])]
+        names = [f.name for f in dataclasses.fields(cls)]
         children = [
-            self._field([getattr(v, name) for v in values], (*path, Attr(name)), origins, depth, items)
+            self._field(
+                [None if v is None else getattr(v, name) for v in values], (*path, Attr(name)), origins, depth, items
+            )
             for name in names
         ]
         return Tree(_dataclass_maker(cls, names), children)
@@ -430,7 +478,9 @@ class _Walk:
             flat.extend(value)
             flat_origins.extend((sample, (*where, j)) for j in range(len(value)))
         if not flat:
-            raise self._error(f"{type(policy).__name__}() got no items", None, path, origins)
+            # No sample has an item: the policy gives its empty result.
+            tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
+            return policy.plan(Column([], path, tensor, [], [], None, []), path[-1] if path else None, counts=counts)
         handler = lookup(type(flat[0]))
         if handler is None or not handler.is_tensor:
             raise self._error(
@@ -441,6 +491,25 @@ class _Walk:
             )
         column = self._column(flat, path, flat_origins, handler)
         return policy.plan(column, path[-1] if path else None, counts=counts)
+
+
+_TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
+
+
+def _mixed_families(values: Sequence[Any]) -> bool:
+    """Whether tensors, arrays and numbers are mixed in one column."""
+    families = set()
+    for value in values:
+        if value is not None:
+            handler = lookup(type(value))
+            if handler is None or handler.family not in _TENSOR_LIKE:
+                return False
+            families.add(handler.family)
+    return len(families) > 1
+
+
+def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:
+    region.copy_(value)
 
 
 def _unstack(slot: Slot) -> Slot:

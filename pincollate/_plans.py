@@ -52,6 +52,7 @@ from ._specs import (
 
 if TYPE_CHECKING:
     from ._patterns import FieldRules
+    from ._policies import Policy
 
 __all__ = ["Plan", "Plans"]
 
@@ -96,6 +97,7 @@ class _Template:
     def __init__(self, plans: Plans, learned: Sequence[Path]):
         self.careful = {*plans.careful, *learned}
         self.rules = plans.rules
+        self.default = plans.default
         self.missing = plans.missing
         self.items = plans.items
         self.offset = 0
@@ -177,7 +179,9 @@ class _Template:
     def leaves(
         self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any
     ) -> tuple[Spec, Op]:
-        if not handler.stackable or handler.key is None:
+        # The ragged= policy applies to every field of tensors (its extras, a mask say,
+        # are there in every batch), so such fields are planned per batch.
+        if not handler.stackable or handler.key is None or self.default is not None:
             return self.part(path, siblings)
         first = column[0]
         try:
@@ -202,6 +206,7 @@ class _Template:
         """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
         if (
             type(column[0]) is not torch.Tensor
+            or self.default is not None
             or path in self.careful
             or (self.rules and self.rules.lookup(path) is not None)
         ):
@@ -283,8 +288,11 @@ class Plans:
     ``planned`` counts the plans made, so tests can tell the cache is used.
     """
 
-    def __init__(self, rules: FieldRules, missing: bool, items: bool, capacity: int = 64):
+    def __init__(
+        self, rules: FieldRules, missing: bool, items: bool, default: Policy | None = None, capacity: int = 64
+    ):
         self.rules: FieldRules = rules
+        self.default: Policy | None = default
         self.missing: bool = missing
         self.items: bool = items
         self.capacity: int = capacity

@@ -14,6 +14,7 @@ Every output, extras included, lives in the batch's one buffer.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ import torch
 from ._errors import CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Wrap
-from ._leaves import LeafHandler
+from ._leaves import LeafHandler, lookup
 from ._specs import ListSpec
 
 __all__ = ["AsList", "Column", "Pad", "Policy", "Stack", "int_node", "stack_or_list"]
@@ -77,12 +78,18 @@ class Column:
     @functools.cached_property
     def dtype(self) -> torch.dtype:
         """The promoted dtype of all present values (``torch.result_type`` rules)."""
-        dtypes = [d for d in self.dtypes if d is not None]
-        first = dtypes[0] if dtypes else torch.float32
-        for other in dtypes:
-            if other is not first:
+        first: torch.dtype | None = None
+        for i, other in enumerate(self.dtypes):
+            if other is None or other is first:
+                continue
+            if first is None:
+                first = other
+                continue
+            try:
                 first = torch.promote_types(first, other)
-        return first
+            except RuntimeError as exc:  # uint16/32/64 with signed ints, float8 with others
+                raise self.error(f"cannot stack {other} here with {first} before it: {exc}", i) from exc
+        return torch.float32 if first is None else first
 
     @property
     def uniform(self) -> bool:
@@ -93,13 +100,20 @@ class Column:
         return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
 
     def _wrap(self, i: int) -> Wrap | None:
-        return None if self.handler.wrap is None else self.handler.wrap(self.values[i])
+        handler = lookup(type(self.values[i]))
+        return None if handler is None or handler.wrap is None else handler.wrap(self.values[i])
+
+    def _common_wrap(self) -> Wrap | None:
+        # The type every value shares (Image, say); a column that mixes types stacks
+        # to a plain tensor, as torch.stack gives it.
+        wraps = {self._wrap(i) for i in range(len(self.values))}
+        return wraps.pop() if len(wraps) == 1 else None
 
     def stacked(self) -> Slot:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
         shape = (len(self.values), *self.known[0])
         segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
-        return Slot(self.dtype, shape, [segment], self._wrap(0))
+        return Slot(self.dtype, shape, [segment], self._common_wrap())
 
     def single(self, i: int) -> Node:
         """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
@@ -161,6 +175,8 @@ class Stack(Policy):
     """
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        if not column.handler.stackable:
+            raise column.error(f"Stack() cannot stack {column.handler.name}: they stay one tensor per sample")
         if not column.uniform:
             first = column.shapes[0]
             for i, shape in enumerate(column.shapes):
@@ -184,8 +200,10 @@ class AsList(Policy):
 def _fits(value: float | bool, dtype: torch.dtype) -> bool:
     if dtype == torch.bool:
         return value in (0, 1)
-    if dtype.is_floating_point or dtype.is_complex:
+    if dtype.is_complex:
         return True
+    if dtype.is_floating_point:
+        return math.isnan(value) or math.isinf(value) or abs(value) <= torch.finfo(dtype).max
     info = torch.iinfo(dtype)
     return float(value).is_integer() and info.min <= value <= info.max
 
@@ -243,6 +261,10 @@ class Pad(Policy):
             raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
         if dims is not None and not tuple(dims):
             raise CollateError("Pad(dims=...) must name at least one dimension (or be None)")
+        if dims is not None and len(set(dims)) != len(tuple(dims)):
+            raise CollateError(f"Pad(dims={tuple(dims)}) names a dimension twice")
+        if lengths_key is not None and lengths_key == mask_key:
+            raise CollateError(f"Pad(lengths_key=..., mask_key=...) must differ, both are {lengths_key!r}")
         self.value: float | bool = value
         self.side: Literal["right", "left"] = side
         self.multiple_of: int | None = multiple_of
@@ -278,6 +300,8 @@ class Pad(Policy):
             dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
             if any(not 0 <= d < ndim for d in dims):
                 raise column.error(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
+            if len(set(dims)) != len(dims):
+                raise column.error(f"Pad(dims={self.dims}) names a dimension twice for {ndim}-d values")
             for i in present:
                 for d in range(ndim):
                     if d not in dims and shapes[i][d] != sizes[d]:

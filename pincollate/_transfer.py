@@ -118,13 +118,14 @@ def _move(
     keep: Callable[[torch.UntypedStorage], bool],
 ) -> T:
     parts: dict[int, list[torch.Tensor]] = {}
-    groups: dict[tuple[str, int], list[torch.Tensor]] = {}
+    groups: dict[int, list[torch.Tensor]] = {}
 
     def collect(t: torch.Tensor) -> torch.Tensor:
         leaves = parts.setdefault(id(t), _nested_parts(t) if t.is_nested else [t])
         for leaf in leaves:
             storage = leaf.untyped_storage()
-            groups.setdefault((storage.device.type, storage.data_ptr()), []).append(leaf)
+            # By storage, not address: two storages can start at one address (numpy views).
+            groups.setdefault(storage._cdata, []).append(leaf)
         return t
 
     map_tensors(tree, collect)

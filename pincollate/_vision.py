@@ -67,9 +67,6 @@ def register_tv_tensors() -> None:
     def same_type(value: Any) -> Wrap:
         return Wrap(type(value))
 
-    def meta(value: Any) -> object:
-        return type(value)
-
     for cls in (tv_tensors.Mask, tv_tensors.Video, tv_tensors.Image):
         register_leaf(
             cls,
@@ -81,7 +78,6 @@ def register_tv_tensors() -> None:
                 wrap=same_type,
                 key=base.key,
                 signature=base.signature,
-                meta=meta,
                 concat=base.concat,
                 fill_one=base.fill_one,
             ),

@@ -68,6 +68,14 @@ PARITY: dict[str, Callable[[], list[Any]]] = {
     "tuple-samples": lambda: [(_t(2, seed=i), i, "s") for i in range(3)],
     "list-samples": lambda: [[_t(2, seed=i), float(i)] for i in range(3)],
     "namedtuple": lambda: [Point(i, _t(2, seed=i)) for i in range(3)],
+    "string-then-number": lambda: ["a", 1],
+    "strings-then-number-in-dicts": lambda: [{"a": "s"}, {"a": 1}],
+    "str-then-bytes": lambda: ["a", b"b"],
+    "ndarray-then-tensor": lambda: [np.zeros(2, dtype=np.float32), _t(2, seed=1)],
+    "np-scalar-then-0d-array": lambda: [np.float32(1.5), np.array(2.0)],
+    "0d-array-then-np-scalar": lambda: [np.array(2.0), np.float32(1.5)],
+    "int-then-0d-tensor": lambda: [1, torch.tensor(2)],
+    "namedtuple-then-tuple": lambda: [Point(0, _t(2, seed=0)), (1, _t(2, seed=1))],
     "nested-namedtuple": lambda: [{"p": Point(_t(1, seed=i), [i, i + 1])} for i in range(2)],
     "ordered-mapping": lambda: [Meta(a=_t(2, seed=i), b=i) for i in range(3)],
     "ints": lambda: [1, 2, 3],
@@ -108,6 +116,7 @@ def _ragged_images() -> list[dict[str, Any]]:
 
 
 RAGGED: dict[str, Callable[[], list[Any]]] = {
+    "tensor-then-ndarray": lambda: [_t(2, seed=1), np.ones(2, dtype=np.float64)],
     "unequal-shapes": lambda: [{"x": _t(3, seed=0)}, {"x": _t(5, seed=1)}],
     "unequal-lists": _ragged_images,
     "mixed-dtypes": lambda: [{"x": _t(3, dtype=torch.int32, seed=0)}, {"x": _t(3, seed=1)}],

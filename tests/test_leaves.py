@@ -120,3 +120,22 @@ def test_bounding_boxes_through_policies():
     assert type(padded["b"]) is torch.Tensor and padded["b"].shape == (2, 3, 4)  # boxes are 2-D in torchvision
     mixed = [same[0], {"b": tv_tensors.BoundingBoxes(torch.zeros(2, 4), format="XYXY", canvas_size=(9, 9))}]
     assert type(MMCollate(fields={"b": Concat()})(mixed)["b"]) is torch.Tensor  # no one canvas to keep
+
+
+def test_a_column_mixing_an_image_and_plain_tensors_stacks_to_a_plain_tensor():
+    image, plain = tv_tensors.Image(torch.zeros(3, 2, 2)), torch.ones(3, 2, 2)
+    for values in ([image, plain], [plain, image]):
+        out = mm_collate(values)
+        assert type(out) is torch.Tensor and torch.equal(
+            out, torch.stack([v.as_subclass(torch.Tensor) for v in values])
+        )
+
+
+def test_stack_on_boxes_says_why_it_cannot():
+    from pincollate import MMCollate, Stack
+
+    boxes = [tv_tensors.BoundingBoxes(torch.zeros(1, 4), format="XYXY", canvas_size=(4, 4)) for _ in range(2)]
+    with pytest.raises(
+        CollateError, match=r"at \['b'\]: Stack\(\) cannot stack BoundingBoxes: they stay one tensor per sample"
+    ):
+        MMCollate(fields={"b": Stack()})([{"b": b} for b in boxes])

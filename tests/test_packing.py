@@ -55,3 +55,13 @@ def test_jagged_builds_a_nested_tensor_on_the_buffer():
 def test_jagged_rejects_zero_dim_values():
     with pytest.raises(CollateError, match=r"sample 0 at \['x'\]: Jagged\(\) cannot concatenate 0-d values"):
         MMCollate(fields={"x": Jagged()})([{"x": torch.tensor(1)}, {"x": torch.tensor(2)}])
+
+
+def test_concat_and_jagged_of_no_items_at_all_are_empty():
+    out = MMCollate(fields={"x": Concat()})([{"x": []}, {"x": []}])
+    assert out["x"].numel() == 0
+    assert out["x_offsets"].tolist() == [0, 0, 0] and out["x_counts"].tolist() == [0, 0]
+    jagged = MMCollate(fields={"x": Jagged()})([{"x": []}, {"x": []}])["x"]
+    assert jagged.is_nested and [t.numel() for t in jagged.unbind()] == [0, 0]
+    absent = MMCollate(fields={"x": Concat()}, missing="none")([{"x": None}, {}])
+    assert absent["x"].numel() == 0 and absent["x_offsets"].tolist() == [0, 0, 0]

@@ -307,3 +307,39 @@ def test_missing_list_fields_become_none_items():
     out = MMCollate(missing="none")([{"img": [a, b]}, {"x": 1}])
     assert out["img"][1] is None and out["img"][0].shape == (2, 2, 2)
     assert out["x"][0] is None and out["x"][1].item() == 1
+
+
+@pytest.mark.parametrize(
+    "make,pattern",
+    [
+        (lambda: Pad(lengths_key="m", mask_key="m"), "must differ"),
+        (lambda: Pad(dims=(0, 0)), "names a dimension twice"),
+    ],
+)
+def test_pad_settings_that_would_lose_outputs_are_refused(make, pattern):
+    with pytest.raises(CollateError, match=pattern):
+        make()
+
+
+def test_pad_refuses_negative_and_positive_dims_naming_one_dimension():
+    collate = MMCollate(fields={"x": Pad(dims=(0, -2))})
+    with pytest.raises(CollateError, match=r"at \['x'\]: Pad\(dims=\(0, -2\)\) names a dimension twice"):
+        collate([{"x": torch.zeros(2, 3)}, {"x": torch.zeros(3, 3)}])
+
+
+def test_pad_value_must_fit_a_floating_dtype():
+    collate = MMCollate(fields={"x": Pad(value=1e6)})
+    with pytest.raises(CollateError, match=r"at \['x'\]: pad value 1000000.0 does not fit dtype torch.float16"):
+        collate([{"x": torch.zeros(2, dtype=torch.float16)}, {"x": torch.zeros(3, dtype=torch.float16)}])
+
+
+def test_a_policy_on_string_values_is_an_error():
+    with pytest.raises(CollateError, match=r"at \['s'\]: Pad\(\) applies to tensors and lists of items, not to str"):
+        MMCollate(fields={"s": Pad()})([{"s": "a"}, {"s": "b"}])
+
+
+def test_ragged_default_applies_to_tensors_not_to_scalar_labels():
+    out = MMCollate(ragged=Pad())([{"ids": torch.arange(2), "y": 1}, {"ids": torch.arange(3), "y": 2}])
+    assert out["y"].tolist() == [1, 2] and out["ids_lengths"].tolist() == [2, 3]
+    uniform = MMCollate(ragged=Pad())([{"ids": torch.arange(2), "y": 1}] * 2)
+    assert "ids_mask" in uniform  # the same keys in every batch

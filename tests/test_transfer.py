@@ -112,3 +112,15 @@ def test_batch_to_moves_the_buffer_and_keeps_the_type():
     moved = batch.to("meta")
     assert type(moved) is Batch and moved.buffer.device.type == "meta"
     assert all(t.device.type == "meta" for t in tensors(moved)) and moved["caption"] == batch["caption"]
+
+
+def test_two_storages_at_one_address_move_each_in_one_piece(fake_pinned):
+    import numpy as np
+
+    array = np.arange(20, dtype=np.float32)
+    tree = {"head": torch.from_numpy(array[:10]), "all": torch.from_numpy(array)}
+    pinned = pin(tree)
+    assert torch.equal(pinned["head"], tree["head"]) and torch.equal(pinned["all"], tree["all"])
+    assert len(fake_pinned) == 2
+    moved = to_device(tree, "meta")
+    assert moved["all"].shape == (20,) and moved["head"].shape == (10,)
