@@ -178,6 +178,10 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
         raise CollateError(
             "nested tensors are not supported; pass their components as a list", sample=sample, path=path
         )
+    if value.is_quantized:
+        raise CollateError(
+            "quantized tensors are not supported; pass their dequantize() or int_repr()", sample=sample, path=path
+        )
     if value.layout != torch.strided:
         raise CollateError(
             f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path

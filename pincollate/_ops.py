@@ -94,7 +94,7 @@ class StackOp(Op):
                 or (self.shape is not None and column[0].shape != self.shape)
             ):
                 raise Mismatch(self.path)
-        except (TypeError, AttributeError):  # the dtype getter on something else
+        except (TypeError, AttributeError, RuntimeError):  # the dtype getter on something else; a nested tensor
             raise Mismatch(self.path) from None
         fill.tasks.append((self.fill, self.spec, column, self))
 

@@ -16,6 +16,8 @@ from ._specs import JaggedSpec
 
 __all__ = ["Concat", "Jagged"]
 
+_INT32_MAX = 2**31 - 1
+
 
 class Concat(Policy):
     """Concatenate values along dim 0, with ``int32`` offsets of length ``B + 1``.
@@ -99,6 +101,10 @@ class Concat(Policy):
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         node, rows = self._values(column)
+        if self._offsets_dtype == torch.int32 and sum(rows) > _INT32_MAX:
+            raise column.error(
+                f"{sum(rows):,} rows do not fit Concat()'s int32 offsets (cu_seqlens); use Jagged(), whose offsets are int64"
+            )
         return node, self._extras(rows, counts, name)
 
     def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:

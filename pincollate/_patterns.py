@@ -8,7 +8,11 @@ from collections.abc import Hashable, Mapping
 from ._errors import CollateError
 from ._policies import Policy
 
-__all__ = ["FieldRules"]
+__all__ = ["ITEMS", "FieldRules"]
+
+#: The key path entry of a sample's items (a list under item semantics): every item,
+#: matched by ``*`` in a pattern, never by an index.
+ITEMS = "*"
 
 Path = tuple[Hashable, ...]
 
@@ -66,9 +70,12 @@ class FieldRules:
         found = None
         keys = tuple(str(k) for k in path)
         for _, _, parts, pattern, policy in self._rules:
-            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys, strict=True)):
-                found = policy
+            if len(parts) == len(keys) and all(
+                p == "*" or (p == k and k != ITEMS) for p, k in zip(parts, keys, strict=True)
+            ):
+                # A pattern that matches but loses to a more specific one did match.
                 self.matched.add(pattern)
-                break
+                if found is None:
+                    found = policy
         self._cache[path] = found
         return found

@@ -26,6 +26,7 @@ from ._errors import Attr, CollateError, format_path
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, type_name
+from ._patterns import ITEMS
 from ._policies import AsList, Column, Policy, Stack, stack_or_list
 from ._specs import (
     DataclassSpec,
@@ -449,7 +450,7 @@ class _Walk:
                     continue
                 item_origins = [(sample, (*where, j)) for j in range(len(value))]
                 child = self._no_extras(
-                    self.plan(list(value), (*where, 0), item_origins, depth + 1, True), path, origins
+                    self.plan(list(value), (*where, ITEMS), item_origins, depth + 1, True), path, origins
                 )
             else:
                 child = self._no_extras(

@@ -340,7 +340,8 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         return _CAREFUL
     cls = type(value)
     if cls is torch.Tensor:
-        return (cls, value.dtype, value.shape)
+        # A nested tensor has no shape; the careful planner says why it is refused.
+        return (cls, value.dtype, value.shape) if not value.is_nested else _CAREFUL
     if cls in _NUMBERS or cls in _VALUES:
         return cls
     if depth > MAX_DEPTH:

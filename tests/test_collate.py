@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -153,6 +154,18 @@ class Unsupported:
     pass
 
 
+def _strided_nested():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype-stage notice
+        return torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+
+
+def _quantized():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notice for quantized tensors
+        return torch.quantize_per_tensor(torch.zeros(2), 0.1, 0, torch.quint8)
+
+
 def _self_referencing():
     d: dict = {"x": torch.zeros(1)}
     d["me"] = d
@@ -190,6 +203,11 @@ BAD = {
     "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
     "int-overflow": ([2**70, 1], r"sample 0 at root: int 1180591620717411303424 does not fit int64"),
+    "quantized": ([{"q": _quantized()}] * 2, r"sample 0 at \['q'\]: quantized tensors are not supported"),
+    "strided-nested-in-dict": (
+        [{"n": _strided_nested()}] * 2,
+        r"sample 0 at \['n'\]: nested tensors are not supported",
+    ),
     "uint16-with-int8": (
         [torch.zeros(2, dtype=torch.uint16), torch.zeros(2, dtype=torch.int8)],
         r"sample 1 at root: cannot stack torch.int8 here with torch.uint16",

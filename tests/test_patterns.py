@@ -46,3 +46,18 @@ def test_extra_outputs_must_not_clash_with_keys():
     samples = [{"ids": torch.ones(1), "ids_mask": 1}, {"ids": torch.ones(2), "ids_mask": 2}]
     with pytest.raises(CollateError, match="'ids_mask' of field 'ids' clashes"):
         MMCollate(fields={"ids": Pad()})(samples)
+
+
+def test_a_pattern_that_matched_but_lost_is_not_reported():
+    collate = MMCollate(fields={"*.x": Pad(), "a.x": AsList()})
+    out = collate([{"a": {"x": torch.zeros(2)}}, {"a": {"x": torch.zeros(3)}}])  # warnings are errors here
+    assert isinstance(out["a"]["x"], list)
+
+
+def test_an_index_pattern_does_not_apply_to_every_item():
+    items = [{"images": [torch.zeros(2), torch.ones(2)]} for _ in range(2)]
+    with pytest.warns(UserWarning, match="'images.0' matched no key path"):
+        out = MMCollate(sequences="items", fields={"images.0": AsList()})(items)
+    assert out["images"].shape == (2, 2, 2)
+    every = MMCollate(sequences="items", fields={"images.*": AsList()})(items)["images"]
+    assert [len(sample) for sample in every] == [2, 2]  # sample-major: each sample's items
