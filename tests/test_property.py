@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
-from pincollate import MMCollate
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate
 from samples import assert_one_buffer, assert_same, storages
 
 P2 = collections.namedtuple("P2", "a b")
@@ -155,4 +155,95 @@ def test_ragged_tensors_round_trip_per_sample(dtype, ndim, size, seed):
 @given(spec=specs(ragged=True), size=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_one_buffer_everywhere(spec, size, seed):
     out = MMCollate(pin_memory=False)(_batch(spec, size, seed))
+    assert_one_buffer(out)
+
+
+# --- mixed leaf types, absent keys, item lists and policies ---------------------------------
+
+MIXED_KINDS = ["tensor", "numpy", "int", "float", "np-scalar", "0d-tensor", "0d-array"]
+
+
+def _mixed_leaf(kind: str, dtype_index: int, rng: np.random.Generator) -> Any:
+    value = float(rng.normal() * 10)
+    if kind == "tensor":
+        return torch.tensor([value, -value]).to([torch.float32, torch.int64, torch.float64][dtype_index])
+    if kind == "numpy":
+        return np.asarray([value, -value]).astype([np.float32, np.int64, np.float64][dtype_index])
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return value
+    if kind == "np-scalar":
+        return [np.float32, np.int64, np.float64][dtype_index](value)
+    if kind == "0d-tensor":
+        return torch.tensor(value).to([torch.float32, torch.int64, torch.float64][dtype_index])
+    return np.asarray(value).astype([np.float32, np.int64, np.float64][dtype_index])
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(st.tuples(st.sampled_from(MIXED_KINDS), st.integers(0, 2)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_mixed_leaf_columns_equal_default_collate_or_fail_clearly(kinds, seed):
+    rng = np.random.default_rng(seed)
+    batch = [{"v": _mixed_leaf(kind, d, rng)} for kind, d in kinds]
+    try:
+        expected = default_collate([dict(s) for s in batch])
+    except Exception:
+        expected = None
+    collate = MMCollate(pin_memory=False)
+    try:
+        out = collate(batch)
+    except CollateError as error:
+        assert error.path == ("v",)
+        return
+    if expected is not None:
+        assert_same(out, expected)
+    assert_one_buffer(out)
+    assert_same(collate(batch), out)  # the cached plan (or the part planned anew) agrees
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    present=st.lists(st.sets(st.sampled_from("abc"), min_size=1), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_absent_keys_become_none_and_present_values_are_kept(present, seed):
+    rng = np.random.default_rng(seed)
+    batch = [{k: torch.from_numpy(rng.normal(size=(2,))).float() for k in sorted(keys)} for keys in present]
+    out = MMCollate(pin_memory=False, missing="none")(batch)
+    assert set(out) == set().union(*present)
+    for key in out:
+        for i, sample in enumerate(batch):
+            value = out[key][i]
+            if key in sample:
+                assert torch.equal(value, sample[key])
+            else:
+                assert value is None
+    assert_one_buffer(out)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    counts=st.lists(st.lists(st.integers(0, 4), max_size=3), min_size=1, max_size=4),
+    policy=st.sampled_from(["concat", "jagged", "aslist"]),
+)
+def test_item_lists_under_policies_keep_every_item_in_order(counts, policy):
+    batch = [{"items": [torch.arange(float(n)) + 10 * j for j, n in enumerate(sample)]} for sample in counts]
+    chosen = {"concat": Concat(), "jagged": Jagged(), "aslist": AsList()}[policy]
+    out = MMCollate(pin_memory=False, fields={"items": chosen})(batch)
+    flat = [t for s in batch for t in s["items"]]
+    if policy == "aslist":
+        assert [len(items) for items in out["items"]] == [len(s["items"]) for s in batch]
+        for ours, sample in zip(out["items"], batch, strict=True):
+            for a, b in zip(ours, sample["items"], strict=True):
+                assert torch.equal(a, b)
+    else:
+        values = out["items"].values() if policy == "jagged" else out["items"]
+        assert torch.equal(values, torch.cat(flat)) if flat else values.numel() == 0
+        assert out["items_counts"].tolist() == [len(s["items"]) for s in batch]
+        if policy == "concat":
+            rows = [sum(len(t) for t in s["items"]) for s in batch]
+            assert out["items_offsets"].tolist() == [sum(rows[:i]) for i in range(len(rows) + 1)]
     assert_one_buffer(out)
