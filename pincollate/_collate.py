@@ -19,7 +19,7 @@ from ._errors import CollateError
 from ._fill import Mismatch
 from ._layout import Layout
 from ._leaves import type_name
-from ._patterns import FieldRules
+from ._patterns import FieldRules, Renames
 from ._planner import Planner
 from ._plans import Plan, Plans
 from ._policies import Policy
@@ -65,6 +65,10 @@ class MMCollate:
             values agree, else a list).
         missing: ``"error"`` (keys must agree across samples) or ``"none"`` (absent
             keys become ``None``; empty for ``Pad``/``Concat``/``Jagged``).
+        rename: output names for keys, by dot-separated key path, e.g.
+            ``{"label": "labels"}`` for Hugging Face models; a renamed field's policy
+            extras take the new name. Never automatic; a path that matches nothing
+            is reported once, as field patterns are.
 
     Example:
         >>> import torch
@@ -85,6 +89,7 @@ class MMCollate:
         fields: Mapping[str, Policy] | None = None,
         ragged: Policy | None = None,
         missing: Literal["error", "none"] = "error",
+        rename: Mapping[str, str] | None = None,
     ):
         if pin_memory not in (True, False, "auto"):
             raise CollateError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
@@ -99,14 +104,16 @@ class MMCollate:
         self.fields: dict[str, Policy] = dict(fields or {})
         self.ragged: Policy | None = ragged
         self.missing: Literal["error", "none"] = missing
+        self.rename: dict[str, str] = dict(rename or {})
         self._rules = FieldRules(self.fields)
+        self._renames = Renames(self.rename)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
-        self._planner = Planner(self._rules, ragged, missing == "none", sequences == "items")
-        self._plans = Plans(self._rules, missing == "none", sequences == "items", ragged)
+        self._planner = Planner(self._rules, ragged, missing == "none", sequences == "items", self._renames)
+        self._plans = Plans(self._rules, missing == "none", sequences == "items", ragged, self._renames)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("pin_memory", "sequences", "fields", "ragged", "missing")}
+        return {k: getattr(self, k) for k in ("pin_memory", "sequences", "fields", "ragged", "missing", "rename")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state.pop("pin_memory"), **state)  # type: ignore[misc]
@@ -114,7 +121,7 @@ class MMCollate:
     def __repr__(self) -> str:
         return (
             f"MMCollate(pin_memory={self.pin_memory!r}, sequences={self.sequences!r}, "
-            f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r})"
+            f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r}, rename={self.rename!r})"
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:
@@ -165,17 +172,19 @@ class MMCollate:
             # A fresh plan checked every value it relies on; samples changed under us.
             raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
         commit()
-        if self._rules:
+        if self._rules or self._renames:
             self._report_unmatched()
         return out
 
     def _report_unmatched(self) -> None:
         with self._lock:
-            for pattern in self._rules.patterns:
-                if pattern not in self._rules.matched and pattern not in self._reported:
+            unmatched = [p for p in self._rules.patterns if p not in self._rules.matched]
+            unmatched += [p for p in self._renames.names if p not in self._renames.matched]
+            for pattern in unmatched:
+                if pattern not in self._reported:
                     self._reported.add(pattern)
                     warnings.warn(
-                        f"pincollate: field pattern {pattern!r} matched no key path in this batch",
+                        f"pincollate: {'rename' if pattern in self._renames.names else 'field pattern'} {pattern!r} matched no key path in this batch",
                         UserWarning,
                         stacklevel=4,
                     )

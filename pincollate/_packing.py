@@ -45,6 +45,7 @@ class Concat(Policy):
     """
 
     takes_items = True
+    numbers_as_sequence = True
     _offsets_dtype = torch.int32
 
     def __init__(

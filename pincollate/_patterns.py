@@ -8,7 +8,7 @@ from collections.abc import Hashable, Mapping
 from ._errors import CollateError
 from ._policies import Policy
 
-__all__ = ["ITEMS", "FieldRules"]
+__all__ = ["ITEMS", "FieldRules", "Renames"]
 
 #: The key path entry of a sample's items (a list under item semantics): every item,
 #: matched by ``*`` in a pattern, never by an index.
@@ -79,3 +79,40 @@ class FieldRules:
                     found = policy
         self._cache[path] = found
         return found
+
+
+class Renames:
+    """Output names for keys, by dot-separated key path: ``{"label": "labels"}``.
+
+    A renamed field's policy extras take the new name too (``labels_mask``).
+
+    Example:
+        >>> renames = Renames({"meta.label": "labels"})
+        >>> renames.key(("meta", "label")), renames.key(("meta", "other"))
+        ('labels', 'other')
+    """
+
+    def __init__(self, rename: Mapping[str, str] | None):
+        self.names: dict[str, str] = {}
+        for path, name in (rename or {}).items():
+            if not isinstance(path, str) or not path or not isinstance(name, str) or not name:
+                raise CollateError(
+                    f"rename maps key paths to new names, both non-empty strings; got {path!r}: {name!r}"
+                )
+            self.names[path] = name
+        self.matched: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def key(self, path: Path) -> Hashable:
+        """The output name of the last key of ``path``."""
+        if not path:
+            return None
+        if self.names:
+            dotted = ".".join(str(k) for k in path)
+            name = self.names.get(dotted)
+            if name is not None:
+                self.matched.add(dotted)
+                return name
+        return path[-1]

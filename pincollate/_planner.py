@@ -26,7 +26,7 @@ from ._errors import Attr, CollateError, format_path
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, type_name
-from ._patterns import ITEMS
+from ._patterns import ITEMS, Renames
 from ._policies import AsList, Column, Policy, Stack, stack_or_list
 from ._specs import (
     DataclassSpec,
@@ -100,8 +100,11 @@ def _dataclass_maker(cls: type, names: list[str]) -> Callable[[list[Spec]], Spec
 class Planner:
     """Plans one field's column carefully. One per :class:`~pincollate.MMCollate`."""
 
-    def __init__(self, rules: FieldRules, default: Policy | None, missing: bool, items: bool):
+    def __init__(
+        self, rules: FieldRules, default: Policy | None, missing: bool, items: bool, renames: Renames | None = None
+    ):
         self.rules: FieldRules = rules
+        self.renames: Renames = renames if renames is not None else Renames(None)
         self.default: Policy | None = default
         self.missing: bool = missing
         self.items: bool = items
@@ -116,6 +119,7 @@ class _Walk:
 
     def __init__(self, planner: Planner):
         self.rules = planner.rules
+        self.renames = planner.renames
         self.default = planner.default
         self.missing = planner.missing
         self._open: dict[int, Path] = {}
@@ -158,6 +162,11 @@ class _Walk:
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy)
+        if policy is not None and policy.numbers_as_sequence and _number_lists(values):
+            # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
+            # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
+            sequences = self._number_sequences(values, path, origins)
+            return self._leaves(sequences, path, origins, lookup(torch.Tensor), policy)  # type: ignore[arg-type]
         if policy is not None and is_sequence(first) and not is_namedtuple(first):
             if policy.takes_items:
                 return self._items_policy(values, path, origins, policy)
@@ -258,7 +267,7 @@ class _Walk:
                 n = len(values)
                 tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
                 return policy.plan(
-                    Column([None] * n, path, tensor, [None] * n, [None] * n, None, None), path[-1] if path else None
+                    Column([None] * n, path, tensor, [None] * n, [None] * n, None, None), self.renames.key(path)
                 )
             return Value([None] * len(values)), {}
         if policy is None and _mixed_families(values):
@@ -269,7 +278,15 @@ class _Walk:
             policy = self.default
         if policy is None:
             return stack_or_list(column), {}
-        return policy.plan(column, path[-1] if path else None)
+        return policy.plan(column, self.renames.key(path))
+
+    def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
+        numbers = [x for v in values if v is not None for x in v]
+        try:
+            dtype = torch.tensor(numbers).dtype if numbers else torch.int64
+            return [None if v is None else torch.tensor(list(v), dtype=dtype) for v in values]
+        except (OverflowError, RuntimeError, TypeError) as exc:
+            raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
 
     def _as_default_collate(self, values: Sequence[Any], path: Path, origins: Origins) -> Node:
         """A column that mixes tensors, arrays and numbers: what ``default_collate`` makes of it.
@@ -340,7 +357,7 @@ class _Walk:
         for key in keys:
             column = [None if v is None else v.get(key) for v in values] if self.missing else [v[key] for v in values]
             child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
-            out_keys.append(key)
+            out_keys.append(self.renames.key((*path, key)))
             children.append(child)
             for name, extra_node in extras.items():
                 if name in keys or name in out_keys:
@@ -481,7 +498,7 @@ class _Walk:
         if not flat:
             # No sample has an item: the policy gives its empty result.
             tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
-            return policy.plan(Column([], path, tensor, [], [], None, []), path[-1] if path else None, counts=counts)
+            return policy.plan(Column([], path, tensor, [], [], None, []), self.renames.key(path), counts=counts)
         handler = lookup(type(flat[0]))
         if handler is None or not handler.is_tensor:
             raise self._error(
@@ -491,7 +508,7 @@ class _Walk:
                 None if origins is None else flat_origins,
             )
         column = self._column(flat, path, flat_origins, handler)
-        return policy.plan(column, path[-1] if path else None, counts=counts)
+        return policy.plan(column, self.renames.key(path), counts=counts)
 
 
 _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
@@ -507,6 +524,23 @@ def _mixed_families(values: Sequence[Any]) -> bool:
                 return False
             families.add(handler.family)
     return len(families) > 1
+
+
+_NUMBER_TYPES = (bool, int, float)
+
+
+def _number_lists(values: Sequence[Any]) -> bool:
+    """Whether every present value is a list (or tuple) of Python numbers, one at least."""
+    found = False
+    for value in values:
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or is_namedtuple(value):
+            return False
+        if not all(isinstance(x, _NUMBER_TYPES) for x in value):
+            return False
+        found = found or bool(value)
+    return found
 
 
 def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:

@@ -40,6 +40,7 @@ from ._ops import (
     StackOp,
     ValueOp,
 )
+from ._patterns import Renames
 from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
 from ._specs import (
     DataclassSpec,
@@ -97,6 +98,7 @@ class _Template:
     def __init__(self, plans: Plans, learned: Sequence[Path]):
         self.careful = {*plans.careful, *learned}
         self.rules = plans.rules
+        self.renames = plans.renames
         self.default = plans.default
         self.missing = plans.missing
         self.items = plans.items
@@ -267,7 +269,8 @@ class _Template:
             else:
                 gathered.append(key)
         columns = list(zip(*([v[key] for key in gathered] for v in column), strict=True))
-        specs, singles, blocks = self.fields(columns, path, gathered, frozenset(keys))
+        names = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
+        specs, singles, blocks = self.fields(columns, path, gathered, frozenset(names))
         children = dict(zip(gathered, specs, strict=True))
         number_ops = []
         n = len(column)
@@ -277,7 +280,7 @@ class _Template:
             for j, key in enumerate(group):
                 children[key] = TensorSpec(dtype, (n,), block.offset + j * n * dtype.itemsize, block=block, index=j)
             number_ops.append(NumbersOp(path, cls, group, block))
-        spec = MappingSpec(container_cls(type(first), dict), keys, [children[key] for key in keys])
+        spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops)
 
 
@@ -289,9 +292,16 @@ class Plans:
     """
 
     def __init__(
-        self, rules: FieldRules, missing: bool, items: bool, default: Policy | None = None, capacity: int = 64
+        self,
+        rules: FieldRules,
+        missing: bool,
+        items: bool,
+        default: Policy | None = None,
+        renames: Renames | None = None,
+        capacity: int = 64,
     ):
         self.rules: FieldRules = rules
+        self.renames: Renames = renames if renames is not None else Renames(None)
         self.default: Policy | None = default
         self.missing: bool = missing
         self.items: bool = items

@@ -131,6 +131,8 @@ class Policy:
 
     #: Whether per-sample values may be lists of items, flattened before planning.
     takes_items = False
+    #: Whether a per-sample list of Python numbers is one 1-D sequence (token ids).
+    numbers_as_sequence = False
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         """Return the field's node and its extra outputs keyed by their names.
@@ -243,6 +245,8 @@ class Pad(Policy):
         >>> batch["ids_mask"].tolist()
         [[True, True, True], [True, False, False]]
     """
+
+    numbers_as_sequence = True
 
     def __init__(
         self,

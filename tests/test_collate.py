@@ -286,3 +286,11 @@ def test_a_tensor_subclass_stays_its_class():
     values = [torch.zeros(2).as_subclass(Tagged), torch.ones(2).as_subclass(Tagged)]
     out = mm_collate(values)
     assert type(out) is Tagged and type(default_collate(values)) is Tagged
+
+
+def test_a_collate_error_rebuilt_from_its_message_keeps_sample_and_path():
+    original = CollateError("expected Tensor, got str", sample=3, path=("meta", pincollate._errors.Attr("box"), 0))
+    message = f"Caught CollateError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  ...\npincollate.CollateError: {original}\n"
+    again = CollateError(message)
+    assert again.sample == 3 and again.path == ("meta", "box", 0)
+    assert CollateError("no path here").path == () and CollateError("no path here").sample is None

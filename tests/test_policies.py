@@ -343,3 +343,32 @@ def test_ragged_default_applies_to_tensors_not_to_scalar_labels():
     assert out["y"].tolist() == [1, 2] and out["ids_lengths"].tolist() == [2, 3]
     uniform = MMCollate(ragged=Pad())([{"ids": torch.arange(2), "y": 1}] * 2)
     assert "ids_mask" in uniform  # the same keys in every batch
+
+
+def test_lists_of_numbers_under_pad_concat_and_jagged_are_1d_sequences():
+    samples = [{"ids": [5, 6, 7]}, {"ids": [8]}]
+    padded = MMCollate(fields={"ids": Pad(mask_key="attention_mask")})(samples)
+    assert padded["ids"].tolist() == [[5, 6, 7], [8, 0, 0]] and padded["ids"].dtype == torch.int64
+    assert padded["attention_mask"].tolist() == [[True, True, True], [True, False, False]]
+    packed = MMCollate(fields={"ids": Concat()})(samples)
+    assert packed["ids"].tolist() == [5, 6, 7, 8] and packed["ids_offsets"].tolist() == [0, 3, 4]
+    jagged = MMCollate(fields={"ids": Jagged()})(samples)["ids"]
+    assert [t.tolist() for t in jagged.unbind()] == [[5, 6, 7], [8]]
+    floats = MMCollate(fields={"x": Pad()})([{"x": [0.5, 1]}, {"x": [2]}])["x"]
+    assert floats.dtype == torch.float32  # what torch.tensor gives a list starting with a float
+    assert MMCollate()(samples[:1] * 2)["ids"][0].tolist() == [5, 5]  # no policy: default_collate's transpose
+
+
+def test_rename_renames_outputs_and_their_extras():
+    collate = MMCollate(rename={"label": "labels", "ids": "input_ids"}, fields={"ids": Pad()})
+    samples = [{"ids": [1, 2, 3], "label": 0}, {"ids": [4], "label": 1}]
+    for _ in range(2):  # planned, then the cached plan
+        out = collate(samples)
+        assert list(out) == ["input_ids", "input_ids_lengths", "input_ids_mask", "labels"]
+        assert out["labels"].tolist() == [0, 1]
+    nested = MMCollate(rename={"meta.label": "labels"})([{"meta": {"label": 1}}, {"meta": {"label": 2}}])
+    assert nested["meta"]["labels"].tolist() == [1, 2]
+    with pytest.warns(UserWarning, match="rename 'lable' matched no key path"):
+        MMCollate(rename={"lable": "labels"})(samples[:1] * 2)
+    with pytest.raises(CollateError, match="rename maps key paths to new names"):
+        MMCollate(rename={"": "x"})

@@ -81,15 +81,16 @@ def no_leaks():
 # --- faults through real DataLoaders ----------------------------------------------------
 
 
-def _drain(loader: DataLoader, error: type[BaseException], match: str) -> None:
+def _drain(loader: DataLoader, error: type[BaseException], match: str) -> BaseException:
     """Iterate until ``error``, then shut the workers down at once (not at garbage collection)."""
     iterator = iter(loader)
     try:
-        with pytest.raises(error, match=match):
+        with pytest.raises(error, match=match) as raised:
             for _ in iterator:
                 pass
     finally:
         iterator._shutdown_workers()
+    return raised.value
 
 
 def test_dataset_exception_in_worker_surfaces_with_its_message(no_leaks):
@@ -99,7 +100,8 @@ def test_dataset_exception_in_worker_surfaces_with_its_message(no_leaks):
 
 def test_collate_error_in_worker_names_sample_and_key_path(no_leaks):
     loader = DataLoader(_Faulty("bad-leaf"), batch_size=4, num_workers=2, collate_fn=mm_collate, timeout=60)
-    _drain(loader, CollateError, r"sample 1 at \['meta'\]\['boxes'\]: expected Tensor, got str")
+    error = _drain(loader, CollateError, r"sample 1 at \['meta'\]\['boxes'\]: expected Tensor, got str")
+    assert error.sample == 1 and error.path == ("meta", "boxes")  # kept across the process boundary
 
 
 def test_worker_killed_by_sigkill_gives_dataloader_error_not_a_hang():
