@@ -18,13 +18,17 @@ class Normalize:
     """Turn image tensors into normalised floats on the device: ``(x * scale - mean) / std``.
 
     Integer images are scaled to ``[0, 1]`` first (``uint8`` by 1/255), as
-    torchvision's ``ToDtype(..., scale=True)`` does. Works on any batch of
-    mappings; the batch is copied shallowly, never changed in place.
+    torchvision's ``ToDtype(..., scale=True)`` does. A torchvision ``Image`` stays an
+    ``Image``. Works on batches of mappings and sequences (``(image, label)`` tuples
+    of torchvision datasets and timm); the batch is copied shallowly, never changed
+    in place.
 
     Args:
         mean: per-channel means (channel dim is ``-3``: ``(..., C, H, W)``).
         std: per-channel standard deviations.
-        keys: key paths of the images, dot-separated for nested mappings.
+        keys: where the images are: key paths, dot-separated for nested mappings,
+            where a segment of digits (or an int) is a position in a sequence:
+            ``"image"``, ``"inputs.pixels"``, ``0`` for ``(image, label)`` batches.
         dtype: the floating dtype of the result.
         channels_last: return ``channels_last`` memory format (4-D images).
 
@@ -40,7 +44,7 @@ class Normalize:
         self,
         mean: Sequence[float],
         std: Sequence[float],
-        keys: Sequence[str] = ("image",),
+        keys: Sequence[str | int] | str | int = ("image",),
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
     ):
@@ -50,11 +54,11 @@ class Normalize:
             raise CollateError("Normalize: std must not contain zeros")
         if not dtype.is_floating_point:
             raise CollateError(f"Normalize: dtype must be floating point, got {dtype}")
-        if isinstance(keys, str):
+        if isinstance(keys, (str, int)):
             keys = (keys,)
         self.mean: tuple[float, ...] = tuple(float(m) for m in mean)
         self.std: tuple[float, ...] = tuple(float(s) for s in std)
-        self.keys: tuple[tuple[str, ...], ...] = tuple(tuple(k.split(".")) for k in keys)
+        self.keys: tuple[tuple[str, ...], ...] = tuple(tuple(str(k).split(".")) for k in keys)
         self.dtype: torch.dtype = dtype
         self.channels_last: bool = channels_last
         self._constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -85,6 +89,9 @@ class Normalize:
         out = (out - mean) / std
         if self.channels_last and out.dim() == 4:
             out = out.contiguous(memory_format=torch.channels_last)
+        wrap = getattr(type(image), "wrap", None)
+        if wrap is not None:  # a torchvision tv_tensor keeps its type
+            out = wrap(out, like=image)
         return out
 
     def __call__(self, batch: Any) -> Any:
@@ -93,14 +100,33 @@ class Normalize:
         return batch
 
 
-def _replace(tree: Any, path: tuple[str, ...], fn: Any) -> Any:
-    if not isinstance(tree, abc.Mapping) or path[0] not in tree:
-        raise KeyError(f"Normalize: no key {'.'.join(path)!r} in the batch")
-    # A shallow copy: the batch given is never changed in place.
-    clone: Any = copy.copy(tree) if isinstance(tree, abc.MutableMapping) else dict(tree)
-    value = tree[path[0]]
-    if len(path) == 1:
-        clone[path[0]] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | None = None) -> Any:
+    full = path if full is None else full
+    head = path[0]
+    if isinstance(tree, abc.Mapping):
+        if head not in tree:
+            raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch (its keys: {list(tree)})")
+        key: Any = head
+    elif isinstance(tree, abc.Sequence) and not isinstance(tree, (str, bytes)) and head.lstrip("-").isdigit():
+        key = int(head)
+        if not -len(tree) <= key < len(tree):
+            raise CollateError(f"Normalize: no position {key} in a batch of {len(tree)} entries ({'.'.join(full)!r})")
     else:
-        clone[path[0]] = _replace(value, path[1:], fn)
+        raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch, a {type(tree).__name__}")
+    value = tree[key]
+    if len(path) == 1:
+        new = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+    else:
+        new = _replace(value, path[1:], fn, full)
+    # A shallow copy: the batch given is never changed in place.
+    if isinstance(tree, abc.Mapping):
+        clone: Any = copy.copy(tree) if isinstance(tree, abc.MutableMapping) else dict(tree)
+        clone[key] = new
+        return clone
+    items = list(tree)
+    items[key] = new
+    if isinstance(tree, tuple):
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    clone = copy.copy(tree)
+    clone[key] = new
     return clone

@@ -39,7 +39,24 @@ def test_normalize_bad_arguments(kwargs, pattern):
 
 
 def test_normalize_reports_missing_key_and_wrong_channels():
-    with pytest.raises(KeyError, match="no key 'img'"):
+    with pytest.raises(CollateError, match="no key 'img'"):
         Normalize([0.5] * 3, [0.5] * 3, keys=["img"])({"image": torch.zeros(3, 2, 2)})
     with pytest.raises(ValueError, match=r"expected images \(\.\.\., 3, H, W\)"):
         Normalize([0.5] * 3, [0.5] * 3)({"image": torch.zeros(1, 2, 2)})
+
+
+def test_normalize_addresses_a_position_of_tuple_batches_and_keeps_images_images():
+    from torchvision import tv_tensors
+
+    from pincollate import mm_collate
+
+    samples = [(tv_tensors.Image(torch.full((3, 2, 2), 255, dtype=torch.uint8)), i) for i in range(2)]
+    batch = mm_collate(samples)  # a list: [images, labels]
+    out = Normalize([0.5] * 3, [0.5] * 3, keys=0)(batch)
+    assert type(out[0]) is tv_tensors.Image and out[0].dtype == torch.float32
+    assert out[0].unique().tolist() == [1.0] and out[1].tolist() == [0, 1]
+    assert batch[0].dtype == torch.uint8  # the batch given is not changed
+    pair = Normalize([0.0] * 3, [1.0] * 3, keys=["0"])((torch.zeros(1, 3, 2, 2), torch.tensor([1])))
+    assert isinstance(pair, tuple) and pair[0].dtype == torch.float32
+    with pytest.raises(CollateError, match="no position 5 in a batch of 2 entries"):
+        Normalize([0.5] * 3, [0.5] * 3, keys=5)(batch)
