@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks]"
+	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -18,7 +18,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m pincollate.bench --quick --json bench.json --plot bench.png
 
-## The whole suite: unit, parity, property, DataLoader worker, fault and notebook tests.
+## The whole suite: unit, parity, property, DataLoader worker, fault, framework and notebook tests.
 test: $(STAMP)
 	$(BIN)/python -m pytest
 

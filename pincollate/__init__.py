@@ -19,7 +19,7 @@ from ._errors import CollateError
 from ._layout import Layout
 from ._leaves import LeafHandler, register_leaf
 from ._packing import Concat, Jagged
-from ._policies import AsList, Pad, Policy, Stack
+from ._policies import AsList, Pad, PerSample, Policy, Stack
 from ._prefetch import Prefetcher
 from ._transfer import to_device
 from ._transforms import Normalize
@@ -36,6 +36,7 @@ __all__ = [
     "MMCollate",
     "Normalize",
     "Pad",
+    "PerSample",
     "Policy",
     "Prefetcher",
     "Stack",
@@ -47,8 +48,5 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Tracebacks and reprs name the public home of these classes. (Batch, BatchList and
-# Layout keep theirs: torch.load's allow-list knows them by it.)
-for _cls in (AsList, CollateError, Concat, Jagged, LeafHandler, MMCollate, Normalize, Pad, Policy, Prefetcher, Stack):
-    _cls.__module__ = __name__
-del _cls
+# Tracebacks name the public home of the one exception type.
+CollateError.__module__ = __name__

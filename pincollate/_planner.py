@@ -27,7 +27,7 @@ from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, type_name
 from ._patterns import ITEMS, Renames
-from ._policies import AsList, Column, Policy, Stack, stack_or_list
+from ._policies import AsList, Column, PerSample, Policy, Stack, stack_or_list
 from ._specs import (
     DataclassSpec,
     ListSpec,
@@ -190,6 +190,8 @@ class _Walk:
                 path,
                 origins,
             )
+        if isinstance(policy, PerSample):
+            return self._per_sample(values, path, origins, depth), {}
         if policy is not None:
             raise self._error(
                 f"{type(policy).__name__}() applies to tensors and lists of items, not to a {_container_name(first)}",
@@ -436,6 +438,38 @@ class _Walk:
     def _items(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
         """Each value's list holds its own items: stack where they agree, else a list."""
         return _merge(self._item_nodes(values, path, origins, depth))
+
+    def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
+        """``PerSample()``: one subtree per sample, nothing stacked across samples."""
+        return Tree(
+            ListSpec,
+            [self._single(value, path, [self._blame(i, path, origins)], depth) for i, value in enumerate(values)],
+        )
+
+    def _single(self, value: Any, path: Path, origin: Origins, depth: int) -> Node:
+        if depth > MAX_DEPTH:
+            raise self._error(
+                f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origin
+            )
+        if isinstance(value, Mapping):
+            keys = list(value)
+            children = [self._single(value[k], (*path, k), origin, depth + 1) for k in keys]
+            cls = container_cls(type(value), dict)
+            return Tree(lambda specs: MappingSpec(cls, keys, specs), children)
+        if is_namedtuple(value) or (is_sequence(value) and not isinstance(value, (str, bytes))):
+            names = [Attr(n) for n in value._fields] if is_namedtuple(value) else list(range(len(value)))
+            children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, value, strict=True)]
+            if is_namedtuple(value):
+                nt = type(value)
+                return Tree(lambda specs: NamedTupleSpec(nt, specs), children)
+            return Tree(ListSpec, children)
+        handler = lookup(type(value))
+        if handler is None or not handler.is_tensor:
+            if handler is None and not is_dataclass(value):
+                raise self._error(f"unsupported type {type_name(value)}", 0, path, origin)
+            return Value(value)
+        # One value: a column of one, its leading 1 dropped.
+        return _unstack(stack_or_list(self._column([value], path, origin, handler)))  # type: ignore[arg-type]
 
     def _sequence_policy(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
         """``AsList`` or ``Stack`` on a field whose values are lists of items."""

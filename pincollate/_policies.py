@@ -26,7 +26,7 @@ from ._layout import Wrap
 from ._leaves import LeafHandler, lookup
 from ._specs import ListSpec
 
-__all__ = ["AsList", "Column", "Pad", "Policy", "Stack", "int_node", "stack_or_list"]
+__all__ = ["AsList", "Column", "Pad", "PerSample", "Policy", "Stack", "int_node", "stack_or_list"]
 
 Path = tuple[Hashable, ...]
 
@@ -199,6 +199,25 @@ class AsList(Policy):
         return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
 
 
+class PerSample(Policy):
+    """One output per sample for a whole subtree: a list of the samples' own structures.
+
+    What torchvision's detection models take as targets: a list of per-image dicts of
+    boxes and labels. Every tensor is still a view of the batch's one buffer.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, PerSample
+        >>> collate = MMCollate(fields={"target": PerSample()})
+        >>> batch = collate([{"target": {"boxes": torch.zeros(2, 4), "labels": [1, 2]}}, {"target": {"boxes": torch.zeros(0, 4), "labels": []}}])
+        >>> [t["boxes"].shape for t in batch["target"]]
+        [torch.Size([2, 4]), torch.Size([0, 4])]
+    """
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        return AsList().plan(column, name)
+
+
 def _fits(value: float | bool, dtype: torch.dtype) -> bool:
     if dtype == torch.bool:
         return value in (0, 1)
@@ -227,6 +246,11 @@ class Pad(Policy):
         value: the pad value; it must fit the field's dtype.
         side: ``"right"`` pads after the values, ``"left"`` before them.
         multiple_of: round each padded dimension up to a multiple of this.
+        max_length: pad each padded dimension to exactly this size, in every batch
+            (shapes that agree across ranks, or for a compiled model). A longer value
+            is an error naming its sample and key path, unless ``truncate``.
+        truncate: with ``max_length``, keep the first ``max_length`` entries of a
+            longer value (lengths and mask count what is kept).
         dims: the dimensions to pad. ``None`` pads every dimension whose size varies
             in the batch (dimension 0 when none does). Give it to keep the mask's
             shape the same from batch to batch.
@@ -253,6 +277,8 @@ class Pad(Policy):
         value: float | bool = 0,
         side: Literal["right", "left"] = "right",
         multiple_of: int | None = None,
+        max_length: int | None = None,
+        truncate: bool = False,
         dims: Iterable[int] | None = None,
         lengths_key: str | None = "{key}_lengths",
         mask_key: str | None = "{key}_mask",
@@ -263,6 +289,12 @@ class Pad(Policy):
             raise CollateError(f"Pad(multiple_of=...) must be a positive int, got {multiple_of!r}")
         if not isinstance(value, (bool, int, float)):
             raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise CollateError(f"Pad(max_length=...) must be a positive int, got {max_length!r}")
+        if max_length is not None and multiple_of is not None:
+            raise CollateError("Pad(max_length=...) and Pad(multiple_of=...) do not go together: max_length is exact")
+        if truncate and max_length is None:
+            raise CollateError("Pad(truncate=True) needs a max_length")
         if dims is not None and not tuple(dims):
             raise CollateError("Pad(dims=...) must name at least one dimension (or be None)")
         if dims is not None and len(set(dims)) != len(tuple(dims)):
@@ -272,6 +304,8 @@ class Pad(Policy):
         self.value: float | bool = value
         self.side: Literal["right", "left"] = side
         self.multiple_of: int | None = multiple_of
+        self.max_length: int | None = max_length
+        self.truncate: bool = truncate
         self.dims: tuple[int, ...] | None = None if dims is None else tuple(dims)
         self.lengths_key: str | None = lengths_key
         self.mask_key: str | None = mask_key
@@ -282,7 +316,7 @@ class Pad(Policy):
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present
-        shapes = column.known
+        shapes = dict(column.known)  # truncation may shorten some
         if not present:
             raise column.error("Pad() got no values to pad (all missing)")
         ndim = len(shapes[present[0]])
@@ -313,11 +347,25 @@ class Pad(Policy):
                             f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({shapes[i][d]} vs {sizes[d]})",
                             i,
                         )
+        values = list(column.values)
+        if self.max_length is not None:
+            limit = self.max_length
+            for i in present:
+                if any(shapes[i][d] > limit for d in dims):
+                    if not self.truncate:
+                        raise column.error(
+                            f"shape {shapes[i]} is longer than Pad(max_length={limit}) (pass truncate=True to cut)", i
+                        )
+                    cut = tuple(slice(0, limit) if d in dims else slice(None) for d in range(ndim))
+                    values[i] = values[i][cut]
+                    shapes[i] = tuple(min(size, limit) if d in dims else size for d, size in enumerate(shapes[i]))
+            for d in dims:
+                sizes[d] = limit
         for d in dims:
             sizes[d] = self._round(sizes[d])
         n = len(column.values)
         shape = (n, *sizes)
-        entries = [(i, column.values[i], shapes[i]) for i in present]
+        entries = [(i, values[i], shapes[i]) for i in present]
         fill = functools.partial(_fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
         node = Slot(dtype, shape, [Segment(0, shape, fill, entries)])
         extras: dict[str, Node] = {}

@@ -139,3 +139,32 @@ def test_stack_on_boxes_says_why_it_cannot():
         CollateError, match=r"at \['b'\]: Stack\(\) cannot stack BoundingBoxes: they stay one tensor per sample"
     ):
         MMCollate(fields={"b": Stack()})([{"b": b} for b in boxes])
+
+
+def test_importing_pincollate_imports_neither_torchvision_nor_pil():
+    import subprocess
+    import sys
+
+    code = "import sys, pincollate; print('torchvision' in sys.modules, 'PIL' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_broken_torchvision_disables_only_its_own_types(tmp_path):
+    import subprocess
+    import sys
+
+    broken = tmp_path / "torchvision"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    code = (
+        "import warnings, torch, pincollate\n"
+        "Fake = type('Fake', (torch.Tensor,), {'__module__': 'torchvision.tv_tensors'})\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out = pincollate.mm_collate([torch.zeros(2).as_subclass(Fake)] * 2)\n"
+        "print(type(out).__name__, tuple(out.shape), [str(x.message)[:60] for x in w])\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
+    assert out.stdout.startswith("Fake (2, 2)") and "torchvision support is disabled, its import failed" in out.stdout

@@ -372,3 +372,41 @@ def test_rename_renames_outputs_and_their_extras():
         MMCollate(rename={"lable": "labels"})(samples[:1] * 2)
     with pytest.raises(CollateError, match="rename maps key paths to new names"):
         MMCollate(rename={"": "x"})
+
+
+def test_pad_to_a_fixed_max_length_and_truncate():
+    fixed = MMCollate(fields={"ids": Pad(max_length=5, mask_key="attention_mask")})
+    out = fixed([{"ids": [1, 2, 3]}, {"ids": [4]}])
+    assert out["ids"].tolist() == [[1, 2, 3, 0, 0], [4, 0, 0, 0, 0]]
+    assert out["attention_mask"].sum(1).tolist() == [3, 1]
+    with pytest.raises(CollateError, match=r"sample 1 at \['ids'\]: shape \(7,\) is longer than Pad\(max_length=5\)"):
+        fixed([{"ids": [1]}, {"ids": list(range(7))}])
+    cut = MMCollate(fields={"ids": Pad(max_length=2, truncate=True)})([{"ids": [1, 2, 3]}, {"ids": [4]}])
+    assert cut["ids"].tolist() == [[1, 2], [4, 0]] and cut["ids_lengths"].tolist() == [2, 1]
+    images = MMCollate(fields={"x": Pad(max_length=3, truncate=True, dims=(-1,))})(
+        [{"x": torch.ones(2, 4)}, {"x": torch.ones(2, 1)}]
+    )["x"]
+    assert images.shape == (2, 2, 3) and images[1, :, 1:].sum() == 0
+    for bad, pattern in (
+        (dict(max_length=0), "positive int"),
+        (dict(truncate=True), "needs a max_length"),
+        (dict(max_length=4, multiple_of=2), "do not go together"),
+    ):
+        with pytest.raises(CollateError, match=pattern):
+            Pad(**bad)
+
+
+def test_per_sample_keeps_each_samples_subtree_in_the_buffer():
+    from pincollate import PerSample
+
+    samples = [
+        {"image": torch.zeros(3, 2, 2), "target": {"boxes": torch.rand(i + 1, 4), "labels": [i, i]}} for i in range(3)
+    ]
+    collate = MMCollate(fields={"target": PerSample()})
+    for _ in range(2):
+        out = collate(samples)
+        assert [t["boxes"].shape[0] for t in out["target"]] == [1, 2, 3]
+        for ours, sample in zip(out["target"], samples, strict=True):
+            assert torch.equal(ours["boxes"], sample["target"]["boxes"])
+            assert [t.item() for t in ours["labels"]] == sample["target"]["labels"]
+        assert len(storages(out)) == 1

@@ -1,0 +1,108 @@
+"""Hugging Face: transformers Trainer with a tiny model from a config, datasets formats, accelerate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pincollate import Batch, MMCollate, Pad, to_device
+from samples import assert_one_buffer
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+#: The Hugging Face conventions: ids padded with a mask named as models expect, no
+#: lengths, and datasets' "label" column renamed to the "labels" models take.
+HF = MMCollate(fields={"input_ids": Pad(mask_key="attention_mask", lengths_key=None)}, rename={"label": "labels"})
+
+
+def _texts(n: int = 16) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        {
+            "input_ids": torch.randint(5, 90, (int(torch.randint(3, 12, (), generator=g)),), generator=g).tolist(),
+            "label": i % 2,
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_transformers_trainer_trains_a_tiny_model(tmp_path, arch):
+    transformers = pytest.importorskip("transformers")
+    if arch == "bert":
+        config = transformers.BertConfig(
+            vocab_size=100,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=2,
+        )
+        model = transformers.BertForSequenceClassification(config)
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=100, n_embd=16, n_layer=1, n_head=2, n_positions=32, num_labels=2, pad_token_id=0
+        )
+        model = transformers.GPT2ForSequenceClassification(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_texts(), data_collator=HF)
+    result = trainer.train()
+    assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
+    batch = HF(_texts(4))
+    assert list(batch) == ["input_ids", "attention_mask", "labels"]
+    assert batch["attention_mask"].sum(1).tolist() == [len(s["input_ids"]) for s in _texts(4)]
+    assert_one_buffer(batch)
+
+
+def test_datasets_python_lists_torch_format_and_iterable():
+    datasets = pytest.importorskip("datasets")
+    rows = _texts(8)
+    ds = datasets.Dataset.from_list(rows)
+    plain = list(DataLoader(ds, batch_size=4, collate_fn=HF))
+    torch_format = list(DataLoader(ds.with_format("torch"), batch_size=4, collate_fn=HF))
+    streamed = list(DataLoader(ds.to_iterable_dataset(), batch_size=4, collate_fn=HF))
+    for a, b, c in zip(plain, torch_format, streamed, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["input_ids"], c["input_ids"])
+        assert torch.equal(a["labels"], b["labels"])
+    first = [len(r["input_ids"]) for r in rows[:4]]
+    assert plain[0]["attention_mask"].sum(1).tolist() == first
+
+
+def test_datasets_image_features_come_back_as_pil_and_stack():
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    images = [Image.new("RGB", (8, 6), color=(i * 30, 0, 0)) for i in range(4)]
+    ds = datasets.Dataset.from_dict({"image": images, "label": [0, 1, 0, 1]}).cast_column("image", datasets.Image())
+    batch = next(iter(DataLoader(ds, batch_size=4, collate_fn=MMCollate(rename={"label": "labels"}))))
+    assert batch["image"].shape == (4, 3, 6, 8) and batch["image"][2, 0, 0, 0].item() == 60
+    assert batch["labels"].tolist() == [0, 1, 0, 1]
+
+
+def test_accelerate_prepare_and_send_to_device():
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    loader = accelerator.prepare(DataLoader(_texts(8), batch_size=4, collate_fn=HF))
+    batches = list(loader)
+    assert len(batches) == 2 and all(isinstance(b, Batch) for b in batches)
+    assert batches[0]["input_ids"].device.type == "cpu"
+    from accelerate.utils import send_to_device
+
+    # send_to_device moves an object with its own .to() whole; skip_keys reach a plain dict.
+    moved = send_to_device(dict(batches[0]), "cpu", skip_keys=["labels"])
+    assert moved["labels"] is batches[0]["labels"]
+    assert to_device(batches[0], "cpu") is batches[0]
