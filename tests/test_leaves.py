@@ -163,7 +163,7 @@ def test_a_broken_torchvision_disables_only_its_own_types(tmp_path):
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
         "    out = pincollate.mm_collate([torch.zeros(2).as_subclass(Fake)] * 2)\n"
-        "print(type(out).__name__, tuple(out.shape), [str(x.message)[:60] for x in w])\n"
+        "print(type(out).__name__, tuple(out.shape), [str(x.message)[:120] for x in w])\n"
     )
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
