@@ -106,3 +106,16 @@ def test_accelerate_prepare_and_send_to_device():
     moved = send_to_device(dict(batches[0]), "cpu", skip_keys=["labels"])
     assert moved["labels"] is batches[0]["labels"]
     assert to_device(batches[0], "cpu") is batches[0]
+
+
+def test_datasets_numpy_format_stacks_like_torch_format():
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"x": [[float(i), float(i + 1)] for i in range(8)], "label": list(range(8))})
+    as_numpy = next(iter(DataLoader(ds.with_format("numpy"), batch_size=4, collate_fn=HF)))
+    as_torch = next(iter(DataLoader(ds.with_format("torch"), batch_size=4, collate_fn=HF)))
+    assert torch.equal(as_numpy["x"].to(as_torch["x"].dtype), as_torch["x"]) and as_numpy["labels"].tolist() == [
+        0,
+        1,
+        2,
+        3,
+    ]

@@ -64,3 +64,40 @@ def test_trainer_fit_sees_default_collate_values(workers):
     moved = model.transfer_batch_to_device(model.seen[0], torch.device("cpu"), 0)
     assert isinstance(moved, Batch) and moved.layout is not None
     assert_same(dict(moved), default_collate([_Records()[i] for i in range(4)]))
+
+
+class _Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(_Records(), batch_size=4, collate_fn=mm_collate)
+
+    def val_dataloader(self):
+        return DataLoader(_Records(), batch_size=8, collate_fn=mm_collate)
+
+    def predict_dataloader(self):
+        return DataLoader(_Records(), batch_size=8, collate_fn=mm_collate)
+
+
+class _Full(_Model):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(batch["x"]).squeeze(1), batch["y"].float()))
+
+    def predict_step(self, batch, batch_idx):
+        return batch["name"], self.layer(batch["x"]).squeeze(1)
+
+
+def test_datamodule_validate_predict_and_bf16():
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model, data = _Full(), _Data()
+    trainer.fit(model, datamodule=data)
+    (metrics,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert torch.isfinite(torch.tensor(metrics["val_loss"]))
+    predictions = trainer.predict(model, datamodule=data)
+    assert [names for names, _ in predictions] == [[f"r{i}" for i in range(8)], [f"r{i}" for i in range(8, 16)]]
