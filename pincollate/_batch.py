@@ -256,7 +256,31 @@ def _buffer(self: Any) -> torch.Tensor | None:
     return None if state is None else state[1]
 
 
-class Batch(dict[Hashable, Any]):
+class _Carrier:
+    """What :class:`Batch` and :class:`BatchList` share: the layout they carry, and moving by it."""
+
+    _pincollate: Carried | None = None
+    pin_memory = batch_pin_memory
+    to = batch_to
+
+    @property
+    def layout(self) -> Layout | None:
+        """The batch's layout, or ``None`` once its contents no longer match it."""
+        return _layout(self)
+
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+        return _buffer(self)
+
+    def __reduce__(self) -> Any:
+        state = carried(self)
+        if state is None:
+            return (type(self), (_contents(self),))
+        return (_rebuild, state)
+
+
+class Batch(_Carrier, dict[Hashable, Any]):
     """A collated ``dict`` batch whose tensors are all views of :attr:`buffer`.
 
     Example:
@@ -269,49 +293,9 @@ class Batch(dict[Hashable, Any]):
         (torch.float16, torch.int64)
     """
 
-    _pincollate: Carried | None = None
-    pin_memory = batch_pin_memory
-    to = batch_to
 
-    @property
-    def layout(self) -> Layout | None:
-        """The batch's layout, or ``None`` once its contents no longer match it."""
-        return _layout(self)
-
-    @property
-    def buffer(self) -> torch.Tensor | None:
-        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
-        return _buffer(self)
-
-    def __reduce__(self) -> Any:
-        state = carried(self)
-        if state is None:
-            return (Batch, (dict(self),))
-        return (_rebuild, state)
-
-
-class BatchList(list[Any]):
+class BatchList(_Carrier, list[Any]):
     """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
-
-    _pincollate: Carried | None = None
-    pin_memory = batch_pin_memory
-    to = batch_to
-
-    @property
-    def layout(self) -> Layout | None:
-        """The batch's layout, or ``None`` once its contents no longer match it."""
-        return _layout(self)
-
-    @property
-    def buffer(self) -> torch.Tensor | None:
-        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
-        return _buffer(self)
-
-    def __reduce__(self) -> Any:
-        state = carried(self)
-        if state is None:
-            return (BatchList, (list(self),))
-        return (_rebuild, state)
 
 
 def carrier_class(cls: type[T]) -> type[T]:
