@@ -96,7 +96,8 @@ class _Template:
     """Plans one batch into a cached template: slots where values agree, parts elsewhere."""
 
     def __init__(self, plans: Plans, learned: Sequence[Path]):
-        self.careful = {*plans.careful, *learned}
+        with plans._lock:  # another thread may be committing what it learnt
+            self.careful = {*plans.careful, *learned}
         self.rules = plans.rules
         self.renames = plans.renames
         self.default = plans.default

@@ -136,3 +136,29 @@ def test_ragged_fields_are_parts_after_the_cached_slots():
     assert part.node.offset >= image.nbytes and [name for name, _ in part.extras] == ["ids_lengths", "ids_mask"]
     again = collate.plan([{"image": torch.ones(3, 2, 2), "ids": torch.arange(i + 5)} for i in range(3)])
     assert again.root is layout.root and again.parts[0].node.shape == (3, 7)
+
+
+def test_one_collate_shared_by_threads_gives_each_its_own_right_batch():
+    import threading
+
+    collate = MMCollate(pin_memory=False)
+    trees = [PARITY[name] for name in ("multimodal-dict", "tuple-samples", "deep", "namedtuple")] + [
+        RAGGED["ragged-boxes"]
+    ]
+    failures: list[BaseException] = []
+
+    def work(build) -> None:
+        try:
+            expected = MMCollate(pin_memory=False)(build())
+            for _ in range(50):
+                assert_same(collate(build()), expected)
+        except BaseException as error:  # reported below, in the test's thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(build,)) for build in trees]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures[0]
+    assert collate._plans.planned <= 2 * len(trees)
