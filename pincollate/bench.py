@@ -300,6 +300,94 @@ def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dic
     return {"fields": fields, "first_ms": first * 1e3, "steady_ms": later * 1e3, "ratio": first / later}
 
 
+# --- where a worker batch's time goes ------------------------------------------------------
+
+
+def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, Any]:
+    """The stages a worker batch goes through, timed one by one in this process (ms, medians).
+
+    Worker fill into a fresh shared-memory buffer (what every batch pays today) and into a
+    reused one; pickling for the main process (the file descriptor shared); unpickling in
+    another process (the descriptor received over a socket, the buffer mapped anew); the
+    first read there (minor page faults of the new mapping) and a second one, the size of
+    the pin copy (pinning itself needs an accelerator).
+    """
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing
+
+    from ._arena import allocate
+    from ._batch import make_batch
+
+    cls, batch_size = SCENARIOS[scenario]
+    n = 6
+    dataset = InMemory(cls(length=batch_size * n))
+    batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n)]
+    collate = MMCollate(pin_memory=False)
+    collate(batches[0])
+    plan = collate._plans.last
+    assert plan is not None and plan.layout is not None, "the breakdown needs a scenario without per-batch parts"
+    repeat = 10 if quick else 30
+
+    def median_ms(step: Callable[[int], Any]) -> float:
+        times = []
+        for i in range(repeat):
+            start = time.perf_counter()
+            step(i)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    def shared_batch(i: int, buffer: torch.Tensor | None = None) -> Any:
+        layout, fill = plan.run(batches[i % n], collate._planner)
+        buffer = allocate(layout.nbytes, "shared") if buffer is None else buffer
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+
+    reused = allocate(plan.nbytes, "shared")
+    made = [shared_batch(i) for i in range(repeat)]
+    target = torch.empty(plan.nbytes, dtype=torch.uint8)
+    # The main process's side, for real: batches made and pickled in a forked child,
+    # received here (descriptor over a socket, a fresh mapping), then read once.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+
+    def child() -> None:
+        torch.set_num_threads(1)  # as in a DataLoader worker: no thread pool after fork
+        batches_there = [shared_batch(i) for i in range(2 * repeat)]
+        theirs.send([bytes(ForkingPickler.dumps(b)) for b in batches_there])
+        theirs.recv()  # keep the batches (and the fd sharer) alive until the parent is done
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    try:
+        if not ours.poll(300):
+            raise RuntimeError("the child process making batches did not answer")
+        received = ours.recv()
+        mapped: list[Any] = []
+        stages = {
+            "fill, fresh shared buffer": median_ms(lambda i: shared_batch(i)),
+            "fill, reused shared buffer": median_ms(lambda i: shared_batch(i, reused)),
+            "pickle (fd shared)": median_ms(lambda i: ForkingPickler.dumps(made[i])),
+            "unpickle in another process (fd received, mapped)": median_ms(
+                lambda i: mapped.append(pickle.loads(received[i]))
+            ),
+            "first read there (one copy of the mapped buffer)": median_ms(lambda i: target.copy_(mapped[i].buffer)),
+            "one copy of the buffer again (pin copy's size)": median_ms(lambda i: target.copy_(mapped[i].buffer)),
+        }
+    finally:
+        ours.send(None)
+        process.join(timeout=60)
+    return {"scenario": scenario, "batch_bytes": plan.nbytes, "stages_ms": stages}
+
+
+def format_breakdown(report: dict[str, Any]) -> str:
+    lines = [f"worker batch breakdown, {report['scenario']} ({report['batch_bytes'] / 2**20:.1f} MiB per batch), ms:"]
+    lines += [f"  {name:<52} {ms:8.3f}" for name, ms in report["stages_ms"].items()]
+    return "\n".join(lines)
+
+
 # --- GPU rows ------------------------------------------------------------------------------
 
 
@@ -594,7 +682,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-gpu", action="store_true", help="skip the transfer and overlap rows even with CUDA")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="only time the stages of a worker batch (video scenario) and exit"
+    )
     args = parser.parse_args(argv)
+    if args.breakdown:
+        m = machine()
+        print(
+            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
+        )
+        print(format_breakdown(worker_breakdown("video", args.quick)))
+        return 0
     if args.workers < 0:
         parser.error("--workers must be >= 0")
     if args.gpu and not torch.cuda.is_available():

@@ -105,3 +105,17 @@ def test_make_gpu_check_skips_cleanly_without_a_gpu():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "skipped" in result.stdout and "GPU benchmark skipped" in result.stdout
     assert not (root / "gpu-check.json").exists()
+
+
+def test_worker_breakdown_times_every_stage(capsys):
+    assert bench.main(["--breakdown", "--quick"]) == 0
+    out = capsys.readouterr().out
+    for stage in (
+        "fill, fresh shared buffer",
+        "fill, reused shared buffer",
+        "pickle (fd shared)",
+        "unpickle in another process",
+    ):
+        assert stage in out
+    report = bench.worker_breakdown("video", quick=True)
+    assert report["batch_bytes"] > 20 << 20 and all(ms > 0 for ms in report["stages_ms"].values())
