@@ -28,7 +28,15 @@ from ._fill import Filler
 from ._layout import Wrap
 from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 
-__all__ = ["LeafHandler", "describe_tensor", "fill_numbers", "lookup", "register_leaf", "torch_dtype", "type_name"]
+__all__ = [
+    "LeafHandler",
+    "describe_tensor",
+    "fill_numbers",
+    "lookup",
+    "register_leaf",
+    "torch_dtype",
+    "type_name",
+]
 
 Path = tuple[Hashable, ...]
 

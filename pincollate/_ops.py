@@ -23,13 +23,29 @@ from ._errors import CollateError
 from ._fill import Fill, Filler, Mismatch
 from ._layout import Part, TensorSpec
 
-__all__ = ["BlockOp", "CarefulOp", "DataclassOp", "MappingOp", "NumbersOp", "Op", "SequenceOp", "StackOp", "ValueOp"]
+__all__ = [
+    "BlockOp",
+    "CarefulOp",
+    "DataclassOp",
+    "MappingOp",
+    "NumbersOp",
+    "Op",
+    "SequenceOp",
+    "StackOp",
+    "ValueOp",
+    "fits_int64",
+]
 
 Path = tuple[Hashable, ...]
 
 #: The dtype getters, called at C speed by ``map``.
 TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
 ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
+
+
+def fits_int64(value: int) -> bool:
+    """Whether a Python int fits the ``int64`` a column of ints becomes."""
+    return -(2**63) <= value < 2**63
 
 
 class Op:
@@ -196,7 +212,7 @@ class NumbersOp(Op):
             (*self.path, key)
             for j, key in enumerate(self.keys)
             if {type(row[j]) for row in payload} != self.types
-            or any(type(row[j]) is int and not -(2**63) <= row[j] < 2**63 for row in payload)
+            or any(type(row[j]) is int and not fits_int64(row[j]) for row in payload)
         ]
         return tuple(bad) or tuple((*self.path, key) for key in self.keys)
 

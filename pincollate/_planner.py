@@ -26,6 +26,7 @@ from ._errors import Attr, CollateError, format_path
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, type_name
+from ._ops import fits_int64
 from ._patterns import ITEMS, Renames
 from ._policies import AsList, Column, PerSample, Policy, Stack, stack_or_list
 from ._specs import (
@@ -252,7 +253,7 @@ class _Walk:
         column = Column(values, path, handler, dtypes, shapes, metas, origins)
         if family == "number":
             for i, value in enumerate(values):
-                if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                if isinstance(value, int) and not fits_int64(value):
                     raise self._error(f"int {value} does not fit int64", i, path, origins)
             try:
                 column.dtype = number_dtype(values)
@@ -266,11 +267,7 @@ class _Walk:
         if not handler.is_tensor:
             # Every value is None (missing="none"): a packing policy gives its empty result.
             if policy is not None and policy.takes_items:
-                n = len(values)
-                tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
-                return policy.plan(
-                    Column([None] * n, path, tensor, [None] * n, [None] * n, None, None), self.renames.key(path)
-                )
+                return policy.plan(Column.empty(len(values), path), self.renames.key(path))
             return Value([None] * len(values)), {}
         if policy is None and _mixed_families(values):
             return self._as_default_collate(values, path, origins), {}
@@ -531,8 +528,7 @@ class _Walk:
             flat_origins.extend((sample, (*where, j)) for j in range(len(value)))
         if not flat:
             # No sample has an item: the policy gives its empty result.
-            tensor: LeafHandler = lookup(torch.Tensor)  # type: ignore[assignment]
-            return policy.plan(Column([], path, tensor, [], [], None, []), self.renames.key(path), counts=counts)
+            return policy.plan(Column.empty(0, path), self.renames.key(path), counts=counts)
         handler = lookup(type(flat[0]))
         if handler is None or not handler.is_tensor:
             raise self._error(

@@ -39,6 +39,7 @@ from ._ops import (
     SequenceOp,
     StackOp,
     ValueOp,
+    fits_int64,
 )
 from ._patterns import Renames
 from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
@@ -60,7 +61,6 @@ __all__ = ["Plan", "Plans"]
 Path = tuple[Hashable, ...]
 
 _NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
-_INT64 = (-(2**63), 2**63)
 _VALUES = (str, bytes, type(None))
 _CAREFUL = object()
 
@@ -118,25 +118,24 @@ class _Template:
         self.nparts += 1
         return PartSpec(index), CarefulOp(path, index, siblings)
 
+    def per_batch(self, path: Path) -> bool:
+        """Whether ``path`` is planned anew for each batch: learnt as careful, or under a policy."""
+        return path in self.careful or bool(self.rules and self.rules.lookup(path) is not None)
+
     def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
         """The dtype of a column of Python numbers of one type that a block can take."""
         cls = type(column[0])
         dtype = _NUMBERS.get(cls)
-        if dtype is None or path in self.careful or (self.rules and self.rules.lookup(path) is not None):
+        if dtype is None or self.per_batch(path):
             return None
         if set(map(type, column)) != {cls}:
             return None
-        if cls is int and not all(_INT64[0] <= v < _INT64[1] for v in column):
+        if cls is int and not all(map(fits_int64, column)):
             return None
         return dtype
 
     def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
-        if (
-            len(path) > MAX_DEPTH
-            or path in self.careful
-            or (self.rules and self.rules.lookup(path) is not None)
-            or (self.missing and any(v is None for v in column))
-        ):
+        if len(path) > MAX_DEPTH or self.per_batch(path) or (self.missing and any(v is None for v in column)):
             return self.part(path, siblings)
         first = column[0]
         cls = type(first)
@@ -207,12 +206,7 @@ class _Template:
 
     def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
         """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
-        if (
-            type(column[0]) is not torch.Tensor
-            or self.default is not None
-            or path in self.careful
-            or (self.rules and self.rules.lookup(path) is not None)
-        ):
+        if type(column[0]) is not torch.Tensor or self.default is not None or self.per_batch(path):
             return None
         if set(map(type, column)) != {torch.Tensor}:
             return None

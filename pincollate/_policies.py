@@ -57,6 +57,13 @@ class Column:
         self.metas: list[Hashable] | None = metas
         self.origins: list[tuple[int, Path]] | None = origins
 
+    @classmethod
+    def empty(cls, n: int, path: Path) -> Column:
+        """``n`` absent values (none at all for ``n == 0``): what a packing policy makes empty."""
+        tensor = lookup(torch.Tensor)
+        assert tensor is not None
+        return cls([None] * n, path, tensor, [None] * n, [None] * n, None, None)
+
     def origin(self, i: int) -> tuple[int, Path]:
         return (i, self.path) if self.origins is None else self.origins[i]
 
