@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch.utils.data import get_worker_info
 
+from . import _ring
 from ._errors import CollateError
 
 __all__ = [
@@ -196,9 +197,16 @@ class _Recycled:
 _recycled = _Recycled()
 
 
-def allocate(nbytes: int, kind: Kind) -> torch.Tensor:
-    """Allocate one flat ``uint8`` buffer of ``nbytes`` bytes of the given kind."""
+def allocate(nbytes: int, kind: Kind, slots: int = 0, pin_slots: bool = False) -> torch.Tensor:
+    """Allocate one flat ``uint8`` buffer of ``nbytes`` bytes of the given kind.
+
+    In a DataLoader worker with ``slots > 0`` a shared buffer is a slot of the
+    worker's ring (:mod:`._ring`) when one is free, else a fresh one.
+    """
     if kind == "shared":
+        slot = _ring.take(nbytes, slots, pin_slots)
+        if slot is not None:
+            return slot
         _check_shm_space(nbytes)
     try:
         if kind == "shared":

@@ -27,10 +27,12 @@ import collections.abc as abc
 import dataclasses
 import functools
 from collections.abc import Hashable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
 import torch
 
+from . import _ring
 from ._arena import is_pinned, pinned_allocator
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
 from ._specs import (
@@ -51,6 +53,7 @@ __all__ = [
     "batch_to",
     "carried",
     "carrier_class",
+    "carries",
     "make_batch",
 ]
 
@@ -150,8 +153,46 @@ def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: V
     return batch
 
 
+def carries(layout: Layout) -> bool:
+    """Whether a batch of ``layout`` is a carrier (it can cross processes as its layout)."""
+    root = layout.root
+    if type(root) is PartSpec:
+        root = layout.parts[root.index].node
+    kind = type(root)
+    if kind is MappingSpec or kind is SequenceSpec:
+        return root.cls is None  # type: ignore[attr-defined]
+    return kind is NamedTupleSpec or kind is DataclassSpec
+
+
 def _rebuild(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
     return make_batch(layout, buffer, values)
+
+
+def _reduce_across(batch: Any) -> Any:
+    """How a batch crosses to another process through multiprocessing's pickler.
+
+    A batch in a slot of this worker's ring crosses as the slot's index and its
+    layout (:mod:`._ring`); any other batch as its layout and buffer, the buffer in
+    shared memory, as torch shares a tensor.
+    """
+    state = carried(batch)
+    if state is None:
+        return batch.__reduce__()
+    layout, buffer, values = state
+    crossing = _ring.send(buffer)
+    if crossing is not None:
+        header, index, generation, storage = crossing
+        return (_from_slot, (header, index, generation, storage, layout, values))
+    if _ring.is_slot(buffer):
+        # Sent before: a slot has one receiver, so a second send carries a copy.
+        buffer = buffer[: layout.nbytes].clone()
+    return (_rebuild, (layout, buffer, values))
+
+
+def _from_slot(
+    header: _ring.Header, index: int, generation: int, storage: Any, layout: Layout, values: list[Any]
+) -> Any:
+    return make_batch(layout, _ring.lease(header, index, generation, storage, layout.nbytes), values)
 
 
 # --- moving -----------------------------------------------------------------------------
@@ -165,7 +206,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
 
         return _plain_again(self, pin(_contents(self)))  # type: ignore[no-any-return]
     layout, buffer, values = state
-    if is_pinned(buffer):
+    if is_pinned(buffer) or _ring.is_registered(buffer):
         return self
     pinned = pinned_allocator()(layout.nbytes)
     pinned.copy_(buffer[: layout.nbytes])
@@ -205,7 +246,10 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
     source = buffer[: layout.nbytes]
     if not same:
         blocking = target.type == "mps" and not source.is_pinned()
+        held = source
         source = source.to(target, non_blocking=non_blocking and not blocking)
+        if non_blocking and target.type == "cuda" and _ring.is_registered(held):
+            _ring.hold_until_copied(held)
     elif cast is layout:
         source = source.clone()
     if cast is not layout:
@@ -298,6 +342,10 @@ class BatchList(_Carrier, list[Any]):
     """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
 
 
+ForkingPickler.register(Batch, _reduce_across)
+ForkingPickler.register(BatchList, _reduce_across)
+
+
 def carrier_class(cls: type[T]) -> type[T]:
     """A subclass of the namedtuple or dataclass ``cls`` whose instances carry their layout.
 
@@ -330,7 +378,9 @@ def _carrier_class(cls: Any) -> Any:
     ):
         if name not in names:
             namespace[name] = attr
-    return type(cls.__name__, (cls,), namespace)
+    carrier = type(cls.__name__, (cls,), namespace)
+    ForkingPickler.register(carrier, _reduce_across)
+    return carrier
 
 
 def _carrier_reduce(self: Any) -> Any:

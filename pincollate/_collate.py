@@ -13,8 +13,9 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Literal
 
+from . import _ring
 from ._arena import Kind, PinMode, allocate, resolve_kind
-from ._batch import make_batch
+from ._batch import carries, make_batch
 from ._errors import CollateError
 from ._fill import Mismatch
 from ._layout import Layout
@@ -27,6 +28,8 @@ from ._policies import Policy
 __all__ = ["MMCollate", "mm_collate"]
 
 Path = tuple[Hashable, ...]
+
+_SETTINGS = ("pin_memory", "sequences", "fields", "ragged", "missing", "rename", "worker_slots", "pin_slots")
 
 
 def _samples(batch: Any) -> list[Any]:
@@ -48,7 +51,7 @@ class MMCollate:
     ``default_collate`` succeeds the result is the same (container types, dtypes,
     shapes, values; a top-level dict comes back as :class:`~pincollate.Batch`, a
     ``dict`` subclass). Every output tensor is a view of one ``uint8`` buffer:
-    shared memory inside a DataLoader worker (one file descriptor per batch),
+    shared memory inside a DataLoader worker (a recycled slot, see ``worker_slots``),
     pinned memory in the main process when ``pin_memory`` asks for it.
 
     Args:
@@ -69,6 +72,15 @@ class MMCollate:
             ``{"label": "labels"}`` for Hugging Face models; a renamed field's policy
             extras take the new name. Never automatic; a path that matches nothing
             is reported once, as field patterns are.
+        worker_slots: the most shared-memory slots each DataLoader worker recycles
+            for its batches (a batch then crosses to the main process without a
+            file descriptor or a new mapping). A ring only grows to the batches a
+            worker has in flight at once, about ``prefetch_factor + 2``; with every
+            slot in use a batch takes a fresh buffer. ``0`` gives every batch a
+            fresh buffer.
+        pin_slots: in the main process, register each worker slot with CUDA once,
+            so worker batches arrive page-locked and ``pin_memory`` copies nothing.
+            Needs CUDA in the main process; without it slots are left as they are.
 
     Example:
         >>> import torch
@@ -90,6 +102,8 @@ class MMCollate:
         ragged: Policy | None = None,
         missing: Literal["error", "none"] = "error",
         rename: Mapping[str, str] | None = None,
+        worker_slots: int = _ring.DEFAULT_SLOTS,
+        pin_slots: bool = False,
     ):
         if pin_memory not in (True, False, "auto"):
             raise CollateError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
@@ -97,6 +111,10 @@ class MMCollate:
             raise CollateError(f"sequences must be 'transpose' or 'items', got {sequences!r}")
         if missing not in ("error", "none"):
             raise CollateError(f"missing must be 'error' or 'none', got {missing!r}")
+        if type(worker_slots) is not int or worker_slots < 0:
+            raise CollateError(f"worker_slots must be an int >= 0, got {worker_slots!r}")
+        if not isinstance(pin_slots, bool):
+            raise CollateError(f"pin_slots must be True or False, got {pin_slots!r}")
         if ragged is not None and not isinstance(ragged, Policy):
             raise CollateError(f"ragged must be a policy or None, got {type_name(ragged)}")
         self.pin_memory: PinMode = pin_memory
@@ -105,6 +123,8 @@ class MMCollate:
         self.ragged: Policy | None = ragged
         self.missing: Literal["error", "none"] = missing
         self.rename: dict[str, str] = dict(rename or {})
+        self.worker_slots = worker_slots
+        self.pin_slots = pin_slots
         self._rules = FieldRules(self.fields)
         self._renames = Renames(self.rename)
         self._reported: set[str] = set()
@@ -113,7 +133,7 @@ class MMCollate:
         self._plans = Plans(self._rules, missing == "none", sequences == "items", ragged, self._renames)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("pin_memory", "sequences", "fields", "ragged", "missing", "rename")}
+        return {k: getattr(self, k) for k in _SETTINGS}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state.pop("pin_memory"), **state)  # type: ignore[misc]
@@ -121,7 +141,8 @@ class MMCollate:
     def __repr__(self) -> str:
         return (
             f"MMCollate(pin_memory={self.pin_memory!r}, sequences={self.sequences!r}, "
-            f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r}, rename={self.rename!r})"
+            f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r}, rename={self.rename!r}, "
+            f"worker_slots={self.worker_slots!r}, pin_slots={self.pin_slots!r})"
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:
@@ -135,8 +156,17 @@ class MMCollate:
 
     def _collate(self, plan: Plan, samples: list[Any], kind: Kind) -> Any:
         layout, fill = plan.run(samples, self._planner)
-        buffer = allocate(layout.nbytes, kind)
-        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+        # Only a carrier crosses as a slot index; any other output would cross tensor
+        # by tensor, and its slot could not be reused.
+        slots = self.worker_slots if kind == "shared" and carries(layout) else 0
+        buffer = allocate(layout.nbytes, kind, slots, self.pin_slots)
+        try:
+            views = fill.execute(buffer)
+        except BaseException:
+            if slots:
+                _ring.give_back(buffer)
+            raise
+        return make_batch(layout, buffer, fill.values, views)
 
     def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:
         """``use(plan, samples)`` with the plan that fits: the last one, a cached one, or a new one.

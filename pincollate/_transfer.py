@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from . import _ring
 from ._arena import is_pinned, pinned_allocator
 from ._batch import batch_pin_memory, batch_to, carried
 from ._layout import ALIGN
@@ -206,13 +207,12 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
         blocking = device.type == "mps" and not flat.is_pinned()
-        return flat.to(device, non_blocking=non_blocking and not blocking)
-
-    def per_leaf(t: torch.Tensor) -> torch.Tensor:
-        blocking = device.type == "mps" and not t.is_pinned()
-        return t.to(device, non_blocking=non_blocking and not blocking)
+        moved = flat.to(device, non_blocking=non_blocking and not blocking)
+        if non_blocking and device.type == "cuda" and _ring.is_registered(flat):
+            _ring.hold_until_copied(flat)  # a worker slot: not refilled under the copy
+        return moved
 
     def same_device(s: torch.UntypedStorage) -> bool:
         return s.device.type == device.type and (device.index is None or s.device.index == device.index)
 
-    return _move(tree, copy_span, device, per_leaf, same_device)
+    return _move(tree, copy_span, device, copy_span, same_device)

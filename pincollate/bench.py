@@ -173,14 +173,45 @@ def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
     return items[shift:] + items[:shift]
 
 
+class _Repeat(Dataset[Any]):
+    """``dataset`` read round and round to ``length`` samples: a long run over few stored samples."""
+
+    def __init__(self, dataset: Dataset[Any], length: int):
+        self.dataset = dataset
+        self.length = length
+        self.stored = len(dataset)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index % self.stored]
+
+
 def _time_workers(
-    fns: dict[str, Collate], dataset: Dataset[Any], batch_size: int, workers: int, rounds: int, progress: Any
+    fns: dict[str, Collate],
+    dataset: Dataset[Any],
+    batch_size: int,
+    workers: int,
+    rounds: int,
+    progress: Any,
+    batches: int,
 ) -> dict[str, float]:
+    """Batches per second of a DataLoader over ``batches`` batches (after the first), per method.
+
+    Long enough that a worker's start (its first batches, new processes) is not what
+    is measured: a training epoch is thousands of batches.
+    """
     rates: dict[str, list[float]] = {name: [] for name in fns}
     for round_ in range(rounds):
         for name, fn in _rotated(fns, round_):
             loader = DataLoader(
-                dataset, batch_size=batch_size, num_workers=workers, collate_fn=fn, prefetch_factor=4, timeout=120
+                _Repeat(dataset, batches * batch_size),
+                batch_size=batch_size,
+                num_workers=workers,
+                collate_fn=fn,
+                prefetch_factor=4,
+                timeout=120,
             )
             iterator = iter(loader)
             next(iterator)  # workers started and warm
@@ -252,7 +283,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
         worker_rates: dict[str, float] = {}
         if workers:
             bar.set_postfix_str(f"{scenario}: {workers} workers")
-            worker_rates = _time_workers(fns, dataset, batch_size, workers, rounds_workers, bar)
+            worker_rates = _time_workers(fns, dataset, batch_size, workers, rounds_workers, bar, 24 if quick else 96)
         baseline = next(iter(fns))
         padding = _padding_bytes(scenario, fns["mm_collate"], batches)
         for name in fns:

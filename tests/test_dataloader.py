@@ -8,7 +8,7 @@ from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
-from pincollate import Batch, MMCollate, mm_collate
+from pincollate import Batch, MMCollate, _ring, mm_collate
 from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, storages
 
 pytestmark = pytest.mark.slow
@@ -36,14 +36,25 @@ def test_parity_through_dataloader(name, workers):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_worker_batches_share_one_storage(context):
+@pytest.mark.parametrize("slots", [0, 8])
+def test_worker_batches_share_one_storage(context, slots):
     dataset = TreeDataset("multimodal-dict", repeat=3)
-    batches = _batches(dataset, mm_collate, num_workers=2, multiprocessing_context=context)
-    assert batches
-    for batch in batches:
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        collate_fn=MMCollate(worker_slots=slots),
+        num_workers=2,
+        multiprocessing_context=context,
+        timeout=60,
+    )
+    iterator = iter(loader)
+    for batch in iterator:
         assert type(batch) is Batch
         assert len(storages(batch)) == 1
-        assert batch["image"].untyped_storage().is_shared()
+        if slots:
+            assert _ring.leased(batch["image"])  # a view of a worker slot this process maps
+        else:
+            assert batch["image"].untyped_storage().is_shared()
 
 
 @pytest.mark.parametrize("name", ["unequal-lists", "mixed-dtypes", "ragged-boxes"])
@@ -55,7 +66,8 @@ def test_ragged_results_are_the_same_in_workers_and_main_process(name):
         assert_same(a, b)
 
 
-def test_one_file_descriptor_per_worker_batch(monkeypatch):
+def _storages_received(monkeypatch, collate, dataset, keep=False):
+    """Storages the main process received per batch (each a file descriptor and a new mapping)."""
     received = []
     rebuild = reductions.rebuild_storage_fd
 
@@ -63,22 +75,45 @@ def test_one_file_descriptor_per_worker_batch(monkeypatch):
         received.append(1)
         return rebuild(*args)
 
+    loader = DataLoader(
+        dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60
+    )
+    iterator = iter(loader)  # workers fork here, before the patch below
+    # The main process unpickles each storage through this module attribute.
+    monkeypatch.setattr(reductions, "rebuild_storage_fd", counting)
+    kept, count = [], 0
+    for batch in iterator:
+        count += 1
+        if keep:
+            kept.append(batch)
+    monkeypatch.setattr(reductions, "rebuild_storage_fd", rebuild)
+    return len(received), count
+
+
+def test_one_file_descriptor_per_worker_batch_without_the_ring(monkeypatch):
     dataset = TreeDataset("multimodal-dict", repeat=4)  # 16 samples, 4 batches
-    counts = {}
-    for label, collate in (("mm", mm_collate), ("default", default_collate)):
-        loader = DataLoader(
-            dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60
-        )
-        iterator = iter(loader)  # workers fork here, before the patch below
-        # The main process unpickles each storage through this module attribute.
-        monkeypatch.setattr(reductions, "rebuild_storage_fd", counting)
-        received.clear()
-        batches = list(iterator)
-        monkeypatch.setattr(reductions, "rebuild_storage_fd", rebuild)
-        counts[label] = len(received) / len(batches)
-    assert counts["mm"] == 1
+    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=0), dataset)
+    assert fds == batches == 4
     # image, audio, tokens, label, score, flag and meta.boxes: one storage each.
-    assert counts["default"] == 7
+    fds, batches = _storages_received(monkeypatch, default_collate, dataset)
+    assert fds == 7 * batches
+
+
+def test_ring_slots_cross_once(monkeypatch):
+    # 40 batches, each dropped at once: each worker's slots (and its state array)
+    # cross once; every later batch crosses as a slot index.
+    dataset = TreeDataset("multimodal-dict", repeat=40)
+    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=8), dataset)
+    assert batches == 40
+    assert fds <= 2 * (8 + 1) and fds < batches / 2
+
+
+def test_ring_full_takes_fresh_buffers(monkeypatch):
+    # Every batch kept: each worker's one slot stays leased, later batches take fresh buffers.
+    dataset = TreeDataset("multimodal-dict", repeat=10)
+    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=1), dataset, keep=True)
+    assert batches == 10
+    assert fds == batches - 2 + 2 * 2  # fresh buffers, plus each worker's slot and state array once
 
 
 def _pretend_accelerator(monkeypatch):

@@ -1,0 +1,457 @@
+"""Worker batches in a recycled ring of shared-memory slots, mapped once by the receiver.
+
+A fresh shared-memory buffer per batch costs a new file, a page fault and kernel
+zeroing for every page the fill writes, a file descriptor passed over a socket and a
+new mapping in the main process. Inside a DataLoader worker a batch is therefore
+filled into a *slot* of the worker's ring instead:
+
+* a worker keeps up to ``slots`` shared-memory storages and one small shared state
+  array (one ``int64`` per slot: ``0`` free, ``1`` in use). Slots are made when the
+  worker has more batches in flight than it has slots, so a ring holds as many as
+  the loader keeps in flight (``prefetch_factor`` plus what the consumer holds);
+* when the batch is pickled for another process (multiprocessing's pickler only:
+  ``torch.save`` and plain ``pickle`` write the bytes as for any batch) it crosses
+  as the ring's token, the slot's index and generation, the layout and the values.
+  A slot's storage (and the ring's state array) travel with its first batch only;
+* the receiving process keeps its mapping of every slot and builds each batch over
+  a *lease*: a tensor over the slot's memory whose storage, when the batch's last
+  view dies, releases the lease, and the release marks the slot free. A batch kept
+  for any length of time stays valid: its slot is never reused before that. A leased
+  batch sent on to a third process is copied into fresh shared memory first (torch
+  does that for memory it did not map itself) and its slot is released then;
+* a worker never waits: with no free slot that fits and the ring full, the batch
+  takes a fresh buffer, as without a ring. A slot too small for a batch is replaced
+  by a bigger one when it is free.
+
+The receiver closes a ring (its slot mappings and their file descriptors; leased
+batches keep their own slot alive) when the worker's process object is gone (the
+DataLoader iterator shut its workers down) or the worker process has died.
+
+With ``pin_slots`` the receiver also registers each slot with CUDA once
+(``cudaHostRegister``), so a batch is already page-locked when it arrives and
+``pin_memory()`` has nothing to copy. A move from a registered slot keeps the slot
+leased until the copy has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import secrets
+import threading
+import warnings
+import weakref
+from typing import Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+__all__ = [
+    "DEFAULT_SLOTS",
+    "Header",
+    "close_all",
+    "give_back",
+    "hold_until_copied",
+    "is_registered",
+    "is_slot",
+    "lease",
+    "leased",
+    "open_rings",
+    "send",
+    "take",
+]
+
+#: At most this many slots per worker unless a collate says otherwise.
+DEFAULT_SLOTS = 8
+
+#: Slots are made this much bigger than the batch that asked for them, so batches
+#: that vary a little in size share them. The pages past what a batch writes are
+#: never touched, so they take no memory.
+_HEADROOM = 1.25
+_GRAIN = 1 << 16
+
+#: (token, worker pid, the state array's storage or None, pin_slots)
+Header = tuple[int, int, Any, bool]
+
+_use_count = torch._C._storage_Use_Count
+
+
+def _shared(nbytes: int) -> torch.UntypedStorage:
+    return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _room(nbytes: int) -> bool:
+    """Whether /dev/shm has ``nbytes`` free (a slot's pages are written later, and a full
+    tmpfs shows up as SIGBUS on a write, not as an error here)."""
+    if not os.path.isdir("/dev/shm"):
+        return True
+    stat = os.statvfs("/dev/shm")
+    return stat.f_bavail * stat.f_frsize >= nbytes
+
+
+def _words(storage: torch.UntypedStorage, count: int) -> Any:
+    """``count`` int64 words over ``storage``'s memory, read and written at C speed."""
+    return (ctypes.c_int64 * count).from_address(storage.data_ptr())
+
+
+# --- the worker's side -------------------------------------------------------------------
+
+
+class _Slot:
+    __slots__ = ("capacity", "generation", "pending", "sent", "storage")
+
+    def __init__(self, storage: torch.UntypedStorage, generation: int):
+        self.storage = storage
+        self.capacity = storage.nbytes()
+        self.generation = generation
+        self.pending = False  # handed to a batch that has not been sent yet
+        self.sent = False  # this generation's storage has crossed once
+
+
+class _Ring:
+    """One worker process's slots."""
+
+    def __init__(self, slots: int):
+        self.token = secrets.randbits(62)
+        self.pid = os.getpid()
+        self.size = slots
+        self.state_storage = _shared(8 * slots)  # a new shared file reads as zeros: all free
+        self.state = _words(self.state_storage, slots)
+        self.slots: list[_Slot | None] = [None] * slots
+        self.lock = threading.Lock()
+        self.state_sent = False
+        self.pin = False  # ask the receiver to register slots with CUDA
+
+    def _free(self, index: int, slot: _Slot) -> bool:
+        # A pending slot stays taken: its batch may still leave this process some other
+        # way (changed, or a tensor taken out of it, and pickled tensor by tensor), and
+        # a slot another process maps by its file descriptor is never reused.
+        return not slot.pending and self.state[index] == 0 and _use_count(slot.storage._cdata) == 1
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        with self.lock:
+            fits: int | None = None
+            empty: int | None = None
+            small: int | None = None
+            for index, slot in enumerate(self.slots):
+                if slot is None:
+                    if empty is None:
+                        empty = index
+                elif self._free(index, slot):
+                    if slot.capacity >= nbytes:
+                        if fits is None or slot.capacity < self.slots[fits].capacity:  # type: ignore[union-attr]
+                            fits = index
+                    elif small is None:
+                        small = index
+            if fits is None:
+                fits = empty if empty is not None else small
+                if fits is None:
+                    return None  # every slot is in use: a fresh buffer, never a wait
+                old = self.slots[fits]
+                capacity = -(-int(nbytes * _HEADROOM) // _GRAIN) * _GRAIN
+                if not _room(capacity):
+                    return None  # the fresh-buffer path reports a full /dev/shm
+                try:
+                    storage = _shared(capacity)
+                except RuntimeError:
+                    return None
+                self.slots[fits] = _Slot(storage, 0 if old is None else old.generation + 1)
+            slot = self.slots[fits]
+            assert slot is not None
+            slot.pending = True
+            self.state[fits] = 1
+            return torch.empty(0, dtype=torch.uint8).set_(slot.storage, 0, (nbytes,), (1,))
+
+    def give_back(self, buffer: torch.Tensor) -> None:
+        with self.lock:
+            index = self.find(buffer)
+            slot = None if index is None else self.slots[index]
+            if slot is not None and slot.pending:
+                slot.pending = False
+                self.state[index] = 0
+
+    def find(self, buffer: torch.Tensor) -> int | None:
+        cdata = buffer.untyped_storage()._cdata
+        for index, slot in enumerate(self.slots):
+            if slot is not None and slot.storage._cdata == cdata:
+                return index
+        return None
+
+
+_rings: dict[int, _Ring] = {}
+
+
+def _worker_ring(slots: int) -> _Ring | None:
+    if slots <= 0 or get_worker_info() is None:
+        return None
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    if strategy != "file_descriptor":
+        return None  # the file_system strategy names its files; it keeps today's path
+    pid = os.getpid()
+    ring = _rings.get(pid)
+    if ring is None:
+        _rings.clear()  # a fork's copy of its parent's ring is not its own
+        ring = _rings[pid] = _Ring(slots)
+    return ring
+
+
+def take(nbytes: int, slots: int, pin_slots: bool = False) -> torch.Tensor | None:
+    """A buffer of ``nbytes`` bytes in a free slot of this worker's ring, or ``None``.
+
+    ``None`` outside a DataLoader worker, with the ``file_system`` sharing strategy,
+    with ``slots=0``, for an empty batch, and when every slot is in use.
+    """
+    if nbytes <= 0:
+        return None
+    ring = _worker_ring(slots)
+    if ring is None:
+        return None
+    ring.pin = pin_slots
+    return ring.take(nbytes)
+
+
+def give_back(buffer: torch.Tensor) -> None:
+    """Return the slot under ``buffer`` to the ring: the batch it was taken for failed."""
+    ring = _rings.get(os.getpid())
+    if ring is not None:
+        ring.give_back(buffer)
+
+
+def is_slot(buffer: torch.Tensor) -> bool:
+    """Whether ``buffer`` is a slot of this worker's ring."""
+    ring = _rings.get(os.getpid())
+    return ring is not None and ring.find(buffer) is not None
+
+
+def send(buffer: torch.Tensor) -> tuple[Header, int, int, Any] | None:
+    """What a batch over ``buffer`` crosses as, if ``buffer`` is a slot of this worker's ring.
+
+    ``(header, index, generation, storage)``: ``storage`` (and the header's state
+    array) only the first time a slot crosses. ``None`` when the buffer is no slot
+    or the batch in it was sent already (it then crosses as a copy).
+    """
+    ring = _rings.get(os.getpid())
+    if ring is None:
+        return None
+    with ring.lock:
+        index = ring.find(buffer)
+        if index is None:
+            return None
+        slot = ring.slots[index]
+        assert slot is not None
+        if not slot.pending:
+            return None  # a second send of one batch: two receivers cannot share a slot
+        slot.pending = False
+        storage = None if slot.sent else slot.storage
+        slot.sent = True
+        state = None
+        if not ring.state_sent or storage is not None:
+            state = ring.state_storage
+            ring.state_sent = True
+        return (ring.token, ring.pid, state, ring.pin), index, slot.generation, storage
+
+
+# --- the receiver's side ------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None  # exited, not yet reaped
+    return fields[19].decode()
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    if os.path.isdir("/proc/self"):
+        return started is not None and _start_time(pid) == started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Mapping:
+    """The receiver's mapping of one slot generation (registered with CUDA, if asked)."""
+
+    __slots__ = ("__weakref__", "generation", "ptr", "registered", "storage")
+
+    def __init__(self, storage: torch.UntypedStorage, generation: int, pin: bool):
+        self.storage = storage
+        self.generation = generation
+        self.ptr = storage.data_ptr()
+        self.registered = pin and _register(storage)
+        if self.registered:
+            _registered[self.ptr] = self.ptr + storage.nbytes()
+
+    def __del__(self) -> None:
+        if self.registered:
+            _registered.pop(self.ptr, None)
+            with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone first
+                _cudart().cudaHostUnregister(self.ptr)
+
+
+def _cudart() -> Any:
+    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+
+def _register(storage: torch.UntypedStorage) -> bool:
+    if not torch.cuda.is_available():
+        return False
+    # Portable (flag 1): page-locked for every CUDA context, as torch's own pinned memory.
+    error = int(_cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 1))
+    if error != 0:
+        warnings.warn(
+            f"pincollate: cudaHostRegister failed for a worker slot (error {error}); its batches are pinned by copy",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+class _Receiver:
+    """The receiving process's view of one worker's ring."""
+
+    def __init__(self, header: Header):
+        token, pid, state_storage, _ = header
+        self.token = token
+        self.pid = pid
+        self.started = _start_time(pid)
+        self.state_storage: torch.UntypedStorage = state_storage
+        self.state = _words(state_storage, state_storage.nbytes() // 8)
+        self.slots: dict[int, _Mapping] = {}
+        self.closed = False
+
+    def release(self, index: int) -> None:
+        self.state[index] = 0
+        if not self.closed and not _alive(self.pid, self.started):
+            _close(self.token)
+
+
+_receivers: dict[int, _Receiver] = {}
+_receiving = threading.Lock()
+
+
+def _close(token: int) -> None:
+    with _receiving:
+        receiver = _receivers.pop(token, None)
+        if receiver is not None:
+            receiver.closed = True
+            receiver.slots.clear()  # leased batches hold their own mapping
+
+
+def _watch(receiver: _Receiver) -> None:
+    """Close the ring when the worker's process object is gone (its iterator shut down)."""
+    for process in multiprocessing.active_children():
+        if process.pid == receiver.pid:
+            weakref.finalize(process, _close, receiver.token).atexit = False
+            return
+
+
+def _sweep() -> None:
+    for token, receiver in list(_receivers.items()):
+        if not _alive(receiver.pid, receiver.started):
+            _close(token)
+
+
+def _release(receiver: _Receiver, index: int, mapping: _Mapping) -> None:
+    receiver.release(index)
+
+
+def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int) -> torch.Tensor:
+    """A ``uint8`` tensor over the first ``nbytes`` bytes of a worker's slot, in this process.
+
+    Its storage holds the slot: when the last view of it dies the slot is marked free.
+
+    Raises:
+        RuntimeError: the slot never crossed to this process (a batch from a ring is
+            received by one process).
+    """
+    token = header[0]
+    with _receiving:
+        receiver = _receivers.get(token)
+        fresh = receiver is None
+        if receiver is None:
+            if header[2] is None:
+                raise RuntimeError(
+                    "pincollate: a worker batch arrived in a process that never received its "
+                    "worker's ring; batches of one DataLoader worker must all go to one process"
+                )
+            receiver = _receivers[token] = _Receiver(header)
+        if storage is not None:
+            receiver.slots[index] = _Mapping(storage, generation, header[3])
+        mapping = receiver.slots.get(index)
+    if fresh:
+        _watch(receiver)
+        _sweep()
+    if _in_flight:
+        _prune()
+    if mapping is None or mapping.generation != generation:
+        raise RuntimeError(f"pincollate: slot {index} of a worker's ring is not mapped in this process")
+    memory = (ctypes.c_uint8 * nbytes).from_address(mapping.ptr)
+    weakref.finalize(memory, _release, receiver, index, mapping).atexit = False
+    return torch.frombuffer(memory, dtype=torch.uint8)
+
+
+# --- registered slots: a copy in flight keeps its slot leased ------------------------------
+
+_registered: dict[int, int] = {}  # start address -> end address of each registered mapping
+_in_flight: list[tuple[Any, torch.Tensor]] = []
+_flight_lock = threading.Lock()
+
+
+def is_registered(buffer: torch.Tensor) -> bool:
+    """Whether ``buffer`` lies in a worker slot this process registered with CUDA."""
+    if not _registered:
+        return False
+    ptr = buffer.data_ptr()
+    return any(start <= ptr < end for start, end in list(_registered.items()))
+
+
+def hold_until_copied(source: torch.Tensor) -> None:
+    """Keep ``source`` (a registered slot) leased until the copies queued on the current stream finish.
+
+    A non-blocking copy from page-locked memory reads it after the call returns; torch
+    guards its own pinned blocks with an event, and this does the same for a slot, so
+    the worker cannot refill it under the copy.
+    """
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record()
+    with _flight_lock:
+        _in_flight.append((event, source))
+    _prune()
+
+
+def _prune() -> None:
+    with _flight_lock:
+        _in_flight[:] = [(event, source) for event, source in _in_flight if not event.query()]
+
+
+def leased(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory lies in a worker slot this process maps (for tests)."""
+    ptr = tensor.data_ptr()
+    with _receiving:
+        mappings = [m for r in _receivers.values() for m in r.slots.values()]
+    return any(m.ptr <= ptr < m.ptr + m.storage.nbytes() for m in mappings)
+
+
+def open_rings() -> int:
+    """How many workers' rings this process has mapped now (for tests and leak checks)."""
+    with _receiving:
+        return len(_receivers)
+
+
+def close_all() -> None:
+    """Close every ring this process maps (leased batches stay valid)."""
+    for token in list(_receivers):
+        _close(token)
