@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._errors import Attr, CollateError
-from ._fill import Fill
+from ._fill import Fill, Mismatch
 from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
 from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
@@ -69,11 +69,13 @@ class Plan:
     """A cached plan: the Layout template, its ops, and how many values and parts it has.
 
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
+    ``size`` is its batch size: the ops check each sample, not how many there are.
     """
 
-    __slots__ = ("key", "layout", "nbytes", "nparts", "nvalues", "op", "template")
+    __slots__ = ("key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
 
-    def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int):
+    def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
+        self.size: int = size
         self.template: Spec = template
         self.op: Op = op
         self.nbytes: int = nbytes
@@ -84,6 +86,8 @@ class Plan:
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
+        if len(samples) != self.size:
+            raise Mismatch()  # another batch size (an epoch's last batch): another plan
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes)
         self.op.run(samples, fill)
         layout = self.layout
@@ -323,7 +327,7 @@ class Plans:
         """
         template = _Template(self, learned)
         spec, op = template.plan(samples, (), None)
-        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts)
+        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples))
 
         def commit() -> None:
             with self._lock:

@@ -30,6 +30,19 @@ def test_batches_after_the_first_are_not_planned_again(name):
     assert collate._plans.planned == 1
 
 
+@pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
+def test_a_smaller_batch_of_one_structure_is_its_own_plan(name):
+    # An epoch's last batch is smaller: the cached plan of the full batches must not
+    # be applied to it (its ops check each sample, not how many there are).
+    build = PARITY.get(name) or RAGGED[name]
+    collate, fresh = MMCollate(), MMCollate()
+    samples = build()
+    for size in (len(samples), len(samples), 1, max(1, len(samples) - 1), len(samples), 1):
+        assert_same(collate(samples[:size]), fresh(samples[:size]))
+    if name in PARITY:
+        assert_same(collate(samples[:1]), default_collate(samples[:1]))
+
+
 def test_the_layout_is_the_same_object_for_every_batch_of_one_structure():
     collate = MMCollate()
     layouts = [collate([_nested(i + k) for i in range(4)]).layout for k in range(5)]
