@@ -1,0 +1,397 @@
+"""The workers' shared-memory ring: stress, faults, fallbacks, and what is left afterwards."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import random
+import signal
+import threading
+import time
+from multiprocessing import resource_sharer
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+from torch.multiprocessing import reductions
+from torch.utils.data import DataLoader, Dataset
+
+from pincollate import MMCollate, Pad, _ring
+
+pytestmark = pytest.mark.slow
+
+
+class Numbered(Dataset):
+    """Sample ``i``: ``x`` is ``i`` repeated a length that varies with ``i``; its id and a tag."""
+
+    def __init__(self, count: int, longest: int = 6000, growing: bool = False, fail_at: int | None = None):
+        self.count = count
+        self.longest = longest
+        self.growing = growing
+        self.fail_at = fail_at
+
+    def __len__(self) -> int:
+        return self.count
+
+    def length(self, i: int) -> int:
+        if self.growing:
+            return 64 + i * 512
+        return 64 + (i * 2654435761) % self.longest
+
+    def __getitem__(self, i: int) -> dict:
+        if i == self.fail_at:
+            raise ValueError(f"sample {i} is broken")
+        return {"x": torch.full((self.length(i),), float(i)), "i": i, "tag": f"s{i}", "pid": os.getpid()}
+
+
+COLLATE = MMCollate(pin_memory=False, fields={"x": Pad()})
+
+
+def check(batch, written: bool = False) -> None:
+    """The batch holds exactly what its samples said (and the one write, if it was written)."""
+    ids = batch["i"]
+    assert batch["tag"] == [f"s{i}" for i in ids.tolist()]
+    lengths = batch["x_lengths"]
+    real = torch.arange(batch["x"].shape[1]) < lengths[:, None]
+    expected = torch.where(real, ids[:, None].float(), torch.zeros(()))
+    if written:
+        expected[0, 0] = -1.0
+    assert torch.equal(batch["x"], expected)
+    assert torch.equal(batch["x_mask"], real)
+
+
+def loader(dataset, collate=COLLATE, batch_sampler=None, **kwargs):
+    kwargs.setdefault("num_workers", 2)
+    if kwargs["num_workers"]:
+        kwargs.setdefault("timeout", 60)
+    if batch_sampler is None:
+        kwargs.setdefault("batch_size", 4)
+    return DataLoader(dataset, collate_fn=collate, batch_sampler=batch_sampler, **kwargs)
+
+
+def varying_batches(count: int, seed: int = 0, largest: int = 24) -> list[list[int]]:
+    rng = random.Random(seed)
+    batches, start = [], 0
+    for _ in range(count):
+        size = rng.randint(1, largest)
+        batches.append(list(range(start, start + size)))
+        start += size
+    return batches
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def shm_used() -> int:
+    stat = os.statvfs("/dev/shm")
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+def state() -> tuple[int, set[str], int]:
+    gc.collect()
+    return fds(), shm_files(), threading.active_count()
+
+
+def settled(fds_before: int, files_before: set[str], threads_before: int) -> None:
+    """Everything the ring opened is closed again: no mapped rings, fds, /dev/shm files or threads."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        gc.collect()
+        if (
+            _ring.open_rings() == 0
+            and fds() <= fds_before
+            and shm_files() <= files_before
+            and threading.active_count() <= threads_before
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(
+        f"left behind: {_ring.open_rings()} rings, {fds() - fds_before} fds, {shm_files() - files_before} "
+        f"in /dev/shm, threads {[t.name for t in threading.enumerate()]}"
+    )
+
+
+@pytest.fixture
+def clean():
+    """The test must leave no ring, file descriptor, /dev/shm file or thread behind."""
+    before = state()
+    yield
+    settled(*before)
+
+
+_rebuild_storage_fd = reductions.rebuild_storage_fd
+_received = [0]
+
+
+def _counting_rebuild(*args):
+    # Module level: a worker forked after the patch pickles this function by name.
+    _received[0] += 1
+    return _rebuild_storage_fd(*args)
+
+
+@pytest.fixture
+def storages_received(monkeypatch):
+    """Counts storages the main process maps from a worker (each a file descriptor)."""
+    _received[0] = 0
+    monkeypatch.setattr(reductions, "rebuild_storage_fd", _counting_rebuild)
+    return _received
+
+
+# --- stress --------------------------------------------------------------------------------
+
+
+def test_stress_kept_dropped_and_written_batches_never_change(clean):
+    # Thousands of batches of varying sizes: the consumer keeps some for random
+    # times (a few for the whole run), drops the rest at once and writes into some.
+    # Every batch is checked when handed out, while kept, and when dropped.
+    rng = random.Random(1)
+    sampler = varying_batches(2000, seed=1)
+    dataset = Numbered(sum(map(len, sampler)))
+    kept: list[tuple[float, object, bool]] = []
+    leased = fresh = 0
+    for step, batch in enumerate(loader(dataset, batch_sampler=sampler)):
+        check(batch)
+        if _ring.leased(batch["x"]):
+            leased += 1
+        else:
+            fresh += 1
+        written = rng.random() < 0.1
+        if written:
+            batch["x"][0, 0] = -1.0
+        roll = rng.random()
+        if roll < 0.003:
+            kept.append((float("inf"), batch, written))
+        elif roll < 0.3:
+            kept.append((step + rng.randint(1, 40), batch, written))
+        for due, old, old_written in kept:
+            if due <= step or step % 100 == 0:
+                check(old, old_written)
+        kept = [entry for entry in kept if entry[0] > step]
+        del batch
+    for _, old, old_written in kept:
+        check(old, old_written)
+    # Both paths ran: most batches in slots, some fresh while every slot was kept.
+    assert leased > 500 and fresh > 0
+    del kept
+
+
+def test_shared_memory_stays_bounded_by_the_ring(clean):
+    # Varying sizes, each batch dropped at once: /dev/shm in use never exceeds
+    # workers x slots x the largest slot, and no ring holds more than its slots.
+    sampler = varying_batches(600, seed=2)
+    dataset = Numbered(sum(map(len, sampler)))
+    largest = max(COLLATE.plan([dataset[i] for i in b]).nbytes for b in sampler[:200]) * 2
+    base, peak = shm_used(), 0
+    for batch in loader(
+        dataset, batch_sampler=sampler, collate=MMCollate(pin_memory=False, fields={"x": Pad()}, worker_slots=4)
+    ):
+        check(batch)
+        peak = max(peak, shm_used() - base)
+        assert all(len(r.slots) <= 4 for r in _ring._receivers.values())
+        del batch
+    assert peak <= 2 * 4 * (int(largest * 1.25) + (1 << 16))
+
+
+def test_persistent_workers_keep_their_rings_across_epochs(clean, storages_received):
+    data = loader(Numbered(64), persistent_workers=True)
+    for _ in range(5):
+        for batch in data:
+            check(batch)
+        del batch
+    # Each worker's slots and state array crossed once for all five epochs.
+    assert storages_received[0] <= 2 * (8 + 1)
+    assert _ring.open_rings() == 2
+    del data
+
+
+def test_pin_thread_copies_each_batch_once_and_frees_its_slot(monkeypatch, fake_pinned, clean, storages_received):
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    batches = [b for b in loader(Numbered(160), pin_memory=True)]
+    assert len(fake_pinned) == len(batches) == 40
+    for batch in batches:
+        check(batch)
+        assert not _ring.leased(batch["x"])  # a pinned copy; its slot went back
+    assert storages_received[0] < 20
+    del batches, batch
+
+
+# --- faults --------------------------------------------------------------------------------
+
+
+def test_worker_killed_mid_epoch_leaves_nothing(clean):
+    kept = []
+    iterator = iter(loader(Numbered(400)))
+    try:
+        with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed by signal"):
+            for step, batch in enumerate(iterator):
+                check(batch)
+                kept.append(batch)
+                if step == 5:
+                    os.kill(int(batch["pid"][0]), signal.SIGKILL)
+    finally:
+        iterator._shutdown_workers()  # at once, rather than whenever the GC gets to it
+    for batch in kept:
+        check(batch)  # what was handed out stays valid
+    del iterator, kept, batch
+
+
+def test_dataset_exception_leaves_nothing(clean):
+    iterator = iter(loader(Numbered(64, fail_at=30)))
+    try:
+        with pytest.raises(ValueError, match="sample 30 is broken"):
+            for batch in iterator:
+                check(batch)
+    finally:
+        iterator._shutdown_workers()
+    del iterator, batch
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_early_break_leaves_nothing(clean, batch_first):
+    iterator = iter(loader(Numbered(400)))
+    for step, batch in enumerate(iterator):  # noqa: B007 (the batch is used after the loop)
+        if step == 3:
+            break
+    check(batch)
+    if batch_first:
+        del batch
+        del iterator
+    else:
+        del iterator
+        check(batch)  # valid after its workers are gone
+        del batch
+
+
+# --- fallbacks -----------------------------------------------------------------------------
+
+
+def test_batches_bigger_than_every_slot(clean, storages_received):
+    # Each batch outgrows the slots: a free slot is replaced by a bigger one, and
+    # kept batches of the slots it replaced stay valid.
+    kept = []
+    for step, batch in enumerate(loader(Numbered(160, growing=True))):
+        check(batch)
+        if step % 3 == 0:
+            kept.append(batch)
+    for batch in kept:
+        check(batch)
+    assert storages_received[0] >= 40  # every batch needed a new slot or a fresh buffer
+    del kept, batch
+
+
+def test_file_system_strategy_takes_the_path_without_a_ring():
+    previous = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        list(loader(Numbered(8)))  # torch connects to its shared-memory manager once per process
+        before = state()
+        for batch in loader(Numbered(40)):
+            check(batch)
+            assert _ring.open_rings() == 0 and not _ring.leased(batch["x"])
+        del batch
+        settled(*before)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(previous)
+
+
+def test_without_workers_there_is_no_ring(clean):
+    for batch in loader(Numbered(40), num_workers=0):
+        check(batch)
+        assert _ring.open_rings() == 0 and not _ring.leased(batch["x"])
+
+
+def test_no_slots_means_a_fresh_buffer_per_batch(clean, storages_received):
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, worker_slots=0)
+    batches = list(loader(Numbered(40), collate=collate))
+    for batch in batches:
+        check(batch)
+        assert batch["x"].untyped_storage().is_shared()
+    assert storages_received[0] == len(batches) == 10
+    del batches, batch
+
+
+def test_pin_slots_without_cuda_changes_nothing(clean):
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
+    for batch in loader(Numbered(40), collate=collate):
+        check(batch)
+        assert _ring.leased(batch["x"]) and not _ring.is_registered(batch.buffer)
+    del batch
+
+
+# --- batches leaving the path ----------------------------------------------------------------
+
+
+def test_batch_sent_on_to_another_process_is_copied_out_of_its_slot(clean):
+    iterator = iter(loader(Numbered(400)))
+    first = next(iterator)
+    assert _ring.leased(first["x"])
+    sent = ForkingPickler.dumps(first)  # what a multiprocessing queue would send
+    assert not _ring.leased(first["x"])  # moved to fresh shared memory; the slot is free
+    for batch in iterator:  # the slots are reused many times over
+        check(batch)
+    received = pickle.loads(sent)
+    check(first)
+    check(received)
+    saved = pickle.loads(pickle.dumps(batch))
+    check(saved)
+    del iterator, first, received, batch, saved, sent
+    resource_sharer.stop()  # multiprocessing's fd-passing thread, started by the loads above
+
+
+def _pickled_in_the_worker(samples):
+    batch = COLLATE(samples)
+    ForkingPickler.dumps(batch)  # sent somewhere that is not the main process
+    return batch
+
+
+def _changed_in_the_worker(samples):
+    batch = COLLATE(samples)
+    batch["extra"] = 1  # no longer its layout: crosses tensor by tensor
+    return batch
+
+
+@pytest.mark.parametrize("collate", [_pickled_in_the_worker, _changed_in_the_worker])
+def test_a_slot_that_left_another_way_is_never_reused(clean, collate):
+    batches = list(loader(Numbered(160), collate=collate))
+    assert len(batches) == 40
+    for batch in batches:
+        check(batch)
+        assert not _ring.leased(batch["x"])
+    del batches, batch
+
+
+def test_failed_collate_gives_its_slot_back():
+    from pincollate._batch import carries
+
+    # A worker-like call that fails while filling: the slot is free again at once.
+    ring = _ring._Ring(2)
+    buffer = ring.take(1000)
+    assert buffer is not None and ring.state[0] == 1
+    ring.give_back(buffer)
+    assert ring.state[0] == 0 and not ring.slots[0].pending
+    del buffer
+    assert ring.take(1000) is not None and ring.take(1000) is not None and ring.take(1000) is None
+    assert carries(COLLATE.plan([{"x": torch.ones(2), "i": 0, "tag": "a", "pid": 0}]))
+
+
+@pytest.mark.cuda
+def test_pinned_slots_arrive_pinned_and_move_safely(clean):
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
+    for batch in loader(Numbered(2000), collate=collate, pin_memory=True):
+        assert _ring.is_registered(batch.buffer) and batch.buffer.is_pinned()
+        assert batch.pin_memory() is batch
+        moved = batch.to("cuda", non_blocking=True)
+        del batch  # the slot stays leased until the copy finished
+        check(moved.to("cpu"))
+    torch.cuda.synchronize()
+    _ring._prune()
+    del moved
