@@ -46,7 +46,8 @@ def _torch_pinned(nbytes: int) -> torch.Tensor:
 
 
 def _torch_is_pinned(tensor: torch.Tensor) -> bool:
-    return tensor.is_pinned()
+    # A worker slot registered with CUDA (pin_slots) is page-locked memory torch did not allocate.
+    return tensor.is_pinned() or _ring.is_registered(tensor)
 
 
 _pinned_allocator: PinnedAllocator = _torch_pinned

@@ -206,7 +206,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
 
         return _plain_again(self, pin(_contents(self)))  # type: ignore[no-any-return]
     layout, buffer, values = state
-    if is_pinned(buffer) or _ring.is_registered(buffer):
+    if is_pinned(buffer):
         return self
     pinned = pinned_allocator()(layout.nbytes)
     pinned.copy_(buffer[: layout.nbytes])
