@@ -269,9 +269,9 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, started: str | None) -> bool:
-    if os.path.isdir("/proc/self"):
-        return started is not None and _start_time(pid) == started
-    try:
+    if started is not None:
+        return _start_time(pid) == started  # a reused pid has another start time
+    try:  # no /proc (or not readable): the pid is all there is
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
@@ -331,15 +331,20 @@ class _Receiver:
         self.state = _words(state_storage, state_storage.nbytes() // 8)
         self.slots: dict[int, _Mapping] = {}
         self.closed = False
+        self.receiver_pid = os.getpid()
 
     def release(self, index: int) -> None:
+        if os.getpid() != self.receiver_pid:
+            return  # a fork's copy of a batch dying says nothing about the original
         self.state[index] = 0
         if not self.closed and not _alive(self.pid, self.started):
             _close(self.token)
 
 
 _receivers: dict[int, _Receiver] = {}
-_receiving = threading.Lock()
+# Reentrant: a lease released by the garbage collector while this thread holds the
+# lock (inside lease()) may close a ring.
+_receiving = threading.RLock()
 
 
 def _close(token: int) -> None:

@@ -9,6 +9,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from multiprocessing import resource_sharer
 from multiprocessing.reduction import ForkingPickler
 
@@ -345,6 +346,23 @@ def test_batch_sent_on_to_another_process_is_copied_out_of_its_slot(clean):
     check(saved)
     del iterator, first, received, batch, saved, sent
     resource_sharer.stop()  # multiprocessing's fd-passing thread, started by the loads above
+
+
+def test_a_forked_copy_of_a_batch_does_not_free_its_slot(clean):
+    iterator = iter(loader(Numbered(400)))
+    first = next(iterator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (Python 3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child drops its copy of the batch
+        del first
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    for batch in iterator:
+        check(batch)
+    check(first)  # its slot was not handed out again
+    del iterator, first, batch
 
 
 def _pickled_in_the_worker(samples):
