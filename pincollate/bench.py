@@ -339,11 +339,13 @@ def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dic
 def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, Any]:
     """The stages a worker batch goes through, timed one by one in this process (ms, medians).
 
-    Worker fill into a fresh shared-memory buffer (what every batch pays today) and into a
-    reused one; pickling for the main process (the file descriptor shared); unpickling in
-    another process (the descriptor received over a socket, the buffer mapped anew); the
-    first read there (minor page faults of the new mapping) and a second one, the size of
-    the pin copy (pinning itself needs an accelerator).
+    Without the ring (``worker_slots=0``): worker fill into a fresh shared-memory buffer and
+    into a reused one; pickling for the main process (the file descriptor shared);
+    unpickling in another process (the descriptor received over a socket, the buffer mapped
+    anew); the first read there (minor page faults of the new mapping) and a second one, the
+    size of the pin copy (pinning itself needs an accelerator). Then the same trip through a
+    worker's ring: fill into a slot and pickle its index in a forked child, lease and read
+    the batch here, with the slot mapped once.
     """
     import pickle
     from multiprocessing.reduction import ForkingPickler
@@ -412,7 +414,71 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
     finally:
         ours.send(None)
         process.join(timeout=60)
+    stages.update(_ring_breakdown(plan, collate, batches, repeat))
     return {"scenario": scenario, "batch_bytes": plan.nbytes, "stages_ms": stages}
+
+
+def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], repeat: int) -> dict[str, float]:
+    """The same trip through a worker's ring of slots: a forked child fills a slot and sends
+    its index; this process leases the batch, reads it once and drops it (freeing the slot)."""
+    import multiprocessing
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from . import _ring
+    from ._batch import make_batch
+
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+
+    def child() -> None:
+        torch.set_num_threads(1)
+        ring = _ring._rings[os.getpid()] = _ring._Ring(2)  # what a DataLoader worker's first batch sets up
+        fills, pickles = [], []
+        for i in range(repeat + 1):
+            start = time.perf_counter()
+            buffer = ring.take(plan.nbytes)
+            assert buffer is not None, "the parent did not free the slot"
+            layout, fill = plan.run(batches[i % len(batches)], collate._planner)
+            batch = make_batch(layout, buffer, fill.values, fill.execute(buffer))
+            filled = time.perf_counter()
+            data = bytes(ForkingPickler.dumps(batch))
+            fills.append(filled - start)
+            pickles.append(time.perf_counter() - filled)
+            del batch, buffer
+            theirs.send(data)
+            theirs.recv()  # the parent dropped the batch: its slot is free
+        theirs.send((statistics.median(fills[1:]), statistics.median(pickles[1:])))
+        theirs.recv()
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    target = torch.empty(plan.nbytes, dtype=torch.uint8)
+    loads, reads = [], []
+    try:
+        for _ in range(repeat + 1):
+            if not ours.poll(300):
+                raise RuntimeError("the child process filling slots did not answer")
+            data = ours.recv()
+            start = time.perf_counter()
+            batch = pickle.loads(data)
+            loaded = time.perf_counter()
+            target.copy_(batch.buffer)
+            loads.append(loaded - start)
+            reads.append(time.perf_counter() - loaded)
+            del batch
+            ours.send(None)
+        fill_s, pickle_s = ours.recv()
+    finally:
+        ours.send(None)
+        process.join(timeout=60)
+        _ring.close_all()
+    return {
+        "ring: fill into a slot": fill_s * 1e3,
+        "ring: pickle (the slot's index)": pickle_s * 1e3,
+        "ring: unpickle in another process (lease, views)": statistics.median(loads[1:]) * 1e3,
+        "ring: first read there (slot mapped once)": statistics.median(reads[1:]) * 1e3,
+    }
 
 
 def format_breakdown(report: dict[str, Any]) -> str:

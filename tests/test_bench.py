@@ -115,6 +115,9 @@ def test_worker_breakdown_times_every_stage(capsys):
         "fill, reused shared buffer",
         "pickle (fd shared)",
         "unpickle in another process",
+        "ring: fill into a slot",
+        "ring: pickle (the slot's index)",
+        "ring: unpickle in another process (lease, views)",
     ):
         assert stage in out
     report = bench.worker_breakdown("video", quick=True)
