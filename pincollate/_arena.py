@@ -2,9 +2,10 @@
 
 The kind is decided per call, never cached across processes:
 
-* inside a DataLoader worker the buffer is one shared-memory storage, so the batch
-  reaches the main process as one file descriptor however many tensors it holds;
-  a worker never touches CUDA (a forked child cannot create a context);
+* inside a DataLoader worker the buffer is shared memory: a slot of the worker's
+  ring (:mod:`._ring`), which crosses to the main process as its index once the slot
+  has crossed, or a fresh shared storage (one file descriptor however many tensors
+  it holds); a worker never touches CUDA (a forked child cannot create a context);
 * in the main process it is pinned when pinning is wanted and possible (with
   ``"auto"``: in a process that started the accelerator);
 * otherwise it is plain pageable memory.
