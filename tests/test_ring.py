@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import io
 import os
 import pickle
 import random
@@ -344,7 +345,11 @@ def test_batch_sent_on_to_another_process_is_copied_out_of_its_slot(clean):
     check(received)
     saved = pickle.loads(pickle.dumps(batch))
     check(saved)
-    del iterator, first, received, batch, saved, sent
+    stream = io.BytesIO()
+    torch.save(batch, stream)  # a leased batch saves its bytes
+    stream.seek(0)
+    check(torch.load(stream))
+    del iterator, first, received, batch, saved, sent, stream
     resource_sharer.stop()  # multiprocessing's fd-passing thread, started by the loads above
 
 
