@@ -370,6 +370,8 @@ def _sweep() -> None:
 
 
 def _release(receiver: _Receiver, index: int, mapping: _Mapping) -> None:
+    # ``mapping`` is unused here: as the finalizer's argument it keeps the slot's memory
+    # mapped for as long as the lease lives, even after its ring was closed.
     receiver.release(index)
 
 
