@@ -75,7 +75,7 @@ class MMCollate:
         worker_slots: the most shared-memory slots each DataLoader worker recycles
             for its batches (a batch then crosses to the main process without a
             file descriptor or a new mapping). A ring only grows to the batches a
-            worker has in flight at once, about ``prefetch_factor + 2``; with every
+            worker has in flight at once, about ``prefetch_factor + 1``; with every
             slot in use a batch takes a fresh buffer. ``0`` gives every batch a
             fresh buffer.
         pin_slots: in the main process, register each worker slot with CUDA once,

@@ -137,9 +137,12 @@ def test_ragged_column_after_uniform_batches_is_handled():
 
 
 def test_collate_is_picklable_with_its_settings():
-    collate = MMCollate(pin_memory=False, sequences="items", fields={"x": pincollate.Pad()})
-    again = pickle.loads(pickle.dumps(collate))
+    collate = MMCollate(
+        pin_memory=False, sequences="items", fields={"x": pincollate.Pad()}, worker_slots=3, pin_slots=True
+    )
+    again = pickle.loads(pickle.dumps(collate))  # what a spawned worker receives
     assert repr(again) == repr(collate)
+    assert (again.worker_slots, again.pin_slots) == (3, True)
 
 
 def test_default_collate_keeps_user_mapping_types():
@@ -238,6 +241,9 @@ def test_collate_error_is_both_type_and_value_error():
         ({"sequences": "zip"}, "sequences must be"),
         ({"missing": "drop"}, "missing must be"),
         ({"ragged": "pad"}, "ragged must be a policy"),
+        ({"worker_slots": -1}, "worker_slots must be an int >= 0"),
+        ({"worker_slots": 2.0}, "worker_slots must be an int >= 0"),
+        ({"pin_slots": 1}, "pin_slots must be True or False"),
     ],
 )
 def test_invalid_settings(kwargs, pattern):
