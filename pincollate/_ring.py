@@ -357,7 +357,9 @@ def _close(token: int) -> None:
 
 def _watch(receiver: _Receiver) -> None:
     """Close the ring when the worker's process object is gone (its iterator shut down)."""
-    for process in multiprocessing.active_children():
+    # A snapshot of this process's children, not active_children(): that one reaps and
+    # edits the set, which may race with another thread starting workers.
+    for process in list(getattr(multiprocessing.process, "_children", ())):
         if process.pid == receiver.pid:
             weakref.finalize(process, _close, receiver.token).atexit = False
             return
