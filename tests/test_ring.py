@@ -212,6 +212,18 @@ def test_persistent_workers_keep_their_rings_across_epochs(clean, storages_recei
     del data
 
 
+def test_new_workers_each_epoch_leave_no_fds_behind(clean):
+    # Non-persistent workers: every epoch brings new rings; the last epoch's are closed
+    # once its workers are gone, so descriptors do not grow from epoch to epoch.
+    data = loader(Numbered(64))
+    before = state()
+    for _ in range(4):
+        for batch in data:
+            check(batch)
+        del batch
+        settled(*before)
+
+
 def test_pin_thread_copies_each_batch_once_and_frees_its_slot(monkeypatch, fake_pinned, clean, storages_received):
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
