@@ -430,3 +430,19 @@ def test_pinned_slots_arrive_pinned_and_move_safely(clean):
     torch.cuda.synchronize()
     _ring._prune()
     del moved
+
+
+@pytest.mark.cuda
+def test_prefetcher_moves_pinned_slots_without_a_pin_copy(clean):
+    from pincollate import Prefetcher
+
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
+    count = 0
+    for batch in Prefetcher(loader(Numbered(800), collate=collate), device="cuda"):
+        assert batch["x"].is_cuda
+        check(batch.to("cpu"))
+        count += 1
+    assert count == 200
+    torch.cuda.synchronize()
+    _ring._prune()
+    del batch
