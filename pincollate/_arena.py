@@ -28,6 +28,7 @@ __all__ = [
     "Kind",
     "accelerator_can_pin",
     "allocate",
+    "copy_to_device",
     "is_pinned",
     "pinned_allocator",
     "pinned_footprint",
@@ -148,13 +149,8 @@ def resolve_kind(pin_memory: PinMode) -> Kind:
 
 
 def _check_shm_space(nbytes: int) -> None:
-    # A shared-memory file is created sparse: running out of space shows up later as
-    # SIGBUS on the first write. Checking first turns that into an error.
-    if not os.path.isdir("/dev/shm"):
-        return
-    stat = os.statvfs("/dev/shm")
-    free = stat.f_bavail * stat.f_frsize
-    if nbytes > free:
+    free = _ring.shm_free()
+    if free is not None and nbytes > free:
         raise CollateError(
             f"the batch needs {nbytes:,} bytes of shared memory but /dev/shm has only "
             f"{free:,} bytes free; lower the batch size or enlarge /dev/shm"
@@ -220,6 +216,20 @@ def allocate(nbytes: int, kind: Kind, slots: int = 0, pin_slots: bool = False) -
     except (RuntimeError, MemoryError, OSError) as exc:
         where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
         raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc
+
+
+def copy_to_device(source: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    """``source.to(device)``, non-blocking where asked and safe.
+
+    On MPS a non-blocking copy from pageable memory is unsafe, so it blocks. On CUDA a
+    non-blocking copy from a registered worker slot keeps the slot leased until the
+    copy has finished, so the worker cannot refill it under the copy.
+    """
+    blocking = device.type == "mps" and not source.is_pinned()
+    moved = source.to(device, non_blocking=non_blocking and not blocking)
+    if non_blocking and device.type == "cuda" and _ring.is_registered(source):
+        _ring.hold_until_copied(source)
+    return moved
 
 
 def pinned_footprint() -> dict[str, int]:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import _ring
-from ._arena import is_pinned, pinned_allocator
+from ._arena import copy_to_device, is_pinned, pinned_allocator
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
 from ._specs import (
     DataclassSpec,
@@ -134,33 +134,38 @@ class _Check:
 def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:
     """The batch over ``buffer``: the user's containers, every tensor a view of it."""
     out = layout.build(buffer, values, views)
-    root = layout.root
-    if type(root) is PartSpec:
-        root = layout.parts[root.index].node
-    kind = type(root)
-    if kind is MappingSpec and root.cls is None:  # type: ignore[attr-defined]
+    top = _top(layout)
+    if not _is_carrier(top):
+        # A tensor, or a user's mapping type: nothing to carry the layout on.
+        return out
+    kind = type(top)
+    if kind is MappingSpec:
         batch: Any = Batch(out)
-    elif kind is SequenceSpec and root.cls is None:  # type: ignore[attr-defined]
+    elif kind is SequenceSpec:
         batch = BatchList(out)
     elif kind is NamedTupleSpec:
         batch = carrier_class(type(out))(*out)
-    elif kind is DataclassSpec:
-        batch = new_dataclass(carrier_class(type(out)), {f.name: getattr(out, f.name) for f in dataclasses.fields(out)})
     else:
-        # A tensor, or a user's mapping type: nothing to carry the layout on.
-        return out
+        batch = new_dataclass(carrier_class(type(out)), {f.name: getattr(out, f.name) for f in dataclasses.fields(out)})
     object.__setattr__(batch, "_pincollate", (layout, buffer, values))
     return batch
 
 
+def _top(layout: Layout) -> Spec:
+    """The spec of the batch's top-level container (a part's node, if the top is one)."""
+    root = layout.root
+    return layout.parts[root.index].node if type(root) is PartSpec else root
+
+
 def carries(layout: Layout) -> bool:
     """Whether a batch of ``layout`` is a carrier (it can cross processes as its layout)."""
-    root = layout.root
-    if type(root) is PartSpec:
-        root = layout.parts[root.index].node
-    kind = type(root)
+    return _is_carrier(_top(layout))
+
+
+def _is_carrier(top: Spec) -> bool:
+    kind = type(top)
     if kind is MappingSpec or kind is SequenceSpec:
-        return root.cls is None  # type: ignore[attr-defined]
+        return top.cls is None  # type: ignore[attr-defined]
     return kind is NamedTupleSpec or kind is DataclassSpec
 
 
@@ -245,11 +250,7 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
         return self
     source = buffer[: layout.nbytes]
     if not same:
-        blocking = target.type == "mps" and not source.is_pinned()
-        held = source
-        source = source.to(target, non_blocking=non_blocking and not blocking)
-        if non_blocking and target.type == "cuda" and _ring.is_registered(held):
-            _ring.hold_until_copied(held)
+        source = copy_to_device(source, target, non_blocking)
     elif cast is layout:
         source = source.clone()
     if cast is not layout:

@@ -60,6 +60,7 @@ __all__ = [
     "leased",
     "open_rings",
     "send",
+    "shm_free",
     "take",
 ]
 
@@ -82,13 +83,16 @@ def _shared(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
 
 
-def _room(nbytes: int) -> bool:
-    """Whether /dev/shm has ``nbytes`` free (a slot's pages are written later, and a full
-    tmpfs shows up as SIGBUS on a write, not as an error here)."""
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm, or ``None`` where there is none to ask.
+
+    A shared-memory file is created sparse: running out of space shows up later as
+    SIGBUS on the first write, so callers check before they allocate.
+    """
     if not os.path.isdir("/dev/shm"):
-        return True
+        return None
     stat = os.statvfs("/dev/shm")
-    return stat.f_bavail * stat.f_frsize >= nbytes
+    return stat.f_bavail * stat.f_frsize
 
 
 def _words(storage: torch.UntypedStorage, count: int) -> Any:
@@ -116,7 +120,6 @@ class _Ring:
     def __init__(self, slots: int):
         self.token = secrets.randbits(62)
         self.pid = os.getpid()
-        self.size = slots
         self.state_storage = _shared(8 * slots)  # a new shared file reads as zeros: all free
         self.state = _words(self.state_storage, slots)
         self.slots: list[_Slot | None] = [None] * slots
@@ -151,7 +154,8 @@ class _Ring:
                     return None  # every slot is in use: a fresh buffer, never a wait
                 old = self.slots[fits]
                 capacity = -(-int(nbytes * _HEADROOM) // _GRAIN) * _GRAIN
-                if not _room(capacity):
+                free = shm_free()
+                if free is not None and free < capacity:
                     return None  # the fresh-buffer path reports a full /dev/shm
                 try:
                     storage = _shared(capacity)
@@ -283,7 +287,7 @@ def _alive(pid: int, started: str | None) -> bool:
 class _Mapping:
     """The receiver's mapping of one slot generation (registered with CUDA, if asked)."""
 
-    __slots__ = ("__weakref__", "generation", "ptr", "registered", "storage")
+    __slots__ = ("generation", "ptr", "registered", "storage")
 
     def __init__(self, storage: torch.UntypedStorage, generation: int, pin: bool):
         self.storage = storage

@@ -17,8 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import _ring
-from ._arena import is_pinned, pinned_allocator
+from ._arena import copy_to_device, is_pinned, pinned_allocator
 from ._batch import batch_pin_memory, batch_to, carried
 from ._layout import ALIGN
 from ._specs import make_mapping, new_dataclass
@@ -206,11 +205,7 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
         return batch_to(tree, device, non_blocking=non_blocking)
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
-        blocking = device.type == "mps" and not flat.is_pinned()
-        moved = flat.to(device, non_blocking=non_blocking and not blocking)
-        if non_blocking and device.type == "cuda" and _ring.is_registered(flat):
-            _ring.hold_until_copied(flat)  # a worker slot: not refilled under the copy
-        return moved
+        return copy_to_device(flat, device, non_blocking)
 
     def same_device(s: torch.UntypedStorage) -> bool:
         return s.device.type == device.type and (device.index is None or s.device.index == device.index)
