@@ -1,5 +1,6 @@
 import pytest
 import torch
+from torch.multiprocessing import reductions
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,3 +36,30 @@ def fake_pinned(monkeypatch):
     previous = arena.set_pinned_allocator(allocate, is_pinned)
     yield calls
     arena.set_pinned_allocator(*previous)
+
+
+_rebuild_storage_fd = reductions.rebuild_storage_fd
+_received = [0]
+
+
+def _counting_rebuild(*args):
+    # Module level: a worker forked after the patch pickles this function by name.
+    _received[0] += 1
+    return _rebuild_storage_fd(*args)
+
+
+@pytest.fixture
+def storages_received(monkeypatch):
+    """Counts storages this process maps from a worker (each a file descriptor and a new mapping)."""
+    _received[0] = 0
+    monkeypatch.setattr(reductions, "rebuild_storage_fd", _counting_rebuild)
+    return _received
+
+
+@pytest.fixture
+def pretend_accelerator(monkeypatch):
+    """Make DataLoader believe an accelerator exists so its pin thread runs on CPU."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)

@@ -55,13 +55,17 @@ def test_pickle_round_trip_is_one_buffer_and_small(kind):
         assert len(data) <= 1.1 * len(theirs), (len(data), len(theirs))
 
 
-@pytest.mark.parametrize("kind", ["dict", "list"])
-def test_torch_save_and_load_with_weights_only(kind):
-    batch = _batch(kind)
+def _saved_and_loaded(batch):
     stream = io.BytesIO()
     torch.save(batch, stream)
     stream.seek(0)
-    again = torch.load(stream)  # weights_only=True is torch's default
+    return torch.load(stream)
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+def test_torch_save_and_load_with_weights_only(kind):
+    batch = _batch(kind)
+    again = _saved_and_loaded(batch)  # weights_only=True is torch's default
     assert_same(again, batch)
     assert again.layout == batch.layout
     _one_buffer(again)
@@ -70,12 +74,9 @@ def test_torch_save_and_load_with_weights_only(kind):
 @pytest.mark.parametrize("kind", ["namedtuple", "dataclass"])
 def test_torch_save_of_user_types_loads_once_the_user_allows_them(kind):
     batch = _batch(kind)
-    stream = io.BytesIO()
-    torch.save(batch, stream)
-    stream.seek(0)
     cls = Point if kind == "namedtuple" else Record
     with torch.serialization.safe_globals([cls]):
-        again = torch.load(stream)
+        again = _saved_and_loaded(batch)
     assert_same(again, batch)
     _one_buffer(again)
 

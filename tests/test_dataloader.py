@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
@@ -66,67 +64,48 @@ def test_ragged_results_are_the_same_in_workers_and_main_process(name):
         assert_same(a, b)
 
 
-def _storages_received(monkeypatch, collate, dataset, keep=False):
-    """Storages the main process received per batch (each a file descriptor and a new mapping)."""
-    received = []
-    rebuild = reductions.rebuild_storage_fd
-
-    def counting(*args):
-        received.append(1)
-        return rebuild(*args)
-
+def _storages_received(received, collate, dataset, keep=False):
+    """Storages the main process received over one epoch, and how many batches it had."""
     loader = DataLoader(
         dataset, batch_size=4, collate_fn=collate, num_workers=2, multiprocessing_context="fork", timeout=60
     )
-    iterator = iter(loader)  # workers fork here, before the patch below
-    # The main process unpickles each storage through this module attribute.
-    monkeypatch.setattr(reductions, "rebuild_storage_fd", counting)
+    received[0] = 0
     kept, count = [], 0
-    for batch in iterator:
+    for batch in loader:
         count += 1
         if keep:
             kept.append(batch)
-    monkeypatch.setattr(reductions, "rebuild_storage_fd", rebuild)
-    return len(received), count
+    return received[0], count
 
 
-def test_one_file_descriptor_per_worker_batch_without_the_ring(monkeypatch):
+def test_one_file_descriptor_per_worker_batch_without_the_ring(storages_received):
     dataset = TreeDataset("multimodal-dict", repeat=4)  # 16 samples, 4 batches
-    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=0), dataset)
+    fds, batches = _storages_received(storages_received, MMCollate(worker_slots=0), dataset)
     assert fds == batches == 4
     # image, audio, tokens, label, score, flag and meta.boxes: one storage each.
-    fds, batches = _storages_received(monkeypatch, default_collate, dataset)
+    fds, batches = _storages_received(storages_received, default_collate, dataset)
     assert fds == 7 * batches
 
 
-def test_ring_slots_cross_once(monkeypatch):
+def test_ring_slots_cross_once(storages_received):
     # 40 batches, each dropped at once: each worker's slots (and its state array)
     # cross once; every later batch crosses as a slot index.
     dataset = TreeDataset("multimodal-dict", repeat=40)
-    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=8), dataset)
+    fds, batches = _storages_received(storages_received, MMCollate(worker_slots=8), dataset)
     assert batches == 40
     assert fds <= 2 * (8 + 1) and fds < batches / 2
 
 
-def test_ring_full_takes_fresh_buffers(monkeypatch):
+def test_ring_full_takes_fresh_buffers(storages_received):
     # Every batch kept: each worker's one slot stays leased, later batches take fresh buffers.
     dataset = TreeDataset("multimodal-dict", repeat=10)
-    fds, batches = _storages_received(monkeypatch, MMCollate(worker_slots=1), dataset, keep=True)
+    fds, batches = _storages_received(storages_received, MMCollate(worker_slots=1), dataset, keep=True)
     assert batches == 10
     assert fds == batches - 2 + 2 * 2  # fresh buffers, plus each worker's slot and state array once
 
 
-def _pretend_accelerator(monkeypatch):
-    """Make DataLoader believe an accelerator exists so its pin thread runs on CPU."""
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
-    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
-
-
 @pytest.mark.parametrize("name", ["multimodal-dict", "tuple-samples", "namedtuple", "list-samples"])
-def test_pin_thread_makes_one_pinned_copy_per_batch(monkeypatch, fake_pinned, name):
-    _pretend_accelerator(monkeypatch)
+def test_pin_thread_makes_one_pinned_copy_per_batch(pretend_accelerator, fake_pinned, name):
     dataset = TreeDataset(name, repeat=4)
     loader = DataLoader(dataset, batch_size=4, collate_fn=MMCollate(), num_workers=2, pin_memory=True, timeout=60)
     batches = list(loader)
@@ -138,10 +117,9 @@ def test_pin_thread_makes_one_pinned_copy_per_batch(monkeypatch, fake_pinned, na
         assert_same(a, b)
 
 
-def test_inline_pinning_allocates_pinned_directly(monkeypatch, fake_pinned):
+def test_inline_pinning_allocates_pinned_directly(pretend_accelerator, fake_pinned):
     # num_workers=0: the buffer is allocated pinned, and DataLoader's pin step
     # finds it pinned and copies nothing more.
-    _pretend_accelerator(monkeypatch)
     dataset = TreeDataset("multimodal-dict", repeat=2)
     loader = DataLoader(dataset, batch_size=4, collate_fn=MMCollate(pin_memory="auto"), num_workers=0, pin_memory=True)
     batches = list(loader)

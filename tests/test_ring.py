@@ -16,7 +16,6 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
-from torch.multiprocessing import reductions
 from torch.utils.data import DataLoader, Dataset
 
 from pincollate import MMCollate, Pad, _ring
@@ -127,24 +126,6 @@ def clean():
     settled(*before)
 
 
-_rebuild_storage_fd = reductions.rebuild_storage_fd
-_received = [0]
-
-
-def _counting_rebuild(*args):
-    # Module level: a worker forked after the patch pickles this function by name.
-    _received[0] += 1
-    return _rebuild_storage_fd(*args)
-
-
-@pytest.fixture
-def storages_received(monkeypatch):
-    """Counts storages the main process maps from a worker (each a file descriptor)."""
-    _received[0] = 0
-    monkeypatch.setattr(reductions, "rebuild_storage_fd", _counting_rebuild)
-    return _received
-
-
 # --- stress --------------------------------------------------------------------------------
 
 
@@ -224,11 +205,9 @@ def test_new_workers_each_epoch_leave_no_fds_behind(clean):
         settled(*before)
 
 
-def test_pin_thread_copies_each_batch_once_and_frees_its_slot(monkeypatch, fake_pinned, clean, storages_received):
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
-    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+def test_pin_thread_copies_each_batch_once_and_frees_its_slot(
+    pretend_accelerator, fake_pinned, clean, storages_received
+):
     batches = [b for b in loader(Numbered(160), pin_memory=True)]
     assert len(fake_pinned) == len(batches) == 40
     for batch in batches:
