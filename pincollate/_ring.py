@@ -25,7 +25,9 @@ filled into a *slot* of the worker's ring instead:
 
 The receiver closes a ring (its slot mappings and their file descriptors; leased
 batches keep their own slot alive) when the worker's process object is gone (the
-DataLoader iterator shut its workers down) or the worker process has died.
+DataLoader iterator shut its workers down, after an epoch, an error or a killed
+worker). A ring from a process that is not this one's child is closed once that
+process has died, checked as its batches are released and when a new ring arrives.
 
 With ``pin_slots`` the receiver also registers each slot with CUDA once
 (``cudaHostRegister``), so a batch is already page-locked when it arrives and
@@ -335,13 +337,16 @@ class _Receiver:
         self.state = _words(state_storage, state_storage.nbytes() // 8)
         self.slots: dict[int, _Mapping] = {}
         self.closed = False
+        self.watched = False  # its worker's Process object closes it (see _watch)
         self.receiver_pid = os.getpid()
 
     def release(self, index: int) -> None:
         if os.getpid() != self.receiver_pid:
             return  # a fork's copy of a batch dying says nothing about the original
         self.state[index] = 0
-        if not self.closed and not _alive(self.pid, self.started):
+        # A ring whose Process object is watched closes when that goes; only one sent
+        # by another process's worker is checked here, as its batches are released.
+        if not self.closed and not self.watched and not _alive(self.pid, self.started):
             _close(self.token)
 
 
@@ -366,6 +371,7 @@ def _watch(receiver: _Receiver) -> None:
     for process in list(getattr(multiprocessing.process, "_children", ())):
         if process.pid == receiver.pid:
             weakref.finalize(process, _close, receiver.token).atexit = False
+            receiver.watched = True
             return
 
 
