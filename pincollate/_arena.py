@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch.utils.data import get_worker_info
 
-from . import _ring
+from . import _ownership, _ring
 from ._errors import CollateError
 
 __all__ = [
@@ -41,6 +41,8 @@ Kind = Literal["shared", "pinned", "plain"]
 PinMode = bool | Literal["auto"]
 
 PinnedAllocator = Callable[[int], torch.Tensor]
+
+_GRAIN = 1 << 16
 
 
 def _torch_pinned(nbytes: int) -> torch.Tensor:
@@ -157,35 +159,53 @@ def _check_shm_space(nbytes: int) -> None:
         )
 
 
+class _Kept:
+    __slots__ = ("busy", "owner")
+
+    def __init__(self, owner: torch.Tensor):
+        self.owner = owner
+        self.busy = False
+
+    def over(self, reusable: bool) -> None:
+        self.busy = False  # plain memory: a fork child has its own copy, so always reusable
+
+
 class _Recycled:
-    """The last few large plain buffers, handed out again once no batch views them.
+    """The last few large plain buffers, leased out again once nothing can read them.
 
     A fresh large buffer costs a page fault and kernel zeroing per page written, as
     often as the C allocator hands its memory back to the kernel, which depends on
-    what else allocates. Batches of one structure have one size, so keeping the
-    last few buffers of that size and reusing one whose storage nothing else holds
-    (its use count is ours alone) makes that cost go away. Only exact sizes are
-    reused (a batch pickles its whole storage); at most ``slots`` are kept.
+    what else allocates. Batches of one structure have about one size, so the last
+    few buffers are kept and each batch gets a lease of one (:mod:`._ownership`): a
+    storage of exactly its bytes, handed out again under the one rule there. A kept
+    buffer serves batches from two thirds of its size up; at most ``slots`` are kept.
     """
 
     def __init__(self, slots: int = 2, least: int = 1 << 20):
         self.slots = slots
         self.least = least
-        self.kept: list[torch.UntypedStorage] = []
+        self.kept: list[_Kept] = []
         self.lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes < self.least:
             return torch.empty(nbytes, dtype=torch.uint8)
         with self.lock:
-            for storage in self.kept:
-                if storage.nbytes() == nbytes and torch._C._storage_Use_Count(storage._cdata) == 1:
-                    return torch.empty(0, dtype=torch.uint8).set_(storage)
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            self.kept.append(buffer.untyped_storage())
-            if len(self.kept) > self.slots:
-                self.kept.pop(0)
-            return buffer
+            found = None
+            for kept in self.kept:
+                capacity = kept.owner.numel()
+                if not kept.busy and nbytes <= capacity <= nbytes * 3 // 2:
+                    found = kept
+                    break
+            if found is None:
+                capacity = -(-(nbytes * 5 // 4) // _GRAIN) * _GRAIN
+                found = _Kept(torch.empty(capacity, dtype=torch.uint8))
+                self.kept.append(found)
+                if len(self.kept) > self.slots:
+                    idle = [kept for kept in self.kept if not kept.busy]
+                    self.kept.remove(idle[0] if idle else self.kept[0])  # a busy one lives on in its lease
+            found.busy = True
+        return _ownership.grant(found.owner.data_ptr(), nbytes, found.over, shared=False, keep=found)
 
     def clear(self) -> None:
         with self.lock:

@@ -159,14 +159,9 @@ class MMCollate:
         # Only a carrier crosses as a slot index; any other output would cross tensor
         # by tensor, and its slot could not be reused.
         slots = self.worker_slots if kind == "shared" and carries(layout) else 0
+        # A failed fill drops its buffer; a recycled one comes back when nothing reads it.
         buffer = allocate(layout.nbytes, kind, slots, self.pin_slots)
-        try:
-            views = fill.execute(buffer)
-        except BaseException:
-            if slots:
-                _ring.give_back(buffer)
-            raise
-        return make_batch(layout, buffer, fill.values, views)
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
 
     def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:
         """``use(plan, samples)`` with the plan that fits: the last one, a cached one, or a new one.

@@ -6,22 +6,23 @@ new mapping in the main process. Inside a DataLoader worker a batch is therefore
 filled into a *slot* of the worker's ring instead:
 
 * a worker keeps up to ``slots`` shared-memory storages and one small shared state
-  array (one ``int64`` per slot: ``0`` free, ``1`` in use). Slots are made when the
+  array (one ``int64`` per slot, written by the receiver). Slots are made when the
   worker has more batches in flight than it has slots, so a ring holds as many as
   the loader keeps in flight (``prefetch_factor`` plus what the consumer holds);
-* when the batch is pickled for another process (multiprocessing's pickler only:
-  ``torch.save`` and plain ``pickle`` write the bytes as for any batch) it crosses
-  as the ring's token, the slot's index and generation, the layout and the values.
-  A slot's storage (and the ring's state array) travel with its first batch only;
+* each batch is filled into a lease of its slot (:mod:`._ownership`): a storage over
+  exactly the batch's bytes, so ``torch.save`` and ``pickle`` write its own size;
+* when the batch is pickled for another process (multiprocessing's pickler only)
+  it crosses as the ring's token, the slot's index and generation, the layout and
+  the values. A slot's storage (and the ring's state array) travel with its first
+  batch only. Anything else that leaves (a tensor sent beside the batch, a changed
+  batch sent tensor by tensor) is moved into fresh shared memory by torch first;
 * the receiving process keeps its mapping of every slot and builds each batch over
-  a *lease*: a tensor over the slot's memory whose storage, when the batch's last
-  view dies, releases the lease, and the release marks the slot free. A batch kept
-  for any length of time stays valid: its slot is never reused before that. A leased
-  batch sent on to a third process is copied into fresh shared memory first (torch
-  does that for memory it did not map itself) and its slot is released then;
+  a lease of it. The slot goes back to its worker when that lease is over, under the
+  one rule of :mod:`._ownership`: nothing in either process can read it any more;
 * a worker never waits: with no free slot that fits and the ring full, the batch
   takes a fresh buffer, as without a ring. A slot too small for a batch is replaced
-  by a bigger one when it is free.
+  by a bigger one when it is free, and a retired slot (a fork while it was held) by
+  a new one.
 
 The receiver closes a ring (its slot mappings and their file descriptors; leased
 batches keep their own slot alive) when the worker's process object is gone (the
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import secrets
@@ -50,11 +52,12 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from . import _ownership
+
 __all__ = [
     "DEFAULT_SLOTS",
     "Header",
     "close_all",
-    "give_back",
     "hold_until_copied",
     "is_registered",
     "is_slot",
@@ -77,8 +80,6 @@ _GRAIN = 1 << 16
 
 #: (token, worker pid, the state array's storage or None, pin_slots)
 Header = tuple[int, int, Any, bool]
-
-_use_count = torch._C._storage_Use_Count
 
 
 def _shared(nbytes: int) -> torch.UntypedStorage:
@@ -106,18 +107,26 @@ def _words(storage: torch.UntypedStorage, count: int) -> Any:
 
 
 class _Slot:
-    __slots__ = ("capacity", "generation", "pending", "sent", "storage")
+    __slots__ = ("busy", "capacity", "generation", "pending", "ptr", "retired", "sent", "storage")
 
     def __init__(self, storage: torch.UntypedStorage, generation: int):
         self.storage = storage
+        self.ptr = storage.data_ptr()
         self.capacity = storage.nbytes()
         self.generation = generation
+        self.busy = False  # a lease of this process over it is not over (see _ownership)
+        self.retired = False  # a fork child may map it: never handed out again
         self.pending = False  # handed to a batch that has not been sent yet
         self.sent = False  # this generation's storage has crossed once
 
 
 class _Ring:
-    """One worker process's slots."""
+    """One worker process's slots.
+
+    The state array says what the receiver holds: ``0`` nothing, ``1`` a batch sent
+    from the slot whose lease there is not over, ``2`` retired by the receiver (a fork
+    there while it held the batch). This process's own hold is the slot's lease.
+    """
 
     def __init__(self, slots: int):
         self.token = secrets.randbits(62)
@@ -125,15 +134,19 @@ class _Ring:
         self.state_storage = _shared(8 * slots)  # a new shared file reads as zeros: all free
         self.state = _words(self.state_storage, slots)
         self.slots: list[_Slot | None] = [None] * slots
-        self.lock = threading.Lock()
+        # Reentrant: a lease's end (a finalizer) may run while this thread holds it.
+        self.lock = threading.RLock()
         self.state_sent = False
         self.pin = False  # ask the receiver to register slots with CUDA
 
-    def _free(self, index: int, slot: _Slot) -> bool:
-        # A pending slot stays taken: its batch may still leave this process some other
-        # way (changed, or a tensor taken out of it, and pickled tensor by tensor), and
-        # a slot another process maps by its file descriptor is never reused.
-        return not slot.pending and self.state[index] == 0 and _use_count(slot.storage._cdata) == 1
+    def _idle(self, index: int) -> bool:
+        """Nothing in this process and nothing in the receiver can read slot ``index``."""
+        slot = self.slots[index]
+        return slot is not None and not slot.busy and not slot.retired and self.state[index] == 0
+
+    def _replaceable(self, index: int) -> bool:
+        slot = self.slots[index]
+        return slot is not None and not slot.busy and (slot.retired or self.state[index] == 2)
 
     def take(self, nbytes: int) -> torch.Tensor | None:
         with self.lock:
@@ -141,15 +154,15 @@ class _Ring:
             empty: int | None = None
             small: int | None = None
             for index, slot in enumerate(self.slots):
-                if slot is None:
+                if slot is None or self._replaceable(index):
                     if empty is None:
                         empty = index
-                elif self._free(index, slot):
+                elif self._idle(index):
                     if slot.capacity >= nbytes:
                         if fits is None or slot.capacity < self.slots[fits].capacity:  # type: ignore[union-attr]
                             fits = index
                     elif small is None:
-                        small = index
+                        small = index  # too small: replaced by a bigger one
             if fits is None:
                 fits = empty if empty is not None else small
                 if fits is None:
@@ -164,24 +177,22 @@ class _Ring:
                 except RuntimeError:
                     return None
                 self.slots[fits] = _Slot(storage, 0 if old is None else old.generation + 1)
+                self.state[fits] = 0
             slot = self.slots[fits]
             assert slot is not None
-            slot.pending = True
-            self.state[fits] = 1
-            return torch.empty(0, dtype=torch.uint8).set_(slot.storage, 0, (nbytes,), (1,))
+            slot.busy = slot.pending = True
+            return _ownership.grant(slot.ptr, nbytes, functools.partial(self._over, slot), shared=True)
 
-    def give_back(self, buffer: torch.Tensor) -> None:
+    def _over(self, slot: _Slot, reusable: bool) -> None:
         with self.lock:
-            index = self.find(buffer)
-            slot = None if index is None else self.slots[index]
-            if slot is not None and slot.pending:
-                slot.pending = False
-                self.state[index] = 0
+            slot.busy = False
+            slot.retired = slot.retired or not reusable
 
     def find(self, buffer: torch.Tensor) -> int | None:
-        cdata = buffer.untyped_storage()._cdata
+        """The slot ``buffer`` leases (by its memory: a storage that moved leases none)."""
+        ptr = buffer.data_ptr()
         for index, slot in enumerate(self.slots):
-            if slot is not None and slot.storage._cdata == cdata:
+            if slot is not None and slot.ptr == ptr and slot.busy:
                 return index
         return None
 
@@ -218,13 +229,6 @@ def take(nbytes: int, slots: int, pin_slots: bool = False) -> torch.Tensor | Non
     return ring.take(nbytes)
 
 
-def give_back(buffer: torch.Tensor) -> None:
-    """Return the slot under ``buffer`` to the ring: the batch it was taken for failed."""
-    ring = _rings.get(os.getpid())
-    if ring is not None:
-        ring.give_back(buffer)
-
-
 def is_slot(buffer: torch.Tensor) -> bool:
     """Whether ``buffer`` is a slot of this worker's ring."""
     ring = _rings.get(os.getpid())
@@ -250,6 +254,7 @@ def send(buffer: torch.Tensor) -> tuple[Header, int, int, Any] | None:
         if not slot.pending:
             return None  # a second send of one batch: two receivers cannot share a slot
         slot.pending = False
+        ring.state[index] = 1  # until the receiver's lease is over
         storage = None if slot.sent else slot.storage
         slot.sent = True
         state = None
@@ -338,12 +343,9 @@ class _Receiver:
         self.slots: dict[int, _Mapping] = {}
         self.closed = False
         self.watched = False  # its worker's Process object closes it (see _watch)
-        self.receiver_pid = os.getpid()
 
-    def release(self, index: int) -> None:
-        if os.getpid() != self.receiver_pid:
-            return  # a fork's copy of a batch dying says nothing about the original
-        self.state[index] = 0
+    def release(self, index: int, reusable: bool) -> None:
+        self.state[index] = 0 if reusable else 2
         # A ring whose Process object is watched closes when that goes; only one sent
         # by another process's worker is checked here, as its batches are released.
         if not self.closed and not self.watched and not _alive(self.pid, self.started):
@@ -381,16 +383,11 @@ def _sweep() -> None:
             _close(token)
 
 
-def _release(receiver: _Receiver, index: int, mapping: _Mapping) -> None:
-    # ``mapping`` is unused here: as the finalizer's argument it keeps the slot's memory
-    # mapped for as long as the lease lives, even after its ring was closed.
-    receiver.release(index)
-
-
 def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int) -> torch.Tensor:
     """A ``uint8`` tensor over the first ``nbytes`` bytes of a worker's slot, in this process.
 
-    Its storage holds the slot: when the last view of it dies the slot is marked free.
+    The slot comes back to its worker when the lease is over (:mod:`._ownership`); the
+    lease keeps the slot's mapping until then, even after its ring was closed.
 
     Raises:
         RuntimeError: the slot never crossed to this process (a batch from a ring is
@@ -417,9 +414,8 @@ def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int
         _prune()
     if mapping is None or mapping.generation != generation:
         raise RuntimeError(f"pincollate: slot {index} of a worker's ring is not mapped in this process")
-    memory = (ctypes.c_uint8 * nbytes).from_address(mapping.ptr)
-    weakref.finalize(memory, _release, receiver, index, mapping).atexit = False
-    return torch.frombuffer(memory, dtype=torch.uint8)
+    over = functools.partial(receiver.release, index)
+    return _ownership.grant(mapping.ptr, nbytes, over, shared=True, keep=mapping)
 
 
 # --- registered slots: a copy in flight keeps its slot leased ------------------------------

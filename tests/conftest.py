@@ -2,6 +2,8 @@ import pytest
 import torch
 from torch.multiprocessing import reductions
 
+from leaks import Snapshot
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -63,3 +65,11 @@ def pretend_accelerator(monkeypatch):
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
     monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
     monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+
+
+@pytest.fixture
+def no_leaks():
+    """The test leaves no file descriptor, /dev/shm file, thread or ring of its own behind."""
+    before = Snapshot()
+    yield before
+    before.settled()

@@ -24,26 +24,9 @@ pytestmark = pytest.mark.slow
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _shm_files() -> set[str]:
-    return (
-        {name for name in os.listdir("/dev/shm") if name.startswith("torch_")} if os.path.isdir("/dev/shm") else set()
-    )
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _settle(baseline_threads: int) -> None:
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while threading.active_count() > baseline_threads and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 class _Faulty(Dataset):
@@ -64,18 +47,6 @@ class _Faulty(Dataset):
             if self.mode == "bad-leaf":
                 return {"x": torch.zeros(2), "meta": {"boxes": "not a tensor"}}
         return {"x": torch.zeros(2), "meta": {"boxes": torch.zeros(3, 4)}}
-
-
-@pytest.fixture
-def no_leaks():
-    """Fail if a test leaves file descriptors, threads or shared-memory files behind."""
-    gc.collect()
-    fds, threads, shm = _fds(), threading.active_count(), _shm_files()
-    yield
-    _settle(threads)
-    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
-    assert _fds() <= fds, f"{_fds() - fds} file descriptors leaked"
-    assert _shm_files() <= shm
 
 
 # --- faults through real DataLoaders ----------------------------------------------------

@@ -7,9 +7,8 @@ import io
 import os
 import pickle
 import random
+import re
 import signal
-import threading
-import time
 import warnings
 from multiprocessing import resource_sharer
 from multiprocessing.reduction import ForkingPickler
@@ -18,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from leaks import Snapshot
 from pincollate import MMCollate, Pad, _ring
 
 pytestmark = pytest.mark.slow
@@ -81,49 +81,15 @@ def varying_batches(count: int, seed: int = 0, largest: int = 24) -> list[list[i
     return batches
 
 
-def fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 def shm_used() -> int:
     stat = os.statvfs("/dev/shm")
     return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
 
 
-def state() -> tuple[int, set[str], int]:
-    gc.collect()
-    return fds(), shm_files(), threading.active_count()
-
-
-def settled(fds_before: int, files_before: set[str], threads_before: int) -> None:
-    """Everything the ring opened is closed again: no mapped rings, fds, /dev/shm files or threads."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        gc.collect()
-        if (
-            _ring.open_rings() == 0
-            and fds() <= fds_before
-            and shm_files() <= files_before
-            and threading.active_count() <= threads_before
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(
-        f"left behind: {_ring.open_rings()} rings, {fds() - fds_before} fds, {shm_files() - files_before} "
-        f"in /dev/shm, threads {[t.name for t in threading.enumerate()]}"
-    )
-
-
 @pytest.fixture
-def clean():
+def clean(no_leaks):
     """The test must leave no ring, file descriptor, /dev/shm file or thread behind."""
-    before = state()
-    yield
-    settled(*before)
+    return no_leaks
 
 
 # --- stress --------------------------------------------------------------------------------
@@ -197,12 +163,12 @@ def test_new_workers_each_epoch_leave_no_fds_behind(clean):
     # Non-persistent workers: every epoch brings new rings; the last epoch's are closed
     # once its workers are gone, so descriptors do not grow from epoch to epoch.
     data = loader(Numbered(64))
-    before = state()
+    before = Snapshot()
     for _ in range(4):
         for batch in data:
             check(batch)
         del batch
-        settled(*before)
+        before.settled()
 
 
 def test_pin_thread_copies_each_batch_once_and_frees_its_slot(
@@ -224,7 +190,9 @@ def test_worker_killed_mid_epoch_leaves_nothing(clean):
     kept = []
     iterator = iter(loader(Numbered(400)))
     try:
-        with pytest.raises(RuntimeError, match=r"exited unexpectedly|killed by signal"):
+        # torch raises RuntimeError, or (a descriptor or message in flight when the worker
+        # died) ConnectionResetError or EOFError, with default_collate as with this one.
+        with pytest.raises((RuntimeError, ConnectionResetError, EOFError)) as raised:
             for step, batch in enumerate(iterator):
                 check(batch)
                 kept.append(batch)
@@ -232,9 +200,11 @@ def test_worker_killed_mid_epoch_leaves_nothing(clean):
                     os.kill(int(batch["pid"][0]), signal.SIGKILL)
     finally:
         iterator._shutdown_workers()  # at once, rather than whenever the GC gets to it
+    if raised.type is RuntimeError:
+        assert re.search(r"exited unexpectedly|killed by signal", str(raised.value))
     for batch in kept:
         check(batch)  # what was handed out stays valid
-    del iterator, kept, batch
+    del iterator, kept, batch, raised
 
 
 def test_dataset_exception_leaves_nothing(clean):
@@ -286,12 +256,12 @@ def test_file_system_strategy_takes_the_path_without_a_ring():
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
         list(loader(Numbered(8)))  # torch connects to its shared-memory manager once per process
-        before = state()
+        before = Snapshot()
         for batch in loader(Numbered(40)):
             check(batch)
             assert _ring.open_rings() == 0 and not _ring.leased(batch["x"])
         del batch
-        settled(*before)
+        before.settled()
     finally:
         torch.multiprocessing.set_sharing_strategy(previous)
 
@@ -383,16 +353,15 @@ def test_a_slot_that_left_another_way_is_never_reused(clean, collate):
     del batches, batch
 
 
-def test_failed_collate_gives_its_slot_back():
+def test_a_dropped_lease_gives_its_slot_back():
     from pincollate._batch import carries
 
-    # A worker-like call that fails while filling: the slot is free again at once.
+    # A worker-like call whose fill failed drops its buffer: the slot is free again.
     ring = _ring._Ring(2)
     buffer = ring.take(1000)
-    assert buffer is not None and ring.state[0] == 1
-    ring.give_back(buffer)
-    assert ring.state[0] == 0 and not ring.slots[0].pending
+    assert buffer is not None and ring.slots[0].busy and buffer.untyped_storage().nbytes() == 1000
     del buffer
+    assert not ring.slots[0].busy and ring.state[0] == 0
     assert ring.take(1000) is not None and ring.take(1000) is not None and ring.take(1000) is None
     assert carries(COLLATE.plan([{"x": torch.ones(2), "i": 0, "tag": "a", "pid": 0}]))
 

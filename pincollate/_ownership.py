@@ -1,0 +1,156 @@
+"""Recycled memory and who may still read it: the one rule for handing it out again.
+
+pincollate recycles three kinds of memory: the slots of a DataLoader worker's ring
+(shared memory the worker fills and the main process reads), the large plain buffers
+of main-process batches, and slots registered with CUDA (``pin_slots``). All of them
+reach a user only through a *lease*, made by :func:`grant`: a new torch storage over
+exactly the batch's bytes, whose memory belongs to someone else. The user follows no
+contract, so the rule is written from what can hold that memory:
+
+**Recycled memory is handed out again only when nothing can read it any more:**
+
+1. *this process*: the lease's storage is dead. Every tensor, view or slice of a leaf,
+   storage object (``untyped_storage()``, ``storage()``), numpy array, memoryview of
+   one, and DLPack capsule made from the batch holds that storage, so its death means
+   none of them is left. torch keeps a storage's Python object for as long as the
+   storage lives, so a finalizer on that object tells when it dies.
+2. *a storage that moved*: ``share_memory_()`` (which torch also runs when a tensor is
+   sent to another process through a queue, a pipe or a spawned process's arguments)
+   copies a storage that is not yet shared into fresh shared memory and swaps its
+   pointer in place. The new memory is torch's and safe; the old one is released by
+   the storage although numpy arrays and DLPack capsules made earlier still point into
+   it. A lease released while its storage is still alive is that escape: its memory
+   is reused only once the storage dies (every such array holds the storage).
+3. *other processes*: a ring slot crosses to one receiver as its index and comes back
+   only when that receiver's own lease ends. A fork while a lease of shared memory is
+   alive gives the child a mapping nobody here can watch: that memory is *retired*,
+   never handed out again (the ring replaces the slot; the memory goes back to the
+   system when its last mapping, the child's too, is gone). Plain memory is copied on
+   write in a fork child, so a fork does not retire it.
+
+What cannot be seen is never counted as free. :func:`verdict` applies the rule; every
+owner (the worker's ring, the receiving process, the plain-buffer pool) learns the
+answer through the callback it gave :func:`grant`, once per lease, in the process that
+made the lease. The checks cost two finalizers per batch, nothing per tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["Lease", "grant", "live", "verdict"]
+
+#: ``done(reusable)``: the lease is over; ``reusable`` is False for retired memory.
+Done = Callable[[bool], None]
+
+
+class Lease:
+    """One hand-out of recycled memory: what decides when, and whether, it comes back."""
+
+    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared")
+
+    def __init__(self, done: Done, shared: bool, keep: Any):
+        self.done: Done | None = done
+        self.shared = shared  # shared memory: a fork child would map it too
+        self.keep = keep  # what must stay alive (a mapping) while anything can read the memory
+        self.pid = os.getpid()
+        self.alive = True  # the lease's storage lives
+        self.exported = True  # the storage still holds this memory (it has not moved)
+        self.forked = False
+
+
+def verdict(lease: Lease) -> bool | None:
+    """May ``lease``'s memory be handed out again? The rule of this module, in one place.
+
+    Returns ``None`` while anything in this process can still read it (its storage
+    lives, or still holds the memory), ``True`` once nothing can, and ``False`` when it
+    must be retired: a fork child may hold it.
+    """
+    if lease.alive or lease.exported:
+        return None
+    return not lease.forked
+
+
+_live: dict[int, Lease] = {}  # this process's leases that are not over yet
+# Reentrant: the garbage collector may end a lease (a finalizer) wherever it runs.
+_lock = threading.RLock()
+
+
+def _settle(lease: Lease) -> None:
+    answer = verdict(lease)
+    if answer is None:
+        return
+    _live.pop(id(lease), None)
+    done, lease.done, lease.keep = lease.done, None, None
+    if done is not None:
+        done(answer)
+
+
+def _released(lease: Lease) -> None:
+    """The storage let go of the memory: it died, or it moved (``share_memory_``)."""
+    if os.getpid() == lease.pid:  # a fork child's copy dying says nothing about this process
+        with _lock:
+            lease.exported = False
+            _settle(lease)
+
+
+def _died(lease: Lease) -> None:
+    """The storage died: no tensor, array or capsule made from it is left."""
+    if os.getpid() == lease.pid:
+        with _lock:
+            lease.alive = False
+            _settle(lease)
+
+
+def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) -> torch.Tensor:
+    """A flat ``uint8`` tensor over ``nbytes`` bytes at ``ptr``, leased under the rule above.
+
+    ``done(reusable)`` is called once, in this process, when the memory may be handed
+    out again (``True``) or must be retired (``False``). ``keep`` stays referenced
+    until then. The tensor's storage covers exactly these bytes, so saving or
+    pickling a batch writes its own size, and it cannot be resized over a neighbour.
+
+    Example:
+        >>> import torch
+        >>> owner = torch.zeros(256, dtype=torch.uint8)
+        >>> answers = []
+        >>> lease = grant(owner.data_ptr(), 128, answers.append, shared=False)
+        >>> view = lease[:8].numpy()
+        >>> del lease
+        >>> answers  # the numpy view still reads it
+        []
+        >>> del view
+        >>> answers
+        [True]
+    """
+    memory = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    buffer = torch.frombuffer(memory, dtype=torch.uint8)
+    lease = Lease(done, shared, keep)
+    _live[id(lease)] = lease
+    # The storage holds ``memory`` (the buffer it was made from) for exactly as long as it
+    # holds these bytes: until it dies, or until share_memory_ swaps its pointer.
+    weakref.finalize(memory, _released, lease).atexit = False
+    weakref.finalize(buffer.untyped_storage(), _died, lease).atexit = False
+    return buffer
+
+
+def live() -> int:
+    """How many leases of this process are not over yet (for tests and leak checks)."""
+    return sum(1 for lease in list(_live.values()) if lease.pid == os.getpid())
+
+
+def _before_fork() -> None:
+    # The child gets a mapping of every shared lease alive now; nobody here can see it go.
+    for lease in list(_live.values()):
+        if lease.shared:
+            lease.forked = True
+
+
+os.register_at_fork(before=_before_fork)
