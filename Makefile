@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format typecheck verifytypes bench gpu-check install clean
+.PHONY: demo test test-fast fuzz lint format typecheck verifytypes bench gpu-check install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 ## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), well under a minute.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
+
+## The lifetime fuzzer's long run (about 10 minutes on 2 cores); SEED=n picks another program.
+SEED ?= 0
+fuzz: $(STAMP)
+	$(BIN)/python tests/lifetime.py --steps 100000 --seed $(SEED)
 
 ## ruff's lint rules and formatting, checked (make format applies them).
 lint: $(STAMP)

@@ -170,6 +170,10 @@ class _Kept:
         self.busy = False  # plain memory: a fork child has its own copy, so always reusable
 
 
+def _nothing(reusable: bool) -> None:
+    pass
+
+
 class _Recycled:
     """The last few large plain buffers, leased out again once nothing can read them.
 
@@ -189,7 +193,10 @@ class _Recycled:
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes < self.least:
-            return torch.empty(nbytes, dtype=torch.uint8)
+            # Not recycled, but leased all the same: a storage that moves (share_memory_)
+            # lets go of its memory while numpy views still read it; the lease keeps it.
+            owner = torch.empty(nbytes, dtype=torch.uint8)
+            return _ownership.grant(owner.data_ptr(), nbytes, _nothing, shared=False, keep=owner)
         with self.lock:
             found = None
             for kept in self.kept:

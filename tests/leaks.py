@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing.process
+from multiprocessing import resource_tracker
 import os
 import re
 import threading
@@ -58,6 +59,8 @@ class Snapshot:
     """Descriptors, our /dev/shm files, threads, rings and leases at one moment."""
 
     def __init__(self) -> None:
+        # Started once per process by the first spawn, and kept: not a test's own.
+        resource_tracker.ensure_running()
         gc.collect()
         self.fds = fds()
         self.files = shm_files()
