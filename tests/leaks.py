@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing.process
-from multiprocessing import resource_tracker
 import os
 import re
 import threading
 import time
+from multiprocessing import resource_tracker
 
 from pincollate import _ownership, _ring
 

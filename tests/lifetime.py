@@ -21,6 +21,7 @@ Every failure names the seed, the configuration and the step, which reproduce it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -260,8 +261,9 @@ class Program:
     def run(self) -> dict[str, int]:
         self.consumer.start()
         try:
-            for self.step, (batch, extras, viewed) in enumerate(self.loader()):
-                _truth(batch, self.sampler[self.step], extras)
+            for step, (batch, extras, viewed) in enumerate(self.loader()):
+                self.step = step
+                _truth(batch, self.sampler[step], extras)
                 self.take(batch, extras, viewed)
                 del batch, extras
                 self.act()
@@ -473,10 +475,8 @@ class Program:
 
     def close(self) -> None:
         for child in self.children:
-            try:
+            with contextlib.suppress(FuzzError):  # the run failed already; the child is reaped either way
                 self.ask_child(child)
-            except FuzzError:
-                pass  # the run failed already; the child is reaped either way
         self.children.clear()
         self.holders.clear()
         if self.consumer.is_alive():
