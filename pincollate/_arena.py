@@ -192,6 +192,8 @@ class _Recycled:
         self.lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)  # no memory: nothing can read it
         if nbytes < self.least:
             # Not recycled, but leased all the same: a storage that moves (share_memory_)
             # lets go of its memory while numpy views still read it; the lease keeps it.
