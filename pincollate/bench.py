@@ -415,7 +415,24 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
         ours.send(None)
         process.join(timeout=60)
     stages.update(_ring_breakdown(plan, collate, batches, repeat))
+    stages["lease: made and ended (once per batch, each side)"] = _lease_ms(reused)
     return {"scenario": scenario, "batch_bytes": plan.nbytes, "stages_ms": stages}
+
+
+def _lease_ms(buffer: torch.Tensor, count: int = 2000) -> float:
+    """What the ownership rule costs a batch: one lease of recycled memory, made and ended."""
+    from . import _ownership
+
+    def ended(reusable: bool) -> None:
+        pass
+
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        lease = _ownership.grant(buffer.data_ptr(), buffer.numel(), ended, shared=True)
+        del lease
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], repeat: int) -> dict[str, float]:
