@@ -79,34 +79,37 @@ def verdict(lease: Lease) -> bool | None:
 
 
 _live: dict[int, Lease] = {}  # this process's leases that are not over yet
-# Reentrant: the garbage collector may end a lease (a finalizer) wherever it runs.
+# Reentrant: the garbage collector may run a finalizer (another lease's end) while this
+# thread holds it.
 _lock = threading.RLock()
 
 
-def _settle(lease: Lease) -> None:
-    answer = verdict(lease)
-    if answer is None:
-        return
-    _live.pop(id(lease), None)
-    done, lease.done, lease.keep = lease.done, None, None
-    if done is not None:
-        done(answer)
+def _settle(lease: Lease, **event: bool) -> None:
+    """Record what happened to the lease's storage; end the lease once the rule says so."""
+    if os.getpid() != lease.pid:
+        return  # a fork child's copy dying says nothing about this process's lease
+    with _lock:
+        for name, value in event.items():
+            setattr(lease, name, value)
+        answer = verdict(lease)
+        done, keep = lease.done, lease.keep
+        if answer is None or done is None:
+            return
+        lease.done = lease.keep = None
+        _live.pop(id(lease), None)
+    # Outside the lock: an owner's callback takes its own locks, in whichever thread let go.
+    done(answer)
+    del keep  # the memory stays mapped until its owner has heard
 
 
 def _released(lease: Lease) -> None:
     """The storage let go of the memory: it died, or it moved (``share_memory_``)."""
-    if os.getpid() == lease.pid:  # a fork child's copy dying says nothing about this process
-        with _lock:
-            lease.exported = False
-            _settle(lease)
+    _settle(lease, exported=False)
 
 
 def _died(lease: Lease) -> None:
     """The storage died: no tensor, array or capsule made from it is left."""
-    if os.getpid() == lease.pid:
-        with _lock:
-            lease.alive = False
-            _settle(lease)
+    _settle(lease, alive=False)
 
 
 def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) -> torch.Tensor:
