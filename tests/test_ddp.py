@@ -21,10 +21,9 @@ def test_ddp_example_trains_on_disjoint_shards(tmp_path):
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # a free port: another suite may run a torchrun beside this one
         "--nproc_per_node",
         "2",
-        "--master_port",
-        "29517",
         str(ROOT / "examples" / "ddp_train.py"),
         "--out",
         str(tmp_path),
