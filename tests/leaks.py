@@ -16,6 +16,8 @@ import threading
 import time
 from multiprocessing import resource_tracker
 
+from torch.utils.data._utils import signal_handling
+
 from pincollate import _ownership, _ring
 
 _started: set[int] = set()
@@ -53,6 +55,23 @@ def shm_files() -> set[str]:
         if match and int(match.group(1)) in ours:
             found.add(name)
     return found
+
+
+def shut_down(iterator) -> None:
+    """Shut a DataLoader iterator's workers down at once, also after a worker was killed.
+
+    torch's SIGCHLD handler raises a dead worker's error wherever the main thread is
+    when the signal arrives; on a busy machine that can be inside the shutdown itself,
+    which then stops half way. The death has been reported by then, so the handler
+    stops watching this iterator's workers first.
+    """
+    while getattr(iterator, "_worker_pids_set", False):
+        try:
+            signal_handling._remove_worker_pids(id(iterator))
+            iterator._worker_pids_set = False
+        except RuntimeError:
+            continue  # the handler fired during the removal: it has nothing more to say
+    iterator._shutdown_workers()
 
 
 class Snapshot:

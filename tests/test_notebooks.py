@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import time
 
 import pytest
 
@@ -20,16 +19,14 @@ def test_notebooks_exist():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_under_a_minute(path, tmp_path):
+def test_notebook_runs_top_to_bottom(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), (
         "outputs must be stripped in git"
     )
-    start = time.monotonic()
+    # A cell's limit catches a hang, not slowness: the machine may be busy with other work.
     NotebookClient(
-        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
-    elapsed = time.monotonic() - start
     errors = [o for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
-    assert elapsed < 60, f"{path.name} took {elapsed:.0f} s"
