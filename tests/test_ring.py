@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from leaks import Snapshot, shut_down
+from leaks import Snapshot, shut_down, stop_watching
 from pincollate import MMCollate, Pad, _ring
 
 pytestmark = pytest.mark.slow
@@ -194,6 +194,7 @@ def test_worker_killed_mid_epoch_leaves_nothing(clean):
                 check(batch)
                 kept.append(batch)
                 if step == 5:
+                    stop_watching(iterator)
                     os.kill(int(batch["pid"][0]), signal.SIGKILL)
     finally:
         shut_down(iterator)  # at once, rather than whenever the GC gets to it
