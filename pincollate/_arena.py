@@ -42,8 +42,6 @@ PinMode = bool | Literal["auto"]
 
 PinnedAllocator = Callable[[int], torch.Tensor]
 
-_GRAIN = 1 << 16
-
 
 def _torch_pinned(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -207,7 +205,7 @@ class _Recycled:
                     found = kept
                     break
             if found is None:
-                capacity = -(-(nbytes * 5 // 4) // _GRAIN) * _GRAIN
+                capacity = _ring.capacity_for(nbytes)
                 found = _Kept(torch.empty(capacity, dtype=torch.uint8))
                 self.kept.append(found)
                 if len(self.kept) > self.slots:

@@ -57,6 +57,7 @@ from . import _ownership
 __all__ = [
     "DEFAULT_SLOTS",
     "Header",
+    "capacity_for",
     "close_all",
     "hold_until_copied",
     "is_registered",
@@ -80,6 +81,11 @@ _GRAIN = 1 << 16
 
 #: (token, worker pid, the state array's storage or None, pin_slots)
 Header = tuple[int, int, Any, bool]
+
+
+def capacity_for(nbytes: int) -> int:
+    """How big a recycled buffer made for ``nbytes`` is: headroom, rounded up to the grain."""
+    return -(-int(nbytes * _HEADROOM) // _GRAIN) * _GRAIN
 
 
 def _shared(nbytes: int) -> torch.UntypedStorage:
@@ -168,7 +174,7 @@ class _Ring:
                 if fits is None:
                     return None  # every slot is in use: a fresh buffer, never a wait
                 old = self.slots[fits]
-                capacity = -(-int(nbytes * _HEADROOM) // _GRAIN) * _GRAIN
+                capacity = capacity_for(nbytes)
                 free = shm_free()
                 if free is not None and free < capacity:
                     return None  # the fresh-buffer path reports a full /dev/shm
