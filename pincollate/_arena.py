@@ -13,6 +13,7 @@ The kind is decided per call, never cached across processes:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Literal
 import torch
 from torch.utils.data import get_worker_info
 
-from . import _ownership, _ring
+from . import _ownership, _ring, _shm
 from ._errors import CollateError
 
 __all__ = [
@@ -148,15 +149,6 @@ def resolve_kind(pin_memory: PinMode) -> Kind:
     return "plain"
 
 
-def _check_shm_space(nbytes: int) -> None:
-    free = _ring.shm_free()
-    if free is not None and nbytes > free:
-        raise CollateError(
-            f"the batch needs {nbytes:,} bytes of shared memory but /dev/shm has only "
-            f"{free:,} bytes free; lower the batch size or enlarge /dev/shm"
-        )
-
-
 class _Kept:
     __slots__ = ("busy", "owner")
 
@@ -222,17 +214,35 @@ class _Recycled:
 _recycled = _Recycled()
 
 
-def allocate(nbytes: int, kind: Kind, slots: int = 0, pin_slots: bool = False) -> torch.Tensor:
+def allocate(
+    nbytes: int, kind: Kind, slots: int = 0, pin_slots: bool = False, pin: PinMode | None = None
+) -> torch.Tensor:
     """Allocate one flat ``uint8`` buffer of ``nbytes`` bytes of the given kind.
 
-    In a DataLoader worker with ``slots > 0`` a shared buffer is a slot of the
-    worker's ring (:mod:`._ring`) when one is free, else a fresh one.
+    In a DataLoader worker a shared buffer is a slot of the worker's ring
+    (:mod:`._ring`, with ``slots > 0``) when one is free, else a fresh one. Where
+    /dev/shm has no room for it and ``pin`` is given (the collate's pin setting: the
+    batch is a carrier, which can cross as its bytes), the worker waits for one of its
+    slots and then takes plain memory that crosses by pipe (:mod:`._shm`).
+
+    Raises:
+        CollateError: the buffer cannot be allocated (or, with ``pin`` ``None``, does
+            not fit /dev/shm).
     """
     if kind == "shared":
         slot = _ring.take(nbytes, slots, pin_slots)
         if slot is not None:
             return slot
-        _check_shm_space(nbytes)
+        if not _shm.room_for(nbytes):
+            slot = _ring.wait(nbytes)
+            if slot is not None:
+                return slot
+            if pin is None:
+                raise CollateError(
+                    f"the batch needs {nbytes:,} bytes of shared memory but /dev/shm has only "
+                    f"{_shm.shm_free() or 0:,} bytes free; lower the batch size or enlarge /dev/shm"
+                )
+            return _shm.piped_buffer(nbytes, pin)
     try:
         if kind == "shared":
             storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
@@ -241,6 +251,9 @@ def allocate(nbytes: int, kind: Kind, slots: int = 0, pin_slots: bool = False) -
             return _pinned_allocator(nbytes)
         return _recycled.take(nbytes)
     except (RuntimeError, MemoryError, OSError) as exc:
+        if kind == "shared" and pin is not None:
+            with contextlib.suppress(RuntimeError, MemoryError):
+                return _shm.piped_buffer(nbytes, pin)  # another process took the room first
         where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
         raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc
 

@@ -30,10 +30,12 @@ from collections.abc import Hashable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
-from . import _ring
-from ._arena import copy_to_device, is_pinned, pinned_allocator
+from . import _ring, _shm
+from ._arena import PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
+from ._errors import CollateError
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
 from ._specs import (
     DataclassSpec,
@@ -178,7 +180,8 @@ def _reduce_across(batch: Any) -> Any:
 
     A batch in a slot of this worker's ring crosses as the slot's index and its
     layout (:mod:`._ring`); any other batch as its layout and buffer, the buffer in
-    shared memory, as torch shares a tensor.
+    shared memory as torch shares a tensor, or, where /dev/shm has no room for it
+    (:mod:`._shm`), as its bytes inside the pickle.
     """
     state = carried(batch)
     if state is None:
@@ -187,17 +190,41 @@ def _reduce_across(batch: Any) -> Any:
     crossing = _ring.send(buffer)
     if crossing is not None:
         header, index, generation, storage = crossing
-        return (_from_slot, (header, index, generation, storage, layout, values))
+        return (_from_slot, (header, index, generation, storage, layout, values, _shm.take_notice()))
+    pin = _shm.pin_mode(buffer)
     if _ring.is_slot(buffer):
         # Sent before: a slot has one receiver, so a second send carries a copy.
         buffer = buffer[: layout.nbytes].clone()
+    if not buffer.untyped_storage().is_shared() and not _shm.room_for(layout.nbytes):
+        data = buffer[: layout.nbytes].numpy().tobytes()
+        return (_from_pipe, (layout, data, values, pin, _shm.take_notice()))
     return (_rebuild, (layout, buffer, values))
 
 
 def _from_slot(
-    header: _ring.Header, index: int, generation: int, storage: Any, layout: Layout, values: list[Any]
+    header: _ring.Header,
+    index: int,
+    generation: int,
+    storage: Any,
+    layout: Layout,
+    values: list[Any],
+    notice: tuple[Any, str] | None = None,
 ) -> Any:
+    _shm.warn_once(notice)
     return make_batch(layout, _ring.lease(header, index, generation, storage, layout.nbytes), values)
+
+
+def _from_pipe(layout: Layout, data: bytes, values: list[Any], pin: PinMode, notice: tuple[Any, str] | None) -> Any:
+    """A batch that crossed as its bytes: one buffer again, pinned where its collate would pin here."""
+    _shm.warn_once(notice)
+    try:
+        kind = resolve_kind(pin)
+    except CollateError:  # pin_memory=True in a process that cannot pin: the pin thread says so
+        kind = "plain"
+    buffer = allocate(layout.nbytes, "plain" if kind == "shared" else kind)
+    if layout.nbytes:
+        buffer[: layout.nbytes].numpy()[...] = np.frombuffer(data, dtype=np.uint8)
+    return make_batch(layout, buffer, values)
 
 
 # --- moving -----------------------------------------------------------------------------

@@ -158,9 +158,16 @@ class MMCollate:
         layout, fill = plan.run(samples, self._planner)
         # Only a carrier crosses as a slot index; any other output would cross tensor
         # by tensor, and its slot could not be reused.
-        slots = self.worker_slots if kind == "shared" and carries(layout) else 0
+        carrier = kind == "shared" and carries(layout)
         # A failed fill drops its buffer; a recycled one comes back when nothing reads it.
-        buffer = allocate(layout.nbytes, kind, slots, self.pin_slots)
+        # A carrier can also cross as its bytes, where /dev/shm has no room (see _shm).
+        buffer = allocate(
+            layout.nbytes,
+            kind,
+            self.worker_slots if carrier else 0,
+            self.pin_slots,
+            self.pin_memory if carrier else None,
+        )
         return make_batch(layout, buffer, fill.values, fill.execute(buffer))
 
     def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:

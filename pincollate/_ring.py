@@ -19,10 +19,11 @@ filled into a *slot* of the worker's ring instead:
 * the receiving process keeps its mapping of every slot and builds each batch over
   a lease of it. The slot goes back to its worker when that lease is over, under the
   one rule of :mod:`._ownership`: nothing in either process can read it any more;
-* a worker never waits: with no free slot that fits and the ring full, the batch
-  takes a fresh buffer, as without a ring. A slot too small for a batch is replaced
-  by a bigger one when it is free, and a retired slot (a fork while it was held) by
-  a new one.
+* with no free slot that fits and the ring full, the batch takes a fresh buffer, as
+  without a ring; a worker waits for a slot only where /dev/shm has no room for
+  either (:mod:`._shm`). A slot too small for a batch is replaced by a bigger one
+  when it is free, and a retired slot (a fork while it was held) by a new one. A new
+  slot has headroom where /dev/shm has room for it, else exactly the batch's pages.
 
 The receiver closes a ring (its slot mappings and their file descriptors; leased
 batches keep their own slot alive) when the worker's process object is gone (the
@@ -45,6 +46,7 @@ import multiprocessing
 import os
 import secrets
 import threading
+import time
 import warnings
 import weakref
 from typing import Any
@@ -52,7 +54,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from . import _ownership
+from . import _ownership, _shm
 
 __all__ = [
     "DEFAULT_SLOTS",
@@ -66,8 +68,8 @@ __all__ = [
     "leased",
     "open_rings",
     "send",
-    "shm_free",
     "take",
+    "wait",
 ]
 
 #: At most this many slots per worker unless a collate says otherwise.
@@ -90,18 +92,6 @@ def capacity_for(nbytes: int) -> int:
 
 def _shared(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
-
-
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm, or ``None`` where there is none to ask.
-
-    A shared-memory file is created sparse: running out of space shows up later as
-    SIGBUS on the first write, so callers check before they allocate.
-    """
-    if not os.path.isdir("/dev/shm"):
-        return None
-    stat = os.statvfs("/dev/shm")
-    return stat.f_bavail * stat.f_frsize
 
 
 def _words(storage: torch.UntypedStorage, count: int) -> Any:
@@ -144,6 +134,7 @@ class _Ring:
         self.lock = threading.RLock()
         self.state_sent = False
         self.pin = False  # ask the receiver to register slots with CUDA
+        self.starved = False  # the last wait timed out (see wait)
 
     def _idle(self, index: int) -> bool:
         """Nothing in this process and nothing in the receiver can read slot ``index``."""
@@ -172,22 +163,27 @@ class _Ring:
             if fits is None:
                 fits = empty if empty is not None else small
                 if fits is None:
-                    return None  # every slot is in use: a fresh buffer, never a wait
+                    return None  # every slot is in use: a fresh buffer, or a wait
                 old = self.slots[fits]
-                capacity = capacity_for(nbytes)
-                free = shm_free()
-                if free is not None and free < capacity:
-                    return None  # the fresh-buffer path reports a full /dev/shm
-                try:
-                    storage = _shared(capacity)
-                except RuntimeError:
-                    return None
+                storage = _new_slot(nbytes)
+                if storage is None:
+                    return None  # /dev/shm has no room for it: a wait, or the pipe
                 self.slots[fits] = _Slot(storage, 0 if old is None else old.generation + 1)
                 self.state[fits] = 0
+            else:
+                self.starved = False  # a slot came back: waits are worth it again
             slot = self.slots[fits]
             assert slot is not None
             slot.busy = slot.pending = True
             return _ownership.grant(slot.ptr, nbytes, functools.partial(self._over, slot), shared=True)
+
+    def could_take(self, nbytes: int) -> bool:
+        """Whether a slot of this ring big enough for ``nbytes`` may come back."""
+        with self.lock:
+            return any(
+                slot is not None and not slot.retired and self.state[i] != 2 and slot.capacity >= nbytes
+                for i, slot in enumerate(self.slots)
+            )
 
     def _over(self, slot: _Slot, reusable: bool) -> None:
         with self.lock:
@@ -201,6 +197,17 @@ class _Ring:
             if slot is not None and slot.ptr == ptr and slot.busy:
                 return index
         return None
+
+
+def _new_slot(nbytes: int) -> torch.UntypedStorage | None:
+    """A new slot's storage for ``nbytes``: with headroom where /dev/shm has room, else exact."""
+    for capacity in (capacity_for(nbytes), -(-nbytes // 4096) * 4096):
+        if _shm.room_for(capacity):
+            try:
+                return _shared(capacity)
+            except RuntimeError:  # another process took the room first (torch reserves it all)
+                return None
+    return None
 
 
 _rings: dict[int, _Ring] = {}
@@ -233,6 +240,30 @@ def take(nbytes: int, slots: int, pin_slots: bool = False) -> torch.Tensor | Non
         return None
     ring.pin = pin_slots
     return ring.take(nbytes)
+
+
+def wait(nbytes: int) -> torch.Tensor | None:
+    """Wait (at most :data:`._shm.WAIT_S`) for a slot of this worker's ring to take ``nbytes``.
+
+    For a batch that /dev/shm has no room for. ``None`` at once where no slot of the ring
+    is big enough, or the last wait timed out and no slot has come back since.
+    """
+    ring = _rings.get(os.getpid())
+    if nbytes <= 0 or ring is None or ring.starved or not ring.could_take(nbytes):
+        return None
+    start = time.monotonic()
+    delay = 0.0005
+    while True:
+        buffer = ring.take(nbytes)
+        if buffer is not None:
+            waited = time.monotonic() - start
+            _shm.note(f"waited {waited * 1e3:.0f} ms for a slot for a batch of {nbytes / 2**20:.1f} MiB")
+            return buffer
+        if time.monotonic() - start > _shm.WAIT_S:
+            ring.starved = True
+            return None
+        time.sleep(delay)
+        delay = min(2 * delay, 0.01)
 
 
 def is_slot(buffer: torch.Tensor) -> bool:

@@ -844,7 +844,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--breakdown", action="store_true", help="only time the stages of a worker batch (video scenario) and exit"
     )
+    parser.add_argument(
+        "--small-shm",
+        nargs="?",
+        const="64m",
+        metavar="SIZE",
+        help="only time the video scenario through workers with ample /dev/shm and with SIZE (default 64m, "
+        "Docker's default) side by side, and exit; needs root (unshare -m)",
+    )
     args = parser.parse_args(argv)
+    if args.small_shm:
+        from ._bench_shm import format_small_shm, run_small_shm
+
+        report = run_small_shm(args.small_shm, args.workers or 2, 3 if args.quick else 5, not args.no_progress)
+        print(format_small_shm(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine(), "small_shm": report}, f, indent=2)
+        return 0
     if args.breakdown:
         m = machine()
         print(

@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from leaks import shut_down
 from pincollate import CollateError, MMCollate, Prefetcher, mm_collate
-from pincollate import _arena as arena
 from samples import PARITY, TreeDataset, assert_one_buffer, assert_same
 
 pytestmark = pytest.mark.slow
@@ -206,18 +205,6 @@ def test_low_open_file_limit_many_leaves(method, ok):
         assert line == "OK 8064.0", line
     else:
         assert line.startswith("FAILED") and "Too many open files" in line, line
-
-
-def test_shared_memory_exhaustion_is_a_collate_error(monkeypatch):
-    class Tiny:
-        f_bavail, f_frsize = 10, 4096
-
-    monkeypatch.setattr(arena, "get_worker_info", lambda: object())
-    monkeypatch.setattr(arena.os, "statvfs", lambda path: Tiny())
-    with pytest.raises(
-        CollateError, match=r"needs [\d,]+ bytes of shared memory but /dev/shm has only 40,960 bytes free"
-    ):
-        mm_collate([{"x": torch.zeros(100_000)}, {"x": torch.zeros(100_000)}])
 
 
 def test_buffer_that_cannot_be_allocated_is_a_collate_error():

@@ -1,0 +1,136 @@
+"""``python -m pincollate.bench --small-shm``: the video scenario in a 64 MiB /dev/shm.
+
+Docker's default /dev/shm is 64 MiB. This times the video scenario (23 MiB batches)
+through DataLoader workers with ample /dev/shm (this process) and, in the same run,
+in a private mount namespace whose /dev/shm is a small tmpfs (a child process made
+with ``unshare -m``; root only), in alternating rounds. A method that cannot run there
+is reported with its error.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from ._collate import MMCollate
+from .datasets import SCENARIOS, InMemory
+
+__all__ = ["format_small_shm", "run_small_shm"]
+
+_BATCHES = 48
+_METHODS: dict[str, Callable[[list[Any]], Any]] = {
+    "default_collate": default_collate,
+    "mm_collate": MMCollate(pin_memory=False),
+}
+
+
+def _rates(workers: int, batches: int) -> dict[str, float | str]:
+    """Batches per second of each method over ``batches`` video batches, or its error."""
+    cls, batch_size = SCENARIOS["video"]
+    dataset = InMemory(cls(length=batch_size * 4))
+    stored = batch_size * 4
+    out: dict[str, float | str] = {}
+    for name, fn in _METHODS.items():
+        iterator: Any = None
+        loader: DataLoader[Any] = DataLoader(
+            _Cycle(dataset, stored, batch_size * (batches + 1)),
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=fn,
+            timeout=120,
+        )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the small /dev/shm warning, said once per loader
+                iterator = iter(loader)
+                next(iterator)  # workers started and warm
+                start = time.perf_counter()
+                count = sum(1 for _ in iterator)
+                out[name] = count / (time.perf_counter() - start)
+        except Exception as error:  # the outcome is what is reported
+            out[name] = f"fails: {type(error).__name__}: {str(error).strip().splitlines()[-1][:120]}"
+        finally:
+            iterator = None
+    return out
+
+
+class _Cycle(Dataset[Any]):
+    """``stored`` samples of ``dataset`` read round and round to ``length``."""
+
+    def __init__(self, dataset: Any, stored: int, length: int):
+        self.dataset, self.stored, self.length = dataset, stored, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index % self.stored]
+
+
+def _child(size: str, workers: int, batches: int) -> dict[str, float | str]:
+    command = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
+    code = f"import json; from pincollate._bench_shm import _rates; print(json.dumps(_rates({workers}, {batches})))"
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"the small /dev/shm run failed (it needs root for unshare -m): {result.stderr[-400:]}")
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def run_small_shm(size: str = "64m", workers: int = 2, rounds: int = 3, progress: bool = True) -> dict[str, Any]:
+    """Median batches/s of each method with ample /dev/shm and with ``size``, rounds alternating."""
+    from tqdm.auto import tqdm
+
+    ample: dict[str, list[float]] = {name: [] for name in _METHODS}
+    small: dict[str, list[float | str]] = {name: [] for name in _METHODS}
+    with tqdm(total=2 * rounds, desc=f"video, {size} /dev/shm", file=sys.stderr, disable=not progress) as bar:
+        for _ in range(rounds):
+            for name, rate in _rates(workers, _BATCHES).items():
+                ample[name].append(rate)  # type: ignore[arg-type]
+            bar.update(1)
+            for name, rate in _child(size, workers, _BATCHES).items():
+                small[name].append(rate)
+            bar.update(1)
+    rows = []
+    for name in _METHODS:
+        rates = [r for r in small[name] if isinstance(r, float)]
+        errors = [r for r in small[name] if isinstance(r, str)]
+        row: dict[str, Any] = {"method": name, "ample_batches_per_s": statistics.median(ample[name])}
+        if errors:
+            row["small_error"] = errors[0]
+        else:
+            row["small_batches_per_s"] = statistics.median(rates)
+            row["small_vs_ample"] = row["small_batches_per_s"] / row["ample_batches_per_s"]
+        rows.append(row)
+    return {"size": size, "workers": workers, "rounds": rounds, "batches": _BATCHES, "rows": rows}
+
+
+def format_small_shm(report: dict[str, Any]) -> str:
+    lines = [
+        f"video (23 MiB batches) through {report['workers']} workers, {report['batches']} batches, "
+        f"median of {report['rounds']} rounds; /dev/shm ample vs {report['size']}",
+        f"{'method':<16} {'ample b/s':>10} {'small b/s':>10} {'small/ample':>12}",
+    ]
+    for row in report["rows"]:
+        if "small_error" in row:
+            lines.append(f"{row['method']:<16} {row['ample_batches_per_s']:>10.2f} {row['small_error']}")
+        else:
+            lines.append(
+                f"{row['method']:<16} {row['ample_batches_per_s']:>10.2f} {row['small_batches_per_s']:>10.2f} "
+                f"{row['small_vs_ample']:>11.2f}x"
+            )
+    return "\n".join(lines)
