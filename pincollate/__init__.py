@@ -21,6 +21,7 @@ from ._leaves import LeafHandler, register_leaf
 from ._packing import Concat, Jagged
 from ._policies import AsList, Pad, PerSample, Policy, Stack
 from ._prefetch import Prefetcher
+from ._shm import SharedMemoryWarning
 from ._transfer import to_device
 from ._transforms import Normalize
 
@@ -39,6 +40,7 @@ __all__ = [
     "PerSample",
     "Policy",
     "Prefetcher",
+    "SharedMemoryWarning",
     "Stack",
     "mm_collate",
     "pinned_footprint",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Hashable
@@ -159,10 +160,13 @@ class Jagged(Concat):
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         values, rows = self._values(column)
         values.wrap = None  # torch.nested takes plain values
-        offsets = _offsets_node(rows if counts is None else _group(rows, counts), torch.int64)
-        return Tree(_jagged, [values, offsets]), self._extras(rows, counts, name)
+        per_sample = rows if counts is None else _group(rows, counts)
+        offsets = _offsets_node(per_sample, torch.int64)
+        # Known here: attention kernels would otherwise read them back from the device.
+        seqlens = (min(per_sample, default=0), max(per_sample, default=0))
+        return Tree(functools.partial(_jagged, seqlens=seqlens), [values, offsets]), self._extras(rows, counts, name)
 
 
-def _jagged(specs: list[Spec]) -> Spec:
+def _jagged(specs: list[Spec], seqlens: tuple[int, int]) -> Spec:
     values, offsets = specs
-    return JaggedSpec(values, offsets)  # type: ignore[arg-type]
+    return JaggedSpec(values, offsets, *seqlens)  # type: ignore[arg-type]

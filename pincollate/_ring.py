@@ -257,7 +257,7 @@ def wait(nbytes: int) -> torch.Tensor | None:
         buffer = ring.take(nbytes)
         if buffer is not None:
             waited = time.monotonic() - start
-            _shm.note(f"waited {waited * 1e3:.0f} ms for a slot for a batch of {nbytes / 2**20:.1f} MiB")
+            _shm.note(f"waited {waited * 1e3:.0f} ms for a slot for a batch of {_shm.mib(nbytes)}")
             return buffer
         if time.monotonic() - start > _shm.WAIT_S:
             ring.starved = True

@@ -34,6 +34,7 @@ from torch.utils.data import get_worker_info
 __all__ = [
     "WAIT_S",
     "SharedMemoryWarning",
+    "mib",
     "note",
     "noticed",
     "pin_mode",
@@ -93,8 +94,13 @@ def piped_buffer(nbytes: int, pin: Any) -> torch.Tensor:
     with _lock:
         _pin_modes[ptr] = pin
     weakref.finalize(buffer, _forget, ptr)
-    note(f"sent a batch of {nbytes / 2**20:.1f} MiB through its result pipe")
+    note(f"sent a batch of {mib(nbytes)} through its result pipe")
     return buffer
+
+
+def mib(nbytes: int) -> str:
+    """``nbytes`` in MiB, for messages."""
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**17 else f"{nbytes:,} bytes"
 
 
 def _forget(ptr: int) -> None:

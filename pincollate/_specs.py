@@ -24,6 +24,7 @@ __all__ = [
     "SequenceSpec",
     "is_namedtuple",
     "is_sequence",
+    "jagged",
     "make_mapping",
     "make_sequence",
     "new_dataclass",
@@ -175,20 +176,34 @@ class DataclassSpec(Spec):
 
 
 class JaggedSpec(Spec):
-    """A ``torch.nested`` jagged tensor over two tensors of the buffer: values and offsets."""
+    """A ``torch.nested`` jagged tensor over two tensors of the buffer: values and offsets.
 
-    __slots__ = ("offsets", "values")
-    _fields = ("values", "offsets")
+    ``min_seqlen`` and ``max_seqlen`` are known when the batch is planned; the nested
+    tensor carries them, so attention kernels need not read the offsets back from the
+    device (a host synchronisation per batch).
+    """
 
-    def __init__(self, values: TensorSpec, offsets: TensorSpec):
+    __slots__ = ("max_seqlen", "min_seqlen", "offsets", "values")
+    _fields = ("values", "offsets", "min_seqlen", "max_seqlen")
+
+    def __init__(
+        self, values: TensorSpec, offsets: TensorSpec, min_seqlen: int | None = None, max_seqlen: int | None = None
+    ):
         self.values: TensorSpec = values
         self.offsets: TensorSpec = offsets
+        self.min_seqlen: int | None = min_seqlen
+        self.max_seqlen: int | None = max_seqlen
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.values, self.offsets)
 
     def build(self, views: Views) -> Any:
-        return torch.nested.nested_tensor_from_jagged(self.values.build(views), self.offsets.build(views))
+        return jagged(self.values.build(views), self.offsets.build(views), self.min_seqlen, self.max_seqlen)
+
+
+def jagged(values: torch.Tensor, offsets: torch.Tensor, min_seqlen: int | None, max_seqlen: int | None) -> torch.Tensor:
+    """``torch.nested.nested_tensor_from_jagged`` with the sequence lengths it may cache."""
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_seqlen, max_seqlen=max_seqlen)
 
 
 def is_namedtuple(value: Any) -> bool:

@@ -20,7 +20,7 @@ import torch
 from ._arena import copy_to_device, is_pinned, pinned_allocator
 from ._batch import batch_pin_memory, batch_to, carried
 from ._layout import ALIGN
-from ._specs import make_mapping, new_dataclass
+from ._specs import jagged, make_mapping, new_dataclass
 
 __all__ = ["map_tensors", "pin", "tensors", "to_device"]
 
@@ -146,7 +146,9 @@ def _move(
     def swap(t: torch.Tensor) -> torch.Tensor:
         leaves = parts[id(t)]
         if t.is_nested:
-            return torch.nested.nested_tensor_from_jagged(moved[id(leaves[0])], moved[id(leaves[1])])
+            # The sequence lengths the original carries, read without a device sync.
+            lengths = (getattr(t, "_maybe_min_seqlen", None), getattr(t, "_maybe_max_seqlen", None))
+            return jagged(moved[id(leaves[0])], moved[id(leaves[1])], *lengths)
         return moved[id(t)]
 
     return map_tensors(tree, swap)

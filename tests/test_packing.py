@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
-from pincollate import CollateError, Concat, Jagged, MMCollate
+from pincollate import CollateError, Concat, Jagged, MMCollate, to_device
 from samples import storages
 
 
@@ -50,6 +52,20 @@ def test_jagged_builds_a_nested_tensor_on_the_buffer():
     nested = out["ids"]
     assert nested.is_nested and [t.tolist() for t in nested.unbind()] == [[1, 2, 3], [1]]
     assert nested.values().untyped_storage().data_ptr() == nested.offsets().untyped_storage().data_ptr()
+
+
+def test_jagged_carries_its_sequence_lengths():
+    # Known at planning time; without them attention kernels read the offsets back (a host sync).
+    items = MMCollate(fields={"x": Jagged()})(
+        [{"x": [torch.zeros(2, 3), torch.zeros(4, 3)]}, {"x": [torch.zeros(1, 3)]}, {"x": []}]
+    )["x"]
+    assert (items._maybe_min_seqlen, items._maybe_max_seqlen) == (0, 6)
+    batch = MMCollate(fields={"ids": Jagged()})(_ids(3, 1))
+    nested = batch["ids"]
+    assert (nested._maybe_min_seqlen, nested._maybe_max_seqlen) == (1, 3)
+    # Rebuilt from the layout after a pickle; carried over when moved leaf by leaf.
+    for moved in (pickle.loads(pickle.dumps(batch))["ids"], to_device({"ids": nested, "y": 1}, "cpu")["ids"]):
+        assert (moved._maybe_min_seqlen, moved._maybe_max_seqlen) == (1, 3)
 
 
 def test_jagged_rejects_zero_dim_values():

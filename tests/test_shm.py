@@ -142,6 +142,8 @@ def full_shm(monkeypatch):
     monkeypatch.setattr(_shm, "room_for", lambda nbytes: False)
     monkeypatch.setattr(_shm, "WAIT_S", 0.2)
     monkeypatch.setattr(_shm, "_warned", set())
+    monkeypatch.setattr(_shm, "_notice", [])
+    monkeypatch.setattr(_shm, "_noticed", True)  # nothing to say in this process, unless a test asks
 
 
 def samples(n: int = 16) -> list[dict]:
@@ -222,3 +224,16 @@ def test_a_wait_is_bounded_and_remembered(monkeypatch):
     del again
     ring.state_storage = None
     _ring._rings.clear()
+
+
+def test_a_piped_batch_lands_pinned_where_its_collate_pins(full_shm, fake_pinned, monkeypatch):
+    from pincollate import MMCollate
+
+    monkeypatch.setattr(arena, "get_worker_info", lambda: object())
+    made = {mode: MMCollate(pin_memory=mode)(samples(4)) for mode in (True, False)}
+    monkeypatch.setattr(arena, "get_worker_info", lambda: None)  # now the receiving main process
+    for mode, batch in made.items():
+        back = pickle.loads(ForkingPickler.dumps(batch))
+        assert arena.is_pinned(back.buffer) is mode
+        assert_same(back, batch)
+    assert len(fake_pinned) == 1  # the one pinned buffer it landed in, no copy after
