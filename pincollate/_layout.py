@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ALIGN", "Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Views", "Wrap", "align"]
+__all__ = ["ALIGN", "Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Views", "Wrap", "align", "pitch"]
 
 #: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -34,6 +34,21 @@ ALIGN = 64
 def align(nbytes: int) -> int:
     """``nbytes`` rounded up to :data:`ALIGN`."""
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def pitch(rows: int, row_bytes: int) -> int:
+    """The fewest rows, at least ``rows``, whose bytes are a multiple of :data:`ALIGN`.
+
+    Fields stacked as one block each take this many rows, so each starts aligned.
+
+    Example:
+        >>> pitch(8, 12), pitch(32, 4), pitch(3, 0)
+        (16, 32, 3)
+    """
+    if row_bytes == 0:
+        return rows
+    step = ALIGN // math.gcd(row_bytes, ALIGN)
+    return -(-rows // step) * step
 
 
 @functools.lru_cache(maxsize=4096)
@@ -133,12 +148,13 @@ class TensorSpec(Spec):
     """A contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer.
 
     ``block``, when set, is a tensor spec holding this one and others of its shape
-    back to back (several fields stacked by one call); this is field ``index`` of it,
-    and all of them are viewed by one ``unbind``.
+    (several fields stacked by one call); this is field ``index`` of it, and all of
+    them are viewed by one ``unbind``. Each field of a block takes ``pitch`` rows of
+    it (``None``: exactly its own), so that every field starts on a 64-byte boundary.
     """
 
-    __slots__ = ("_at", "_strides", "block", "dtype", "index", "offset", "shape", "wrap")
-    _fields = ("dtype", "shape", "offset", "wrap", "block", "index")
+    __slots__ = ("_at", "_strides", "block", "dtype", "index", "offset", "pitch", "shape", "wrap")
+    _fields = ("dtype", "shape", "offset", "wrap", "block", "index", "pitch")
 
     def __init__(
         self,
@@ -148,6 +164,7 @@ class TensorSpec(Spec):
         wrap: Wrap | None = None,
         block: TensorSpec | None = None,
         index: int = 0,
+        pitch: int | None = None,
     ):
         if offset % dtype.itemsize:
             raise ValueError(f"offset {offset} is not aligned for {dtype}")
@@ -157,6 +174,7 @@ class TensorSpec(Spec):
         self.wrap: Wrap | None = wrap
         self.block: TensorSpec | None = block
         self.index: int = index
+        self.pitch: int | None = pitch
         self._strides: tuple[int, ...] = _contiguous_strides(self.shape)
         self._at: int = offset // dtype.itemsize
 
@@ -183,8 +201,11 @@ class TensorSpec(Spec):
             if block is not None:
                 fields = views.unbound.get(id(block))
                 if fields is None:
-                    count = math.prod(block.shape) // math.prod(self.shape)
-                    fields = views.unbound[id(block)] = block.region(views).view(count, *self.shape).unbind(0)
+                    rows = self.shape[0] if self.pitch is None else self.pitch
+                    whole = block.region(views).view(block.shape[0] // rows, rows, *self.shape[1:])
+                    if rows != self.shape[0]:
+                        whole = whole[:, : self.shape[0]]  # each field's own rows, at its aligned start
+                    fields = views.unbound[id(block)] = whole.unbind(0)
                 view = fields[self.index]
             else:
                 view = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)

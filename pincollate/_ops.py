@@ -123,7 +123,7 @@ class BlockOp(Op):
     ``index`` says where the parent's columns of these fields are.
     """
 
-    __slots__ = ("block", "dtype", "index", "paths", "shape")
+    __slots__ = ("block", "dtype", "index", "pad", "paths", "shape")
 
     def __init__(
         self,
@@ -133,6 +133,7 @@ class BlockOp(Op):
         block: TensorSpec,
         dtype: torch.dtype,
         shape: tuple[int, ...],
+        pad: int = 0,
     ):
         super().__init__(path)
         self.paths = tuple(paths)
@@ -140,9 +141,17 @@ class BlockOp(Op):
         self.block: TensorSpec = block
         self.dtype = frozenset((dtype,))
         self.shape: tuple[int, ...] = shape
+        # Rows stacked after each field so that the next one starts aligned.
+        self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype),) * pad
 
     def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
-        values = list(itertools.chain.from_iterable(columns))
+        if self.pad:
+            values: list[Any] = []
+            for column in columns:
+                values += column
+                values += self.pad
+        else:
+            values = list(itertools.chain.from_iterable(columns))
         try:
             ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(
                 column[0].shape == self.shape for column in columns
@@ -154,10 +163,11 @@ class BlockOp(Op):
         fill.tasks.append((_stack, self.block, values, self))
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
-        n = len(payload) // len(self.paths)
+        rows = len(payload) // len(self.paths)
+        n = rows - len(self.pad)
         bad = []
         for j, path in enumerate(self.paths):
-            column = payload[j * n : (j + 1) * n]
+            column = payload[j * rows : j * rows + n]
             if not all(isinstance(v, torch.Tensor) and v.dtype in self.dtype and v.shape == self.shape for v in column):
                 bad.append(path)
         return tuple(bad) or self.paths
@@ -181,8 +191,9 @@ class ValueOp(Op):
 
 
 def _fill_block(region: torch.Tensor, rows: list[Any]) -> None:
-    # One numpy assignment for every number field of one type: rows are samples.
-    region.numpy().T[...] = rows
+    # One numpy assignment for every number field of one type: rows are samples; each
+    # field's row is padded to start aligned, and the padding is left as it is.
+    region.numpy().reshape(len(rows[0]), -1)[:, : len(rows)].T[...] = rows
 
 
 class NumbersOp(Op):

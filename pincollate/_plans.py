@@ -27,7 +27,7 @@ import torch
 
 from ._errors import Attr, CollateError
 from ._fill import Fill, Mismatch
-from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align
+from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align, pitch
 from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
     BlockOp,
@@ -63,6 +63,8 @@ Path = tuple[Hashable, ...]
 _NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
 _VALUES = (str, bytes, type(None))
 _CAREFUL = object()
+#: The most padding bytes a field of a block may take to start aligned.
+_MOST_PADDING = 4096
 
 
 class Plan:
@@ -235,8 +237,12 @@ class _Template:
             uniform = self.uniform_tensors(columns[j], (*path, name)) if len(names) > 1 else None
             if uniform is not None:
                 groups.setdefault(uniform, []).append(j)
+        n = len(columns[0]) if columns else 0
         for (dtype, shape), members in list(groups.items()):
-            if len(members) == 1 or math.prod(shape) == 0:
+            row = math.prod(shape) * dtype.itemsize
+            # Each field of a block starts aligned: rows of padding where its bytes need
+            # them, unless that wastes more than it saves (then one stack per field).
+            if len(members) == 1 or row == 0 or (pitch(n, row) - n) * row > _MOST_PADDING:
                 del groups[(dtype, shape)]
         blocked = {j for members in groups.values() for j in members}
         for j, name in enumerate(names):
@@ -245,12 +251,19 @@ class _Template:
                 singles.append((j, op))
         blocks = []
         for (dtype, shape), members in groups.items():
-            n = len(columns[members[0]])
-            field = n * math.prod(shape) * dtype.itemsize
-            block = TensorSpec(dtype, (len(members) * n, *shape), self.take(len(members) * field))
+            rows = pitch(n, math.prod(shape) * dtype.itemsize)
+            field = rows * math.prod(shape) * dtype.itemsize
+            block = TensorSpec(dtype, (len(members) * rows, *shape), self.take(len(members) * field))
             for k, j in enumerate(members):
-                specs[j] = TensorSpec(dtype, (n, *shape), block.offset + k * field, block=block, index=k)
-            blocks.append(BlockOp(path, [(*path, names[j]) for j in members], members, block, dtype, shape))
+                specs[j] = TensorSpec(
+                    dtype,
+                    (n, *shape),
+                    block.offset + k * field,
+                    block=block,
+                    index=k,
+                    pitch=rows if rows != n else None,
+                )
+            blocks.append(BlockOp(path, [(*path, names[j]) for j in members], members, block, dtype, shape, rows - n))
         return specs, singles, blocks  # type: ignore[return-value]
 
     def mapping(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
@@ -275,9 +288,12 @@ class _Template:
         n = len(column)
         for cls, group in numbers.items():
             dtype = _NUMBERS[cls]
-            block = TensorSpec(dtype, (len(group), n), self.take(len(group) * n * dtype.itemsize))
+            rows = pitch(n, dtype.itemsize)  # each field's row starts aligned
+            block = TensorSpec(dtype, (len(group) * rows,), self.take(len(group) * rows * dtype.itemsize))
             for j, key in enumerate(group):
-                children[key] = TensorSpec(dtype, (n,), block.offset + j * n * dtype.itemsize, block=block, index=j)
+                children[key] = TensorSpec(
+                    dtype, (n,), block.offset + j * rows * dtype.itemsize, block=block, index=j, pitch=rows
+                )
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops)
