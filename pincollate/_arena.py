@@ -266,10 +266,14 @@ def copy_to_device(source: torch.Tensor, device: torch.device, non_blocking: boo
     copy has finished, so the worker cannot refill it under the copy.
     """
     blocking = device.type == "mps" and not source.is_pinned()
-    moved = source.to(device, non_blocking=non_blocking and not blocking)
+    moved = _copy(source, device, non_blocking and not blocking)
     if non_blocking and device.type == "cuda" and _ring.is_registered(source):
-        _ring.hold_until_copied(source)
+        _ring.hold_until_copied(source, moved.device)
     return moved
+
+
+def _copy(source: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    return source.to(device, non_blocking=non_blocking)
 
 
 def pinned_footprint() -> dict[str, int]:

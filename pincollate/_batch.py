@@ -261,12 +261,12 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
         from ._transfer import map_tensors
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(
-                device=device,
-                dtype=dtype if dtype is not None and t.is_floating_point() else None,
-                non_blocking=non_blocking,
-                copy=copy,
-            )
+            cast = dtype if dtype is not None and t.is_floating_point() else None
+            if device is not None and not _same_device(t.device, device):
+                # As the whole buffer moves: a registered slot stays held until copied.
+                t = copy_to_device(t, device, non_blocking)
+                return t if cast is None else t.to(cast)
+            return t.to(dtype=cast, non_blocking=non_blocking, copy=copy)
 
         return _plain_again(self, map_tensors(_contents(self), move))  # type: ignore[no-any-return]
     layout, buffer, values = state

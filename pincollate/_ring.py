@@ -345,11 +345,35 @@ class _Mapping:
         if self.registered:
             _registered.pop(self.ptr, None)
             with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone first
-                _cudart().cudaHostUnregister(self.ptr)
+                _unregister(self.ptr)
 
 
 def _cudart() -> Any:
     return torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+
+@functools.cache
+def _runtime() -> Any:
+    """The CUDA runtime library torch loaded (for ``cudaGetLastError``), or ``None``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
+    except OSError:
+        paths = set()
+    for name in (*sorted(paths), "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)  # the copy already loaded, where it is
+        except OSError:
+            continue
+    return None
+
+
+def _clear_error() -> None:
+    # A failed runtime call stays the runtime's last error until it is read; torch's next
+    # kernel-launch check would read it and raise it as its own, far from here.
+    runtime = _runtime()
+    if runtime is not None:
+        runtime.cudaGetLastError()
 
 
 def _register(storage: torch.UntypedStorage) -> bool:
@@ -358,10 +382,22 @@ def _register(storage: torch.UntypedStorage) -> bool:
     # Portable (flag 1): page-locked for every CUDA context, as torch's own pinned memory.
     error = int(_cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 1))
     if error != 0:
+        _clear_error()
         warnings.warn(
             f"pincollate: cudaHostRegister failed for a worker slot (error {error}); its batches are pinned by copy",
             RuntimeWarning,
             stacklevel=2,
+        )
+        return False
+    return True
+
+
+def _unregister(ptr: int) -> bool:
+    error = int(_cudart().cudaHostUnregister(ptr))
+    if error != 0:
+        _clear_error()
+        warnings.warn(
+            f"pincollate: cudaHostUnregister failed for a worker slot (error {error})", RuntimeWarning, stacklevel=2
         )
         return False
     return True
@@ -470,15 +506,16 @@ def is_registered(buffer: torch.Tensor) -> bool:
     return any(start <= ptr < end for start, end in list(_registered.items()))
 
 
-def hold_until_copied(source: torch.Tensor) -> None:
-    """Keep ``source`` (a registered slot) leased until the copies queued on the current stream finish.
+def hold_until_copied(source: torch.Tensor, device: torch.device) -> None:
+    """Keep ``source`` (a registered slot) leased until the copies queued to ``device`` finish.
 
     A non-blocking copy from page-locked memory reads it after the call returns; torch
     guards its own pinned blocks with an event, and this does the same for a slot, so
-    the worker cannot refill it under the copy.
+    the worker cannot refill it under the copy. The event is recorded on the current
+    stream of the copy's target device, where the copy was queued.
     """
     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     with _flight_lock:
         _in_flight.append((event, source))
     _prune()

@@ -213,3 +213,23 @@ def test_on_cuda_collate_in_the_main_process_allocates_pinned():
     batch = MMCollate(pin_memory=True)(PARITY["multimodal-dict"]())
     assert batch.buffer.is_pinned()
     assert batch.pin_memory() is batch
+
+
+def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monkeypatch):
+    """Leaf by leaf goes through the same copy as the whole buffer: each registered source is held."""
+    from pincollate import _arena, _ring
+
+    held = []
+    monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: source.clone())  # a stand-in DMA
+    monkeypatch.setattr(_ring, "is_registered", lambda tensor: True)
+    monkeypatch.setattr(_ring, "hold_until_copied", lambda source, device: held.append((source, device)))
+    batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
+    whole = batch.to("cuda:1", non_blocking=True)
+    assert len(held) == 1 and torch.equal(whole["x"], batch["x"])
+    held.clear()
+    batch["z"] = torch.arange(3.0)  # changed: it now moves leaf by leaf
+    assert batch.layout is None
+    moved = batch.to("cuda:1", non_blocking=True)
+    assert len(held) == 3 and all(
+        t.data_ptr() != s.data_ptr() for t, s in zip(moved.values(), batch.values(), strict=True)
+    )
