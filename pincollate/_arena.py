@@ -293,12 +293,17 @@ def pinned_footprint() -> dict[str, int]:
 
 
 def trim_pinned(limit: int) -> bool:
-    """Empty the pinned-memory cache when it holds more than ``limit`` bytes.
+    """Empty the pinned-memory cache when it holds more than ``limit`` bytes it could free.
 
-    Cached blocks are returned to the driver; blocks in use are untouched. Returns
-    whether it trimmed.
+    Cached blocks are returned to the driver; blocks in use are untouched. Emptying
+    the cache frees each block with ``cudaFreeHost``, which waits for the whole device,
+    so it is done only when the reserved memory is over ``limit`` and at least a
+    quarter of ``limit`` of it is cached (not in use): blocks in use alone over the
+    limit are nothing a trim can free. Returns whether it trimmed.
     """
-    if pinned_footprint()["reserved"] <= limit:
+    footprint = pinned_footprint()
+    cached = footprint["reserved"] - footprint["active"]
+    if footprint["reserved"] <= limit or cached < max(limit // 4, 1):
         return False
     empty = getattr(torch._C, "_host_emptyCache", None)
     if empty is None:

@@ -6,12 +6,16 @@ Design choices, in short:
    strand the caching allocator's blocks on streams nobody uses again.
 2. **One copy per batch.** :func:`~pincollate.to_device` moves each storage's used
    span in one ``non_blocking`` copy; a pincollate batch has one storage.
-3. **Pinning off the critical path.** When the loader did not pin (``pin_memory=False``,
-   or a torch whose pin thread walks dicts leaf by leaf), a background thread pins
-   each batch with one pinned allocation, ``depth`` batches ahead.
+3. **Staging off the training thread, ``depth`` batches ahead.** A background thread
+   reads the loader, pins what the loader did not pin (one pinned allocation per
+   batch), queues the copy and the transform on the side stream and records an event;
+   at most ``depth`` staged batches wait for the consumer, and the next one is staged
+   as soon as one is handed over, so with ``depth=1`` batch ``i + 1`` is copied while
+   step ``i`` runs. The training thread only waits on the event.
 4. **Memory safety across streams by** ``record_stream``. Device memory is
    allocated on the side stream and read on the consumer's; ``record_stream`` on
-   one tensor per storage tells the caching allocator not to reuse it until the
+   one tensor per storage (every tensor the transform's result reaches, in any
+   container or object) tells the caching allocator not to reuse it until the
    consumer's work is done. It costs one call per storage (one per batch), and
    unlike holding references until a later step it is correct however long the
    consumer keeps the batch. Pinned host memory needs nothing: the caching host
@@ -22,7 +26,6 @@ Design choices, in short:
 
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +35,7 @@ import torch
 
 from ._arena import accelerator_can_pin, is_pinned, trim_pinned
 from ._errors import CollateError
-from ._transfer import pin, tensors, to_device
+from ._transfer import pin, reachable_tensors, tensors, to_device
 
 __all__ = ["Prefetcher"]
 
@@ -151,22 +154,28 @@ class Prefetcher(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         source: Iterator[Any] = iter(self.loader)
-        if self.pin:
-            source = _PinThread(source, self.depth, self.device)
         if self.device.type == "cuda":
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-            return _CudaPrefetch(source, self)
+            staging = _CudaStaging(self)
+            return _Ahead(source, self.depth, staging.stage, self.device, staging.hand)
+        if self.pin:
+            source = _Ahead(source, self.depth, _pinned, self.device)
         return _Passthrough(source, self)
 
 
-class _Pinning:
-    """What the pin thread works on; it holds no reference to the iterator, so
-    dropping the iterator (an early ``break``) lets ``__del__`` stop the thread."""
+class _Staging:
+    """What the staging thread works on. It holds no reference to its iterator, so
+    dropping the iterator (an early ``break``) lets ``__del__`` stop the thread.
 
-    def __init__(self, source: Iterator[Any], depth: int, device: torch.device):
+    ``permits`` bounds what is staged and not yet handed over to ``depth`` batches.
+    """
+
+    def __init__(self, source: Iterator[Any], depth: int, work: Callable[[Any], Any], device: torch.device):
         self.source: Iterator[Any] | None = source
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.work: Callable[[Any], Any] = work
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.permits = threading.Semaphore(depth)
         self.stop = threading.Event()
         self.device: torch.device = device
 
@@ -174,48 +183,56 @@ class _Pinning:
         # Thread-local: keeps the copies in pin() from competing with the consumer.
         torch.set_num_threads(1)
         if self.device.type == "cuda":
-            # Pinned memory belongs to a device's context; a new thread starts on
-            # device 0, which would put every DDP rank's pinning on GPU 0.
+            # Pinned memory and streams belong to a device; a new thread starts on
+            # device 0, which would put every DDP rank's staging on GPU 0.
             torch.cuda.set_device(self.device)
         try:
-            for batch in self.source:  # type: ignore[union-attr]
+            while self._permit():
+                try:
+                    host = next(self.source)  # type: ignore[arg-type]
+                except StopIteration:
+                    self.queue.put(_END)
+                    return
                 if self.stop.is_set():
                     return
-                if not all(is_pinned(t) for t in tensors(batch)):
-                    batch = pin(batch)
-                if not self.put(batch):
-                    return
-            self.put(_END)
+                self.queue.put(self.work(host))
         except BaseException as error:  # re-raised in the consumer
-            self.put(_Failure(error))
+            self.queue.put(_Failure(error))
         finally:
             # Drop the loader's iterator here, on this thread: a DataLoader
             # iterator shuts its workers down when it is released.
             self.source = None
 
-    def put(self, item: Any) -> bool:
+    def _permit(self) -> bool:
         while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
+            if self.permits.acquire(timeout=0.1):
                 return True
-            except queue.Full:
-                continue
         return False
 
 
-class _PinThread(Iterator[Any]):
-    """Batches from the loader, pinned ``depth`` ahead on a background thread."""
+class _Ahead(Iterator[Any]):
+    """Batches from the loader, each passed through ``work`` on a background thread,
+    ``depth`` ahead of the consumer; ``hand`` runs on the consumer's thread."""
 
-    def __init__(self, source: Iterator[Any], depth: int, device: torch.device):
-        self._state = _Pinning(source, depth, device)
+    def __init__(
+        self,
+        source: Iterator[Any],
+        depth: int,
+        work: Callable[[Any], Any],
+        device: torch.device,
+        hand: Callable[[Any], Any] | None = None,
+    ):
+        self._state = _Staging(source, depth, work, device)
+        self._hand = hand
         self._done = False
-        self._thread = threading.Thread(target=self._state.run, name="pincollate-pin", daemon=True)
+        self._thread = threading.Thread(target=self._state.run, name="pincollate-prefetch", daemon=True)
         self._thread.start()
 
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        item = self._state.queue.get()
+        state = self._state
+        item = state.queue.get()
         if item is _END:
             self.close()
             raise StopIteration
@@ -223,9 +240,10 @@ class _PinThread(Iterator[Any]):
             self.close()
             error = item.error
             if hasattr(error, "add_note"):
-                error.add_note("(raised while pincollate.Prefetcher read the loader on its pin thread)")
+                error.add_note("(raised while pincollate.Prefetcher read the loader on its staging thread)")
             raise error
-        return item
+        state.permits.release()  # the next batch is staged while this one is used
+        return item if self._hand is None else self._hand(item)
 
     def close(self) -> None:
         """Stop the thread and release what it holds; safe to call twice."""
@@ -243,6 +261,11 @@ class _PinThread(Iterator[Any]):
     def __del__(self) -> None:
         if not self._done:
             self.close()
+
+
+def _pinned(batch: Any) -> Any:
+    """``batch`` with every tensor in pinned memory (itself when it is)."""
+    return batch if all(is_pinned(t) for t in tensors(batch)) else pin(batch)
 
 
 class _Passthrough(Iterator[Any]):
@@ -270,23 +293,26 @@ class _Passthrough(Iterator[Any]):
         self.close()
 
 
-class _CudaPrefetch(Iterator[Any]):
-    """Copies and transforms ``depth`` batches ahead on the prefetcher's side stream."""
+class _CudaStaging:
+    """The CUDA work of the staging thread and the hand-over on the consumer's.
 
-    def __init__(self, source: Iterator[Any], owner: Prefetcher[Any]):
-        self._source: Iterator[Any] = source
-        self._owner: Prefetcher[Any] = owner
-        self._inflight: collections.deque[tuple[Any, Any]] = collections.deque()
-        self._exhausted = False
-        self._count = 0
+    On the staging thread: pin what is not pinned, queue the one copy and the
+    transform on the side stream, record an event, and ``record_stream`` every device
+    storage the batch reaches for the consumer's stream (captured when iteration
+    began), so the caching allocator cannot give the memory to the side stream's next
+    batch while the consumer still reads it. On the consumer's thread: wait on the
+    event, nothing else.
+    """
 
-    def _launch(self) -> None:
-        try:
-            host = next(self._source)
-        except StopIteration:
-            self._exhausted = True
-            return
-        owner = self._owner
+    def __init__(self, owner: Prefetcher[Any]):
+        self.owner: Prefetcher[Any] = owner
+        self.consumer: Any = torch.cuda.current_stream(owner.device)
+        self.count = 0
+
+    def stage(self, host: Any) -> tuple[Any, Any, Any]:
+        owner = self.owner
+        if owner.pin:
+            host = _pinned(host)
         stream = owner._stream
         with torch.cuda.device(owner.device), torch.cuda.stream(stream):
             batch = to_device(host, owner.device, non_blocking=True)
@@ -294,35 +320,27 @@ class _CudaPrefetch(Iterator[Any]):
                 batch = owner.transform(batch)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
-        self._inflight.append((batch, event))
+        _record_stream(batch, self.consumer)
+        self.count += 1
+        if owner.pinned_limit is not None and self.count % 16 == 0:
+            # Here, not on the consumer's thread: emptying the cache waits for the device.
+            trim_pinned(owner.pinned_limit)
+        return batch, event, self.consumer
 
-    def __next__(self) -> Any:
-        while not self._exhausted and len(self._inflight) < self._owner.depth:
-            self._launch()
-        if not self._inflight:
-            self.close()
-            raise StopIteration
-        batch, event = self._inflight.popleft()
-        consumer = torch.cuda.current_stream(self._owner.device)
+    def hand(self, item: tuple[Any, Any, Any]) -> Any:
+        batch, event, recorded = item
+        consumer = torch.cuda.current_stream(self.owner.device)
         consumer.wait_event(event)
-        seen: set[int] = set()
-        for t in tensors(batch):
-            if t.device.type == "cuda":
-                storage = t.untyped_storage().data_ptr()
-                if storage not in seen:
-                    seen.add(storage)
-                    t.record_stream(consumer)
-        self._count += 1
-        if self._owner.pinned_limit is not None and self._count % 16 == 0:
-            trim_pinned(self._owner.pinned_limit)
+        if consumer != recorded:  # the consumer switched streams mid-epoch
+            _record_stream(batch, consumer)
         return batch
 
-    def close(self) -> None:
-        self._inflight.clear()
-        self._exhausted = True
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
 
-    def __del__(self) -> None:
-        self.close()
+def _record_stream(batch: Any, stream: Any) -> None:
+    seen: set[int] = set()
+    for t in reachable_tensors(batch):
+        if t.device.type == "cuda":
+            storage = t.untyped_storage().data_ptr()
+            if storage not in seen:
+                seen.add(storage)
+                t.record_stream(stream)

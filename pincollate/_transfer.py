@@ -22,7 +22,7 @@ from ._batch import batch_pin_memory, batch_to, carried
 from ._layout import ALIGN
 from ._specs import jagged, make_mapping, new_dataclass
 
-__all__ = ["map_tensors", "pin", "tensors", "to_device"]
+__all__ = ["map_tensors", "pin", "reachable_tensors", "tensors", "to_device"]
 
 T = TypeVar("T")
 
@@ -69,6 +69,40 @@ def tensors(tree: Any) -> Iterator[torch.Tensor]:
 
     map_tensors(tree, collect)
     return iter(found)
+
+
+_ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), type)
+
+
+def reachable_tensors(obj: Any, limit: int = 100) -> Iterator[torch.Tensor]:
+    """Every tensor ``obj`` reaches: through mappings, sequences, sets, dataclasses and the
+    attributes (``__dict__``, ``__slots__``) of any other object; each object once.
+
+    What a transform may return is not only containers: a model-input object holding
+    its tensors as attributes needs its memory protected as much as a dict does.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield from _nested_parts(item) if item.is_nested else (item,)
+            continue
+        if isinstance(item, _ATOMS) or id(item) in seen or depth > limit or callable(item):
+            continue
+        seen.add(id(item))
+        if isinstance(item, abc.Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple, set, frozenset, abc.Sequence)):
+            children = item
+        else:
+            children = list(getattr(item, "__dict__", {}).values())
+            for cls in type(item).__mro__:
+                slots = getattr(cls, "__slots__", ())
+                for name in (slots,) if isinstance(slots, str) else slots:
+                    if not name.startswith("__") and hasattr(item, name):
+                        children.append(getattr(item, name))
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _nested_parts(t: torch.Tensor) -> list[torch.Tensor]:

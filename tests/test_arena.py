@@ -93,3 +93,20 @@ def test_the_accelerator_answer_is_per_process(monkeypatch):
     monkeypatch.setattr(arena.os, "getpid", lambda: -1)  # as a forked child sees it
     arena._accelerator_available()
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("reserved", "active", "trims"),
+    [
+        (3 << 30, 0, False),  # under the limit
+        (6 << 30, 1 << 30, True),  # 5 GiB cached: worth a device-wide wait
+        (6 << 30, 6 << 30, False),  # all in use: a trim would free nothing
+        (6 << 30, (6 << 30) - (512 << 20), False),  # 512 MiB cached: under a quarter of the limit
+    ],
+)
+def test_the_pinned_cache_is_trimmed_only_when_it_would_free_something(monkeypatch, reserved, active, trims):
+    emptied = []
+    monkeypatch.setattr(arena, "pinned_footprint", lambda: {"reserved": reserved, "active": active, "peak": reserved})
+    monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: emptied.append(True), raising=False)
+    assert arena.trim_pinned(4 << 30) is trims
+    assert emptied == ([True] if trims else [])

@@ -22,7 +22,7 @@ def _loader(n=8, **kwargs):
 
 
 def _pin_threads() -> int:
-    return sum(t.name == "pincollate-pin" for t in threading.enumerate())
+    return sum(t.name == "pincollate-prefetch" for t in threading.enumerate())
 
 
 def test_cpu_passthrough_yields_every_batch_in_order():
@@ -231,8 +231,16 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(prefetch, "to_device", to_device)
     return consumer, moved
+
+
+def _settle(moved: list, count: int) -> None:
+    """Wait (bounded) until the staging thread has moved ``count`` batches."""
+    deadline = time.monotonic() + 30
+    while len(moved) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -242,10 +250,26 @@ def test_cuda_path_copies_depth_batches_ahead_and_waits_on_events(stand_in_cuda,
     iterator = iter(prefetcher)
     first = next(iterator)
     assert first["label"].tolist() == [0, 1]
-    assert moved == [0, 2, 4][:depth]  # depth batches launched before the first is handed over
+    # While the consumer holds batch 0, the next `depth` are staged: with depth=1 too.
+    _settle(moved, depth + 1)
+    time.sleep(0.2)  # and no more than that
+    assert moved == [0, 2, 4, 6][: depth + 1]
     rest = list(iterator)
     assert [b["label"][0].item() for b in rest] == [2, 4, 6, 8, 10]
     assert len(consumer.waited) == 6 and all(e.stream is prefetcher._stream for e in consumer.waited)
+
+
+def test_the_loader_is_read_on_the_staging_thread(stand_in_cuda):
+    # A slow loader costs the training thread nothing while a batch is staged ahead.
+    readers = []
+
+    def loader():
+        for batch in _loader(6):
+            readers.append(threading.current_thread().name)
+            yield batch
+
+    assert len(list(Prefetcher(loader(), device="cuda", depth=1, pin_memory=False))) == 3
+    assert set(readers) == {"pincollate-prefetch"}
 
 
 def test_cuda_path_makes_one_stream_per_prefetcher(stand_in_cuda):
@@ -257,10 +281,16 @@ def test_cuda_path_makes_one_stream_per_prefetcher(stand_in_cuda):
 
 def test_cuda_path_transform_runs_before_the_handover(stand_in_cuda):
     calls = []
-    prefetcher = Prefetcher(_loader(4), device="cuda", pin_memory=False, transform=lambda b: calls.append(1) or b)
+    prefetcher = Prefetcher(
+        _loader(6),
+        device="cuda",
+        pin_memory=False,
+        transform=lambda b: calls.append(threading.current_thread().name) or b,
+    )
     iterator = iter(prefetcher)
     next(iterator)
-    assert len(calls) == 2  # both in-flight batches already transformed on the side stream
+    _settle(calls, 3)
+    assert calls == ["pincollate-prefetch"] * 3  # on the side stream, off the training thread
     assert list(Prefetcher([], device="cuda", pin_memory=False)) == []
 
 
@@ -276,4 +306,4 @@ def test_pin_thread_sets_the_cuda_device(stand_in_cuda, monkeypatch, fake_pinned
         torch.cuda, "set_device", lambda device: chosen.append((threading.current_thread().name, device))
     )
     batches = list(Prefetcher(_loader(4), device="cuda:1", pin_memory=True))
-    assert len(batches) == 2 and chosen == [("pincollate-pin", torch.device("cuda", 1))]
+    assert len(batches) == 2 and chosen == [("pincollate-prefetch", torch.device("cuda", 1))]

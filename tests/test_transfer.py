@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, MMCollate, mm_collate, to_device
-from pincollate._transfer import map_tensors, pin, tensors
+from pincollate._transfer import map_tensors, pin, reachable_tensors, tensors
 from samples import PARITY, RAGGED, Point, assert_same, storages
 
 
@@ -124,3 +124,28 @@ def test_two_storages_at_one_address_move_each_in_one_piece(fake_pinned):
     assert len(fake_pinned) == 2
     moved = to_device(tree, "meta")
     assert moved["all"].shape == (20,) and moved["head"].shape == (10,)
+
+
+class _Inputs:
+    """A model-input object that keeps its tensors as attributes, not in a container."""
+
+    def __init__(self, **tensors):
+        self.__dict__.update(tensors)
+
+
+class _Slotted:
+    __slots__ = ("mask", "unset")
+
+    def __init__(self, mask):
+        self.mask = mask
+
+
+def test_reachable_tensors_finds_tensors_in_any_object():
+    a, b, c, d = torch.zeros(1), torch.ones(2), torch.arange(3), torch.full((2,), 7)
+    nested = torch.nested.nested_tensor_from_jagged(torch.arange(5.0), torch.tensor([0, 2, 5]))
+    tree = {"inputs": _Inputs(x=a, extra=[{"y": b}]), "mask": _Slotted(c), "set": frozenset({1}), "nt": nested}
+    tree["self"] = tree  # a cycle is walked once
+    tree["fn"] = lambda: d  # a callable is not data
+    found = list(reachable_tensors(tree))
+    assert {id(t) for t in found} >= {id(a), id(b), id(c)} and not any(t is d for t in found)
+    assert len(found) == 5  # a, b, c, and the nested tensor's values and offsets
