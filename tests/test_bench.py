@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
+from gpu_check import failed_rows
 from pincollate import bench
 from pincollate.datasets import SCENARIOS, InMemory
 from samples import assert_same
@@ -91,7 +92,7 @@ def test_gpu_flag_without_cuda_is_refused(capsys):
 
 
 @pytest.mark.slow
-def test_make_gpu_check_skips_cleanly_without_a_gpu():
+def test_make_gpu_check_skips_cleanly_without_a_gpu(tmp_path):
     import pathlib
     import subprocess
     import sys
@@ -99,12 +100,18 @@ def test_make_gpu_check_skips_cleanly_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: gpu-check would really run")
     root = pathlib.Path(__file__).parent.parent
+    out = tmp_path / "gpu-check.json"
     result = subprocess.run(
-        ["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=root, capture_output=True, text=True, timeout=300
+        ["make", "-s", "gpu-check", f"PYTHON={sys.executable}", f"GPU_CHECK_JSON={out}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "skipped" in result.stdout and "GPU benchmark skipped" in result.stdout
-    assert not (root / "gpu-check.json").exists()
+    report = json.loads(out.read_text())  # written either way
+    assert report["failures"] == [] and report["tests"]["ok"] and report["device"] is None
 
 
 def test_worker_breakdown_times_every_stage(capsys):
@@ -122,3 +129,18 @@ def test_worker_breakdown_times_every_stage(capsys):
         assert stage in out
     report = bench.worker_breakdown("video", quick=True)
     assert report["batch_bytes"] > 20 << 20 and all(ms > 0 for ms in report["stages_ms"].values())
+
+
+def test_gpu_check_finds_every_failed_row():
+    # A row that failed is an "error" entry; make gpu-check exits non-zero on any.
+    report = {
+        "manyleaf_transfer": {"mm_collate + to_device": {"gb_per_s": 20.0}, "per-leaf": {"error": "RuntimeError: x"}},
+        "overlap": {"error": "AssertionError: y"},
+        "rows": [{"ok": 1}, {"error": "z"}],
+    }
+    assert failed_rows(report) == [
+        "manyleaf_transfer.per-leaf: RuntimeError: x",
+        "overlap: AssertionError: y",
+        "rows[1]: z",
+    ]
+    assert failed_rows({"peak_pinned_h2d_gb_per_s": 50.0}) == []

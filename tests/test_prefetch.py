@@ -177,6 +177,72 @@ def test_cuda_values_survive_allocator_reuse(depth):
         assert bool((batch["x"] == batch["i"].to("cuda", torch.float32)).all())
 
 
+def _held_back_sums(depth: int = 2, n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of each batch taken on the device after the consumer's stream was held back.
+
+    Nothing synchronises with the host until the end, so a batch whose memory the
+    allocator gave to a later copy (no ``record_stream``), or that was read before its
+    copy landed (no event wait), sums wrong.
+    """
+    numel = 1 << 18  # 1 MiB of float32 per batch
+    data = [{"x": torch.full((numel,), float(i + 1))} for i in range(n)]
+    loader = DataLoader(data, batch_size=1, collate_fn=MMCollate(), pin_memory=False)
+    sums = []
+    for batch in Prefetcher(loader, device="cuda", depth=depth):
+        torch.cuda._sleep(20_000_000)  # the step before this read takes a while on the device
+        sums.append(batch["x"].sum())
+        del batch
+    got = torch.stack(sums).cpu()
+    return got, torch.tensor([float(i + 1) * numel for i in range(n)])
+
+
+@pytest.mark.cuda
+def test_cuda_batches_stay_intact_while_the_consumer_is_held_back():
+    got, expected = _held_back_sums()
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.cuda
+def test_cuda_control_without_record_stream_the_same_check_fails(monkeypatch):
+    # The control run: with the protection switched off, the check above must see it.
+    from pincollate import _prefetch as prefetch
+
+    monkeypatch.setattr(prefetch, "_record_stream", lambda batch, stream: None)
+    got, expected = _held_back_sums()
+    assert not torch.equal(got, expected)
+
+
+@pytest.mark.cuda
+def test_cuda_control_without_the_event_wait_the_same_check_fails(monkeypatch):
+    from pincollate import _prefetch as prefetch
+
+    real = prefetch.to_device
+
+    def late_copy(host, device, non_blocking=True):
+        torch.cuda._sleep(50_000_000)  # queued on the side stream before the copy
+        return real(host, device, non_blocking)
+
+    monkeypatch.setattr(prefetch, "to_device", late_copy)
+    got, expected = _held_back_sums(n=4)
+    assert torch.equal(got, expected)  # with the wait, a late copy is only late
+    monkeypatch.setattr(prefetch._CudaStaging, "hand", lambda self, item: item[0])
+    got, expected = _held_back_sums(n=4)
+    assert not torch.equal(got, expected)
+
+
+@pytest.mark.cuda
+def test_cuda_registered_slots_arrive_page_locked():
+    from pincollate import _arena, _ring
+
+    data = [{"x": torch.full((1 << 16,), float(i))} for i in range(16)]
+    loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=MMCollate(pin_slots=True), pin_memory=True)
+    batches = 0
+    for batch in loader:
+        assert _ring.is_registered(batch.buffer) and _arena.is_pinned(batch.buffer)
+        batches += 1
+    assert batches == 4
+
+
 @pytest.mark.cuda
 def test_cuda_pinned_memory_stays_flat_over_ragged_batches():
     rng = random.Random(0)
