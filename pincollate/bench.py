@@ -556,7 +556,28 @@ def run_gpu(quick: bool) -> dict[str, Any]:
     report["prefetch_loaders"] = _guarded(lambda: _prefetch_loaders(device, quick, Prefetcher))
     report["overlap"] = _guarded(lambda: _overlap(device, quick, Prefetcher))
     report["pinned_slots"] = _guarded(lambda: _pinned_slots(device, quick))
+    report["slot_registration"] = _guarded(_registration_cost)
     return report
+
+
+def _registration_cost() -> dict[str, Any]:
+    """What registering one worker slot with CUDA costs (``pin_slots``), by slot size.
+
+    It runs once per slot in the thread that unpickles the slot's first batch, and again
+    every epoch when workers are not persistent (new workers, new slots).
+    """
+    from . import _ring
+
+    rows: dict[str, Any] = {}
+    for mib in (8, 32, 128):
+        storage = torch.UntypedStorage._new_shared(mib << 20)  # type: ignore[no-untyped-call]
+        start = time.perf_counter()
+        ok = _ring._register(storage)
+        seconds = time.perf_counter() - start
+        if ok:
+            _ring._unregister(storage.data_ptr())
+        rows[f"{mib} MiB"] = {"registered": ok, "ms": seconds * 1e3, "gb_per_s": (mib << 20) / seconds / 1e9}
+    return rows
 
 
 def _pinned_slots(device: torch.device, quick: bool) -> dict[str, Any]:

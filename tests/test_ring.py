@@ -367,15 +367,20 @@ def test_a_dropped_lease_gives_its_slot_back():
 @pytest.mark.cuda
 def test_pinned_slots_arrive_pinned_and_move_safely(clean):
     collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
+    on_device, on_host = [], []
     for batch in loader(Numbered(2000), collate=collate, pin_memory=True):
         assert _ring.is_registered(batch.buffer)
         assert batch.pin_memory() is batch
+        check(batch)
+        on_host.append(batch["x"].double().sum())
+        torch.cuda._sleep(2_000_000)  # the copy queued next starts late: the worker refills meanwhile
         moved = batch.to("cuda", non_blocking=True)
         del batch  # the slot stays leased until the copy finished
-        check(moved.to("cpu"))
+        on_device.append(moved["x"].double().sum())  # read on the device; nothing waits on the host
+        del moved
+    assert torch.equal(torch.stack(on_device).cpu(), torch.stack(on_host))
     torch.cuda.synchronize()
     _ring._prune()
-    del moved
 
 
 @pytest.mark.cuda
