@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from . import _ring, _shm
 from ._arena import PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
@@ -195,7 +196,10 @@ def _reduce_across(batch: Any) -> Any:
     if _ring.is_slot(buffer):
         # Sent before: a slot has one receiver, so a second send carries a copy.
         buffer = buffer[: layout.nbytes].clone()
-    if not buffer.untyped_storage().is_shared() and not _shm.room_for(layout.nbytes):
+    if not buffer.untyped_storage().is_shared() and (get_worker_info() is not None or not _shm.room_for(layout.nbytes)):
+        # A worker's batch outside shared memory was put there for want of room: it is
+        # not moved into /dev/shm now, in the queue's feeder thread, where a failure
+        # would lose the batch without a word (the loader would wait for it until its timeout).
         data = buffer[: layout.nbytes].numpy().tobytes()
         return (_from_pipe, (layout, data, values, pin, _shm.take_notice()))
     return (_rebuild, (layout, buffer, values))

@@ -3,17 +3,19 @@
 Docker's default /dev/shm is 64 MiB. This times the video scenario (23 MiB batches)
 through DataLoader workers with ample /dev/shm (this process) and, in the same run,
 in a private mount namespace whose /dev/shm is a small tmpfs (a child process made
-with ``unshare -m``; root only), in alternating rounds. A method that cannot run there
-is reported with its error.
+with ``unshare -m``; root only), in alternating rounds; each method runs there in a namespace of its own. A
+method that cannot run there is reported with its error.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -32,20 +34,22 @@ _METHODS: dict[str, Callable[[list[Any]], Any]] = {
 }
 
 
-def _rates(workers: int, batches: int) -> dict[str, float | str]:
-    """Batches per second of each method over ``batches`` video batches, or its error."""
+def _rates(workers: int, batches: int, names: list[str] | None = None) -> dict[str, float | str]:
+    """Batches per second of each method (or those named) over ``batches`` video batches, or its error."""
     cls, batch_size = SCENARIOS["video"]
     dataset = InMemory(cls(length=batch_size * 4))
     stored = batch_size * 4
     out: dict[str, float | str] = {}
     for name, fn in _METHODS.items():
+        if names is not None and name not in names:
+            continue
         iterator: Any = None
         loader: DataLoader[Any] = DataLoader(
             _Cycle(dataset, stored, batch_size * (batches + 1)),
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=fn,
-            timeout=120,
+            timeout=int(os.environ.get("PINCOLLATE_BENCH_TIMEOUT", 120)),
         )
         try:
             with warnings.catch_warnings():
@@ -56,7 +60,11 @@ def _rates(workers: int, batches: int) -> dict[str, float | str]:
                 count = sum(1 for _ in iterator)
                 out[name] = count / (time.perf_counter() - start)
         except Exception as error:  # the outcome is what is reported
-            out[name] = f"fails: {type(error).__name__}: {str(error).strip().splitlines()[-1][:120]}"
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            out[name] = (
+                f"fails: {type(error).__name__}: {str(error).strip().splitlines()[-1][:120]} "
+                f"(at {os.path.basename(where.filename)}:{where.lineno})"
+            )
         finally:
             iterator = None
     return out
@@ -75,9 +83,13 @@ class _Cycle(Dataset[Any]):
         return self.dataset[index % self.stored]
 
 
-def _child(size: str, workers: int, batches: int) -> dict[str, float | str]:
+def _child(size: str, workers: int, batches: int, name: str) -> dict[str, float | str]:
+    """One method's rate in a fresh namespace: what one method leaves in /dev/shm cannot slow another."""
     command = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
-    code = f"import json; from pincollate._bench_shm import _rates; print(json.dumps(_rates({workers}, {batches})))"
+    code = (
+        "import json; from pincollate._bench_shm import _rates; "
+        f"print(json.dumps(_rates({workers}, {batches}, [{name!r}])))"
+    )
     result = subprocess.run(
         ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, "-c", code],
         capture_output=True,
@@ -102,14 +114,19 @@ def run_small_shm(size: str = "64m", workers: int = 2, rounds: int = 3, progress
             for name, rate in _rates(workers, _BATCHES).items():
                 ample[name].append(rate)  # type: ignore[arg-type]
             bar.update(1)
-            for name, rate in _child(size, workers, _BATCHES).items():
-                small[name].append(rate)
+            for name in _METHODS:
+                small[name].append(_child(size, workers, _BATCHES, name)[name])
             bar.update(1)
     rows = []
     for name in _METHODS:
         rates = [r for r in small[name] if isinstance(r, float)]
         errors = [r for r in small[name] if isinstance(r, str)]
-        row: dict[str, Any] = {"method": name, "ample_batches_per_s": statistics.median(ample[name])}
+        row: dict[str, Any] = {
+            "method": name,
+            "ample_batches_per_s": statistics.median(ample[name]),
+            "ample_rounds": ample[name],
+            "small_rounds": small[name],
+        }
         if errors:
             row["small_error"] = errors[0]
         else:

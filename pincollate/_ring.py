@@ -223,7 +223,12 @@ def _worker_ring(slots: int) -> _Ring | None:
     ring = _rings.get(pid)
     if ring is None:
         _rings.clear()  # a fork's copy of its parent's ring is not its own
-        ring = _rings[pid] = _Ring(slots)
+        if not _shm.room_for(8 * slots):
+            return None  # not even room for its state array: batches take the fallback paths
+        try:
+            ring = _rings[pid] = _Ring(slots)
+        except RuntimeError:  # another process took the room first
+            return None
     return ring
 
 
@@ -252,7 +257,7 @@ def wait(nbytes: int) -> torch.Tensor | None:
     if nbytes <= 0 or ring is None or ring.starved or not ring.could_take(nbytes):
         return None
     start = time.monotonic()
-    delay = 0.0005
+    delay = 0.0001
     while True:
         buffer = ring.take(nbytes)
         if buffer is not None:
@@ -263,7 +268,7 @@ def wait(nbytes: int) -> torch.Tensor | None:
             ring.starved = True
             return None
         time.sleep(delay)
-        delay = min(2 * delay, 0.01)
+        delay = min(2 * delay, 0.001)  # a slot comes back within a step: notice it soon
 
 
 def is_slot(buffer: torch.Tensor) -> bool:

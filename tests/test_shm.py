@@ -128,9 +128,10 @@ def test_a_worker_killed_while_it_waits_is_an_error_not_a_hang():
 @small_shm
 @pytest.mark.slow
 def test_default_collate_cannot_run_there():
-    # What the namespace is for: the same epoch fails with torch's own collate.
+    # What the namespace is for: the same epoch fails with torch's own collate (out of
+    # shared memory, or, now and then, a hang that the loader's timeout ends).
     out = run_case("default", 24, 2)
-    assert not out["ok"] and "shared memory" in out["error"], out
+    assert not out["ok"] and ("shared memory" in out["error"] or "timed out" in out["error"]), out
 
 
 # --- the same paths without a namespace: /dev/shm made to look full ------------------------
