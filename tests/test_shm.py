@@ -75,12 +75,12 @@ def check_warning(out: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("mib", "workers"),
-    [(4, 2), (24, 2), (48, 2), (24, 4), (48, 4), (80, 2)],
-    ids=["4MiB-2w", "24MiB-2w", "48MiB-2w", "24MiB-4w", "48MiB-4w", "80MiB-bigger-than-shm"],
+    [(4, 2), (24, 2), (48, 2), (48, 4), (80, 2)],
+    ids=["4MiB-2w", "24MiB-2w", "48MiB-2w", "48MiB-4w", "80MiB-bigger-than-shm"],
 )
 def test_an_epoch_completes_with_the_right_values(mib, workers):
     out = run_case("epoch", mib, workers)
-    assert out["ok"] and out["batches"] == 6, out
+    assert out["ok"] and out["batches"] == 4, out
     assert out["shm_left_mib"] == 0, out  # every slot and file given back
     if mib == 4:
         assert out["warnings"] == 0, out  # everything fits: nothing to say
@@ -92,7 +92,7 @@ def test_an_epoch_completes_with_the_right_values(mib, workers):
 @pytest.mark.slow
 def test_persistent_workers_over_three_epochs():
     out = run_case("persistent", 24, 2)
-    assert out["ok"] and out["batches"] == 18, out
+    assert out["ok"] and out["batches"] == 12, out
     check_warning(out)
     assert out["shm_left_mib"] == 0, out
 
@@ -100,7 +100,7 @@ def test_persistent_workers_over_three_epochs():
 @small_shm
 @pytest.mark.slow
 def test_batches_kept_by_the_consumer_stay_intact():
-    # Six 24 MiB batches kept: more than all of /dev/shm, so most go by pipe.
+    # Four 24 MiB batches kept: more than all of /dev/shm, so some go by pipe.
     out = run_case("keep", 24, 2)
     assert out["ok"] and out["kept_intact"], out
     check_warning(out)

@@ -26,7 +26,7 @@ from pincollate import MMCollate, Pad
 from pincollate._shm import SharedMemoryWarning, shm_free, shm_total
 
 BATCH = 4
-BATCHES = 6
+BATCHES = 4
 
 
 class Big(Dataset):
