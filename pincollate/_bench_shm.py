@@ -1,6 +1,6 @@
 """``python -m pincollate.bench --small-shm``: the video scenario in a 64 MiB /dev/shm.
 
-Docker's default /dev/shm is 64 MiB. This times the video scenario (23 MiB batches)
+Docker's default /dev/shm is 64 MiB. This times the video scenario (23 and 46 MiB batches)
 through DataLoader workers with ample /dev/shm (this process) and, in the same run,
 in a private mount namespace whose /dev/shm is a small tmpfs (a child process made
 with ``unshare -m``; root only), in alternating rounds; each method runs there in a namespace of its own. A
@@ -34,9 +34,9 @@ _METHODS: dict[str, Callable[[list[Any]], Any]] = {
 }
 
 
-def _rates(workers: int, batches: int, names: list[str] | None = None) -> dict[str, float | str]:
+def _rates(workers: int, batches: int, names: list[str] | None = None, batch_size: int = 8) -> dict[str, float | str]:
     """Batches per second of each method (or those named) over ``batches`` video batches, or its error."""
-    cls, batch_size = SCENARIOS["video"]
+    cls = SCENARIOS["video"][0]
     dataset = InMemory(cls(length=batch_size * 4))
     stored = batch_size * 4
     out: dict[str, float | str] = {}
@@ -83,12 +83,12 @@ class _Cycle(Dataset[Any]):
         return self.dataset[index % self.stored]
 
 
-def _child(size: str, workers: int, batches: int, name: str) -> dict[str, float | str]:
+def _child(size: str, workers: int, batches: int, name: str, batch_size: int) -> dict[str, float | str]:
     """One method's rate in a fresh namespace: what one method leaves in /dev/shm cannot slow another."""
     command = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
     code = (
         "import json; from pincollate._bench_shm import _rates; "
-        f"print(json.dumps(_rates({workers}, {batches}, [{name!r}])))"
+        f"print(json.dumps(_rates({workers}, {batches}, [{name!r}], {batch_size})))"
     )
     result = subprocess.run(
         ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, "-c", code],
@@ -103,51 +103,66 @@ def _child(size: str, workers: int, batches: int, name: str) -> dict[str, float 
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
+#: Samples per batch: 8 video samples are 23 MiB, 16 are 46 MiB.
+_SIZES = (8, 16)
+
+
 def run_small_shm(size: str = "64m", workers: int = 2, rounds: int = 3, progress: bool = True) -> dict[str, Any]:
     """Median batches/s of each method with ample /dev/shm and with ``size``, rounds alternating."""
     from tqdm.auto import tqdm
 
-    ample: dict[str, list[float]] = {name: [] for name in _METHODS}
-    small: dict[str, list[float | str]] = {name: [] for name in _METHODS}
-    with tqdm(total=2 * rounds, desc=f"video, {size} /dev/shm", file=sys.stderr, disable=not progress) as bar:
+    cases = [(n, name) for n in _SIZES for name in _METHODS]
+    ample: dict[tuple[int, str], list[float | str]] = {case: [] for case in cases}
+    small: dict[tuple[int, str], list[float | str]] = {case: [] for case in cases}
+    with tqdm(
+        total=2 * rounds * len(_SIZES), desc=f"video, {size} /dev/shm", file=sys.stderr, disable=not progress
+    ) as bar:
         for _ in range(rounds):
-            for name, rate in _rates(workers, _BATCHES).items():
-                ample[name].append(rate)  # type: ignore[arg-type]
-            bar.update(1)
-            for name in _METHODS:
-                small[name].append(_child(size, workers, _BATCHES, name)[name])
-            bar.update(1)
+            for n in _SIZES:
+                for name, rate in _rates(workers, _BATCHES, None, n).items():
+                    ample[(n, name)].append(rate)
+                bar.update(1)
+                for name in _METHODS:
+                    small[(n, name)].append(_child(size, workers, _BATCHES, name, n)[name])
+                bar.update(1)
     rows = []
-    for name in _METHODS:
-        rates = [r for r in small[name] if isinstance(r, float)]
-        errors = [r for r in small[name] if isinstance(r, str)]
+    for n, name in cases:
         row: dict[str, Any] = {
             "method": name,
-            "ample_batches_per_s": statistics.median(ample[name]),
-            "ample_rounds": ample[name],
-            "small_rounds": small[name],
+            "samples": n,
+            "batch_mib": n * _VIDEO_SAMPLE_BYTES / 2**20,
+            "ample_rounds": ample[(n, name)],
+            "small_rounds": small[(n, name)],
         }
-        if errors:
-            row["small_error"] = errors[0]
-        else:
-            row["small_batches_per_s"] = statistics.median(rates)
+        for side, values in (("ample", ample[(n, name)]), ("small", small[(n, name)])):
+            errors = [r for r in values if isinstance(r, str)]
+            if errors:
+                row[f"{side}_error"] = errors[0]
+            else:
+                row[f"{side}_batches_per_s"] = statistics.median(values)  # type: ignore[type-var]
+        if "ample_batches_per_s" in row and "small_batches_per_s" in row:
             row["small_vs_ample"] = row["small_batches_per_s"] / row["ample_batches_per_s"]
         rows.append(row)
     return {"size": size, "workers": workers, "rounds": rounds, "batches": _BATCHES, "rows": rows}
 
 
+#: One video sample: 16 frames of 3x160x160 uint8 and 2x160x160 float16 flow.
+_VIDEO_SAMPLE_BYTES = 16 * 3 * 160 * 160 + 16 * 2 * 160 * 160 * 2
+
+
 def format_small_shm(report: dict[str, Any]) -> str:
     lines = [
-        f"video (23 MiB batches) through {report['workers']} workers, {report['batches']} batches, "
-        f"median of {report['rounds']} rounds; /dev/shm ample vs {report['size']}",
-        f"{'method':<16} {'ample b/s':>10} {'small b/s':>10} {'small/ample':>12}",
+        f"video through {report['workers']} workers, {report['batches']} batches, median of {report['rounds']} "
+        f"rounds; /dev/shm ample vs {report['size']} (b/s: batches per second, higher is better)",
+        f"{'method':<16} {'batch':>8} {'ample b/s':>10} {'small b/s':>10} {'small/ample':>12}",
     ]
     for row in report["rows"]:
+        ample = f"{row['ample_batches_per_s']:>10.2f}" if "ample_batches_per_s" in row else f"{'fails':>10}"
+        head = f"{row['method']:<16} {row['batch_mib']:>5.0f} MiB {ample}"
         if "small_error" in row:
-            lines.append(f"{row['method']:<16} {row['ample_batches_per_s']:>10.2f} {row['small_error']}")
+            lines.append(f"{head} {row['small_error']}")
+        elif "small_vs_ample" in row:
+            lines.append(f"{head} {row['small_batches_per_s']:>10.2f} {row['small_vs_ample']:>11.2f}x")
         else:
-            lines.append(
-                f"{row['method']:<16} {row['ample_batches_per_s']:>10.2f} {row['small_batches_per_s']:>10.2f} "
-                f"{row['small_vs_ample']:>11.2f}x"
-            )
+            lines.append(f"{head} {row['small_batches_per_s']:>10.2f}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from ._arena import accelerator_can_pin
+from ._arena import accelerator_can_pin, pinned_footprint
 from ._collate import MMCollate
 from ._packing import Concat
 from ._policies import Pad
@@ -557,7 +557,44 @@ def run_gpu(quick: bool) -> dict[str, Any]:
     report["overlap"] = _guarded(lambda: _overlap(device, quick, Prefetcher))
     report["pinned_slots"] = _guarded(lambda: _pinned_slots(device, quick))
     report["slot_registration"] = _guarded(_registration_cost)
+    report["pinned_trim"] = _guarded(lambda: _trim_cost(device, Prefetcher))
     return report
+
+
+def _trim_cost(device: torch.device, prefetcher: Any) -> dict[str, Any]:
+    """Ragged 1-32 MiB batches through the Prefetcher with a 128 MiB pinned limit: the
+    pinned footprint it keeps, and what each trim of the cache costs."""
+    from . import _prefetch
+
+    real = getattr(_prefetch, "trim_pinned")  # noqa: B009 (patched for this row, restored after)
+    trims: list[tuple[bool, float]] = []
+
+    def timed_trim(limit: int) -> bool:
+        start = time.perf_counter()
+        done = bool(real(limit))
+        trims.append((done, time.perf_counter() - start))
+        return done
+
+    sizes = [(1 + (i * 7) % 32) << 18 for i in range(96)]  # float32: 1 to 32 MiB
+    data = [{"x": torch.zeros(n)} for n in sizes]
+    loader: DataLoader[Any] = DataLoader(data, batch_size=1, collate_fn=MMCollate(), pin_memory=False)  # type: ignore[arg-type]
+    setattr(_prefetch, "trim_pinned", timed_trim)  # noqa: B010
+    try:
+        peak = 0
+        for batch in prefetcher(loader, device=device, pinned_limit=128 << 20):
+            batch["x"].sum()
+            peak = max(peak, pinned_footprint()["reserved"])
+        torch.cuda.synchronize()
+    finally:
+        setattr(_prefetch, "trim_pinned", real)  # noqa: B010
+    done = [seconds for trimmed, seconds in trims if trimmed]
+    return {
+        "batches": len(sizes),
+        "trim_checks": len(trims),
+        "trims": len(done),
+        "trim_ms_median": statistics.median(done) * 1e3 if done else None,
+        "peak_reserved_mib": peak / 2**20,
+    }
 
 
 def _registration_cost() -> dict[str, Any]:
@@ -734,9 +771,9 @@ def _overlap(device: torch.device, quick: bool, prefetcher: Any) -> dict[str, An
         return (time.perf_counter() - start) / repeat
 
     copy_s = avg(lambda: to_device(host_batches[0], device))
-    iters = 1
-    while avg(functools.partial(compute, iters)) < copy_s and iters < 4096:
-        iters *= 2
+    # Compute as long as the copy (equal lengths: full overlap halves the step).
+    per_iter = avg(functools.partial(compute, 16)) / 16
+    iters = max(1, min(4096, round(copy_s / per_iter)))
     compute_s = avg(functools.partial(compute, iters))
     torch.cuda.synchronize()
     start = time.perf_counter()

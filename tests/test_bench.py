@@ -144,3 +144,27 @@ def test_gpu_check_finds_every_failed_row():
         "rows[1]: z",
     ]
     assert failed_rows({"peak_pinned_h2d_gb_per_s": 50.0}) == []
+
+
+def test_small_shm_report_reads_as_a_table():
+    from pincollate._bench_shm import format_small_shm
+
+    report = {
+        "size": "64m",
+        "workers": 2,
+        "rounds": 5,
+        "batches": 48,
+        "rows": [
+            {"method": "default_collate", "batch_mib": 23.4, "ample_batches_per_s": 40.0, "small_error": "fails: x"},
+            {
+                "method": "mm_collate",
+                "batch_mib": 23.4,
+                "ample_batches_per_s": 135.0,
+                "small_batches_per_s": 89.0,
+                "small_vs_ample": 89 / 135,
+            },
+        ],
+    }
+    text = format_small_shm(report)
+    assert "default_collate     23 MiB      40.00 fails: x" in text
+    assert "mm_collate          23 MiB     135.00      89.00        0.66x" in text
