@@ -223,7 +223,7 @@ def allocate(
     (:mod:`._ring`, with ``slots > 0``) when one is free, else a fresh one. Where
     /dev/shm has no room for it and ``pin`` is given (the collate's pin setting: the
     batch is a carrier, which can cross as its bytes), the worker waits for one of its
-    slots and then takes plain memory that crosses by pipe (:mod:`._shm`).
+    slots and then takes memory outside /dev/shm (:mod:`._shm`).
 
     Raises:
         CollateError: the buffer cannot be allocated (or, with ``pin`` ``None``, does
@@ -242,7 +242,7 @@ def allocate(
                     f"the batch needs {nbytes:,} bytes of shared memory but /dev/shm has only "
                     f"{_shm.shm_free() or 0:,} bytes free; lower the batch size or enlarge /dev/shm"
                 )
-            return _shm.piped_buffer(nbytes, pin)
+            return _shm.outside_buffer(nbytes, pin)
     try:
         if kind == "shared":
             storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
@@ -253,7 +253,7 @@ def allocate(
     except (RuntimeError, MemoryError, OSError) as exc:
         if kind == "shared" and pin is not None:
             with contextlib.suppress(RuntimeError, MemoryError):
-                return _shm.piped_buffer(nbytes, pin)  # another process took the room first
+                return _shm.outside_buffer(nbytes, pin)  # another process took the room first
         where = " in /dev/shm" if kind == "shared" else f" ({kind} memory)"
         raise CollateError(f"cannot allocate the batch buffer of {nbytes:,} bytes{where}: {exc}") from exc
 

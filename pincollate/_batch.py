@@ -27,7 +27,7 @@ import collections.abc as abc
 import dataclasses
 import functools
 from collections.abc import Hashable
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any, TypeVar
 
 import numpy as np
@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from . import _ring, _shm
-from ._arena import PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
+from ._arena import Kind, PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
 from ._errors import CollateError
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
 from ._specs import (
@@ -192,7 +192,10 @@ def _reduce_across(batch: Any) -> Any:
     if crossing is not None:
         header, index, generation, storage = crossing
         return (_from_slot, (header, index, generation, storage, layout, values, _shm.take_notice()))
-    pin = _shm.pin_mode(buffer)
+    made = _shm.outside(buffer)
+    pin = "auto" if made is None else made[0]
+    if made is not None and made[1] is not None:
+        return (_from_memfd, (layout, DupFd(made[1]), values, pin, _shm.take_notice()))
     if _ring.is_slot(buffer):
         # Sent before: a slot has one receiver, so a second send carries a copy.
         buffer = buffer[: layout.nbytes].clone()
@@ -218,16 +221,32 @@ def _from_slot(
     return make_batch(layout, _ring.lease(header, index, generation, storage, layout.nbytes), values)
 
 
-def _from_pipe(layout: Layout, data: bytes, values: list[Any], pin: PinMode, notice: tuple[Any, str] | None) -> Any:
-    """A batch that crossed as its bytes: one buffer again, pinned where its collate would pin here."""
-    _shm.warn_once(notice)
+def _landing(pin: PinMode) -> Kind:
+    """Where a batch that crossed outside /dev/shm lands: pinned where its collate would pin here."""
     try:
         kind = resolve_kind(pin)
     except CollateError:  # pin_memory=True in a process that cannot pin: the pin thread says so
-        kind = "plain"
-    buffer = allocate(layout.nbytes, "plain" if kind == "shared" else kind)
+        return "plain"
+    return "plain" if kind == "shared" else kind
+
+
+def _from_pipe(layout: Layout, data: bytes, values: list[Any], pin: PinMode, notice: tuple[Any, str] | None) -> Any:
+    """A batch that crossed as its bytes: one buffer again."""
+    _shm.warn_once(notice)
+    buffer = allocate(layout.nbytes, _landing(pin))
     if layout.nbytes:
         buffer[: layout.nbytes].numpy()[...] = np.frombuffer(data, dtype=np.uint8)
+    return make_batch(layout, buffer, values)
+
+
+def _from_memfd(layout: Layout, fd: Any, values: list[Any], pin: PinMode, notice: tuple[Any, str] | None) -> Any:
+    """A batch that crossed as a memfd: mapped here, or copied once into pinned memory."""
+    _shm.warn_once(notice)
+    mapped = _shm.map_memfd(fd.detach(), layout.nbytes)
+    if _landing(pin) != "pinned":
+        return make_batch(layout, mapped, values)
+    buffer = allocate(layout.nbytes, "pinned")
+    buffer[: layout.nbytes].copy_(mapped)
     return make_batch(layout, buffer, values)
 
 

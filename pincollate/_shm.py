@@ -12,9 +12,11 @@ goes, in this order, into:
    :mod:`._ownership` (nothing can read it any more). A wait that times out makes the
    next batches skip the wait until a slot is free again, so a consumer that keeps
    every batch pays one wait, not one per batch;
-4. plain memory, whose bytes cross through the worker's result pipe in the batch's
-   pickle and land in one buffer in the main process (pinned where the batch's collate
-   would pin there): slower, but the batch is still one buffer and the run goes on.
+4. anonymous shared memory outside /dev/shm (``memfd_create``: it counts against the
+   container's memory, not the /dev/shm mount), crossing as one file descriptor; where
+   the system has no memfd, plain memory whose bytes cross through the worker's result
+   pipe in the batch's pickle. Either way the batch lands as one buffer in the main
+   process, pinned where its collate would pin there, and the run goes on.
 
 The first batch that waits or takes the pipe carries a notice; the main process turns it
 into one :class:`SharedMemoryWarning` per loader.
@@ -22,23 +24,28 @@ into one :class:`SharedMemoryWarning` per loader.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import warnings
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+
+from . import _ownership
 
 __all__ = [
     "WAIT_S",
     "SharedMemoryWarning",
+    "map_memfd",
     "mib",
     "note",
     "noticed",
-    "pin_mode",
-    "piped_buffer",
+    "outside",
+    "outside_buffer",
     "room_for",
     "shm_free",
     "shm_total",
@@ -79,23 +86,59 @@ def room_for(nbytes: int) -> bool:
     return free is None or nbytes + _MARGIN <= free
 
 
-# --- the worker's side: piped buffers and the notice ----------------------------------------
+# --- the worker's side: buffers outside /dev/shm, and the notice --------------------------
 
-#: The pin setting of the collate that made each piped buffer, by address; the receiver pins
-#: the batch where that collate would pin in its process.
-_pin_modes: dict[int, Any] = {}
+#: For each buffer made outside /dev/shm, by address: the pin setting of the collate that
+#: made it (the receiver pins the batch where that collate would pin in its process) and its
+#: memfd, or ``None`` for plain memory whose bytes cross by pipe.
+_outside: dict[int, tuple[Any, int | None]] = {}
 _lock = threading.Lock()
 
 
-def piped_buffer(nbytes: int, pin: Any) -> torch.Tensor:
-    """A plain buffer of ``nbytes`` bytes for a worker batch that crosses by pipe."""
-    buffer = torch.empty(nbytes, dtype=torch.uint8)
+def outside_buffer(nbytes: int, pin: Any) -> torch.Tensor:
+    """A buffer of ``nbytes`` bytes outside /dev/shm for a worker batch.
+
+    Anonymous shared memory (``memfd_create``: memory of the process's cgroup, not of the
+    /dev/shm mount) where the system has it: the batch then crosses as one file
+    descriptor, with no copy. Otherwise plain memory, whose bytes cross in the pipe.
+    """
+    fd = _memfd(nbytes)
+    if fd is not None:
+        mapping = mmap.mmap(fd, nbytes)
+        view = np.frombuffer(mapping, dtype=np.uint8)
+        # Leased like every buffer handed out: it stays mapped while anything can read it.
+        buffer = _ownership.grant(view.ctypes.data, nbytes, _nothing, shared=True, keep=view)
+        how = "outside /dev/shm (anonymous shared memory)"
+    else:
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        how = "through its result pipe"
     ptr = buffer.data_ptr()
     with _lock:
-        _pin_modes[ptr] = pin
+        _outside[ptr] = (pin, fd)
     weakref.finalize(buffer, _forget, ptr)
-    note(f"sent a batch of {mib(nbytes)} through its result pipe")
+    note(f"sent a batch of {mib(nbytes)} {how}")
     return buffer
+
+
+def _memfd(nbytes: int) -> int | None:
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return None
+    try:
+        fd: int = create("pincollate-batch", os.MFD_CLOEXEC)
+    except OSError:  # not allowed here (a seccomp profile, say)
+        return None
+    try:
+        # Reserved now: memory that runs out is this error, not a SIGBUS on a later write.
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _nothing(reusable: bool) -> None:
+    pass  # a buffer made for one batch is never handed out again
 
 
 def mib(nbytes: int) -> str:
@@ -105,13 +148,25 @@ def mib(nbytes: int) -> str:
 
 def _forget(ptr: int) -> None:
     with _lock:
-        _pin_modes.pop(ptr, None)
+        _, fd = _outside.pop(ptr, (None, None))
+    if fd is not None:
+        os.close(fd)
 
 
-def pin_mode(buffer: torch.Tensor) -> Any:
-    """The pin setting a piped buffer was made with (``"auto"`` for any other buffer)."""
+def outside(buffer: torch.Tensor) -> tuple[Any, int | None] | None:
+    """``(pin setting, memfd or None)`` of a buffer made by :func:`outside_buffer`, else ``None``."""
     with _lock:
-        return _pin_modes.get(buffer.data_ptr(), "auto")
+        return _outside.get(buffer.data_ptr())
+
+
+def map_memfd(fd: int, nbytes: int) -> torch.Tensor:
+    """The receiver's lease of a batch that crossed as a memfd (``fd`` is closed here)."""
+    try:
+        mapping = mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+    view = np.frombuffer(mapping, dtype=np.uint8)
+    return _ownership.grant(view.ctypes.data, nbytes, _nothing, shared=True, keep=view)
 
 
 _notice: list[Any] = []  # [key, text] once this worker has something to say, until it is sent
@@ -131,8 +186,8 @@ def note(what: str) -> None:
     text = (
         f"pincollate: /dev/shm is too small for this loader's batches: it has {total / 2**20:.0f} MiB "
         f"({free / 2**20:.0f} MiB free) and a worker {what}. Workers now wait for "
-        "their shared-memory slots and send what still does not fit through their result pipe, which is "
-        "slower; the batches are the same. Give the container more shared memory: `docker run --shm-size=2g` "
+        "their shared-memory slots and send what still does not fit outside /dev/shm (anonymous shared "
+        "memory, or their result pipe), which is slower; the batches are the same. Give the container more shared memory: `docker run --shm-size=2g` "
         "(or `--ipc=host`), or in Kubernetes a memory-backed emptyDir mounted at /dev/shm."
     )
     _notice[:] = [key, text]
@@ -174,7 +229,7 @@ def _after_fork() -> None:
     global _noticed
     _noticed = False
     _notice.clear()
-    _pin_modes.clear()
+    _outside.clear()  # the parent's descriptors: this process does not close them
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -46,12 +46,12 @@ _PROBLEM = _namespace_problem() if sys.platform == "linux" else "Linux only"
 small_shm = pytest.mark.skipif(_PROBLEM is not None, reason=str(_PROBLEM))
 
 
-def run_case(case: str, mib: float, workers: int) -> dict:
+def run_case(case: str, mib: float, workers: int, *extra: str) -> dict:
     """One case of tests/scripts/small_shm.py in a 64 MiB /dev/shm."""
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONWARNINGS": "ignore::UserWarning:torch.utils.data.dataloader"}
     command = f'{MOUNT} && exec "$@"'
     result = subprocess.run(
-        ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, SCRIPT, case, str(mib), str(workers)],
+        ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, SCRIPT, case, str(mib), str(workers), *extra],
         capture_output=True,
         text=True,
         timeout=300,
@@ -86,6 +86,16 @@ def test_an_epoch_completes_with_the_right_values(mib, workers):
         assert out["warnings"] == 0, out  # everything fits: nothing to say
     else:
         check_warning(out)
+
+
+@small_shm
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["epoch", "keep"])
+def test_without_memfd_what_does_not_fit_crosses_by_pipe(case):
+    out = run_case(case, 48, 2, "pipe")
+    assert out["ok"] and out["kept_intact"] and out["transport"] == "pipe", out
+    check_warning(out)
+    assert out["shm_left_mib"] == 0, out
 
 
 @small_shm
@@ -147,25 +157,38 @@ def full_shm(monkeypatch):
     monkeypatch.setattr(_shm, "_noticed", True)  # nothing to say in this process, unless a test asks
 
 
+@pytest.fixture(params=["memfd", "pipe"])
+def transport(request, monkeypatch):
+    """How a worker batch crosses outside /dev/shm: a memfd, or (without one) its bytes by pipe."""
+    if request.param == "pipe":
+        monkeypatch.setattr(_shm, "_memfd", lambda nbytes: None)
+    elif not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create here")
+    return request.param
+
+
+_SAID = {"memfd": "outside /dev/shm", "pipe": "through its result pipe"}
+
+
 def samples(n: int = 16) -> list[dict]:
     return [{"x": torch.full((3, 5), float(i)), "ids": torch.arange(i % 4 + 1), "label": i} for i in range(n)]
 
 
 @pytest.mark.slow
-def test_workers_send_batches_by_pipe_when_nothing_fits(full_shm):
+def test_workers_send_batches_outside_shm_when_nothing_fits(full_shm, transport):
     from pincollate import MMCollate
 
     data = samples()
     collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
     loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=collate, timeout=60)
-    with pytest.warns(SharedMemoryWarning, match="through its result pipe") as caught:
+    with pytest.warns(SharedMemoryWarning, match=_SAID[transport]) as caught:
         batches = list(loader)
     assert len([w for w in caught if w.category is SharedMemoryWarning]) == 1
     reference = MMCollate(pin_memory=False, fields={"ids": Pad()})
     for i, batch in enumerate(batches):
         assert_same(batch, reference(data[4 * i : 4 * i + 4]))
         assert batch.layout is not None  # still one buffer, every tensor a view of it
-        assert not batch.buffer.untyped_storage().is_shared()
+        assert not batch.buffer.untyped_storage().is_shared()  # not torch's /dev/shm
 
 
 def test_a_batch_crosses_as_its_bytes_where_shm_has_no_room(full_shm):
@@ -179,13 +202,20 @@ def test_a_batch_crosses_as_its_bytes_where_shm_has_no_room(full_shm):
     assert not torch.equal(back["x"], batch["x"])
 
 
-def test_a_worker_batch_takes_the_pipe_where_shm_has_no_room(full_shm, monkeypatch):
+def test_a_worker_batch_goes_outside_shm_where_it_has_no_room(full_shm, transport, monkeypatch):
     monkeypatch.setattr(arena, "get_worker_info", lambda: object())
     monkeypatch.setattr(_shm, "_noticed", False)
     batch = mm_collate([{"x": torch.zeros(100_000)}, {"x": torch.ones(100_000)}])
     assert not batch.buffer.untyped_storage().is_shared()
+    assert (_shm.outside(batch.buffer)[1] is not None) is (transport == "memfd")
     assert torch.equal(batch["x"], default_collate([torch.zeros(100_000), torch.ones(100_000)]))
-    assert _shm.noticed()
+    assert _shm.noticed() and _SAID[transport] in _shm._notice[1]
+    monkeypatch.setattr(arena, "get_worker_info", lambda: None)
+    data = ForkingPickler.dumps(batch)
+    # A memfd crosses as a descriptor; plain memory as its bytes.
+    assert (len(data) < 4096) is (transport == "memfd")
+    with pytest.warns(SharedMemoryWarning, match=_SAID[transport]):  # the notice it carried
+        assert_same(pickle.loads(data), batch)
 
 
 def test_an_output_that_cannot_cross_as_bytes_is_still_a_clear_error(full_shm, monkeypatch):
@@ -227,7 +257,7 @@ def test_a_wait_is_bounded_and_remembered(monkeypatch):
     _ring._rings.clear()
 
 
-def test_a_piped_batch_lands_pinned_where_its_collate_pins(full_shm, fake_pinned, monkeypatch):
+def test_a_batch_from_outside_shm_lands_pinned_where_its_collate_pins(full_shm, transport, fake_pinned, monkeypatch):
     from pincollate import MMCollate
 
     monkeypatch.setattr(arena, "get_worker_info", lambda: object())

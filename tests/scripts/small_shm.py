@@ -4,8 +4,9 @@ Run inside a private mount namespace whose /dev/shm is a small tmpfs (see
 tests/test_shm.py). Every batch is compared with what the same collate gives in
 the main process, which needs no shared memory.
 
-Usage: python small_shm.py CASE [MiB] [WORKERS]
+Usage: python small_shm.py CASE [MiB] [WORKERS] [pipe]
   CASE: epoch | persistent | keep | ragged | kill | default
+  pipe: as on a system without memfd_create, what does not fit crosses by pipe
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ def main() -> None:
     case = sys.argv[1]
     mib = float(sys.argv[2]) if len(sys.argv) > 2 else 24
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    if "pipe" in sys.argv[4:]:
+        from pincollate import _shm
+
+        _shm._memfd = lambda nbytes: None  # the workers are forked: they see it too
     out: dict = {"case": case, "mib": mib, "workers": workers, "shm_mib": (shm_total() or 0) >> 20}
+    out["transport"] = "pipe" if "pipe" in sys.argv[4:] else "memfd"
     dataset = Big(mib, ragged=case == "ragged")
     if case == "ragged":
         collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
