@@ -78,7 +78,11 @@ class _Check:
     """Walks a layout beside a batch: is every tensor still the view the layout says?"""
 
     def __init__(self, buffer: torch.Tensor, values: list[Any], parts: tuple[Part, ...]):
-        self.base = buffer.data_ptr()
+        # By storage and offset, not address: share_memory_ (which torch also calls when
+        # another thread pickles the batch for a queue) moves a storage's memory in place,
+        # and an address read before the move would not match one read after it.
+        self.storage = buffer.untyped_storage()
+        self.base = buffer.storage_offset()
         self.values = values
         self.parts = parts
 
@@ -87,7 +91,8 @@ class _Check:
         if kind is TensorSpec:
             return (
                 isinstance(obj, torch.Tensor)
-                and obj.data_ptr() == self.base + spec.offset  # type: ignore[attr-defined]
+                and obj.untyped_storage() is self.storage
+                and obj.storage_offset() * obj.dtype.itemsize == self.base + spec.offset  # type: ignore[attr-defined]
                 and obj.dtype == spec.dtype  # type: ignore[attr-defined]
                 and obj.shape == spec.shape  # type: ignore[attr-defined]
                 and obj.stride() == spec._strides  # type: ignore[attr-defined]

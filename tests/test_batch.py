@@ -233,3 +233,19 @@ def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monke
     assert len(held) == 3 and all(
         t.data_ptr() != s.data_ptr() for t, s in zip(moved.values(), batch.values(), strict=True)
     )
+
+
+def test_a_batch_keeps_its_layout_while_another_thread_moves_its_memory():
+    """The check must not read addresses: a queue's feeder thread may move the storage under it.
+
+    Here the move happens between the check's start and its walk of the tensors, as it did
+    when the lifetime fuzzer sent a held batch to a consumer while checking it.
+    """
+    from pincollate._batch import _Check
+
+    batch = mm_collate([{"x": torch.ones(4), "y": 1, "s": "a"}, {"x": torch.zeros(4), "y": 2, "s": "b"}])
+    layout, buffer, values = batch._pincollate
+    check = _Check(buffer, values, layout.parts)
+    batch["x"].share_memory_()  # what torch's reduction does to a storage that is not shared
+    assert check.matches(layout.root, batch)
+    assert batch.layout is layout and batch.buffer.is_shared()
