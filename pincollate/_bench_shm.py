@@ -20,10 +20,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, default_collate
 
 from ._collate import MMCollate
-from .datasets import SCENARIOS, InMemory
+from .datasets import SCENARIOS, InMemory, _Repeat
 
 __all__ = ["format_small_shm", "run_small_shm"]
 
@@ -38,14 +38,13 @@ def _rates(workers: int, batches: int, names: list[str] | None = None, batch_siz
     """Batches per second of each method (or those named) over ``batches`` video batches, or its error."""
     cls = SCENARIOS["video"][0]
     dataset = InMemory(cls(length=batch_size * 4))
-    stored = batch_size * 4
     out: dict[str, float | str] = {}
     for name, fn in _METHODS.items():
         if names is not None and name not in names:
             continue
         iterator: Any = None
         loader: DataLoader[Any] = DataLoader(
-            _Cycle(dataset, stored, batch_size * (batches + 1)),
+            _Repeat(dataset, batch_size * (batches + 1)),
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=fn,
@@ -68,19 +67,6 @@ def _rates(workers: int, batches: int, names: list[str] | None = None, batch_siz
         finally:
             iterator = None
     return out
-
-
-class _Cycle(Dataset[Any]):
-    """``stored`` samples of ``dataset`` read round and round to ``length``."""
-
-    def __init__(self, dataset: Any, stored: int, length: int):
-        self.dataset, self.stored, self.length = dataset, stored, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index % self.stored]
 
 
 def _child(size: str, workers: int, batches: int, name: str, batch_size: int) -> dict[str, float | str]:

@@ -33,7 +33,7 @@ from ._arena import accelerator_can_pin, pinned_footprint
 from ._collate import MMCollate
 from ._packing import Concat
 from ._policies import Pad
-from .datasets import SCENARIOS, InMemory
+from .datasets import SCENARIOS, InMemory, _Repeat
 
 __all__ = ["machine", "main", "run"]
 
@@ -173,21 +173,6 @@ def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
     items = list(fns.items())
     shift = round_ % len(items)
     return items[shift:] + items[:shift]
-
-
-class _Repeat(Dataset[Any]):
-    """``dataset`` read round and round to ``length`` samples: a long run over few stored samples."""
-
-    def __init__(self, dataset: Dataset[Any], length: int):
-        self.dataset = dataset
-        self.length = length
-        self.stored = len(dataset)  # type: ignore[arg-type]
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index % self.stored]
 
 
 def _time_workers(

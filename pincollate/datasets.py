@@ -266,6 +266,21 @@ def InMemory(dataset: Dataset[Any]) -> Dataset[Any]:
     return _InMemory(dataset)
 
 
+class _Repeat(Dataset[Any]):
+    """``dataset`` read round and round to ``length`` samples: a long run over few stored samples."""
+
+    def __init__(self, dataset: Dataset[Any], length: int):
+        self.dataset = dataset
+        self.length = length
+        self.stored = len(dataset)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index % self.stored]
+
+
 #: name -> (dataset, batch size)
 SCENARIOS: dict[str, tuple[Callable[..., Dataset[Any]], int]] = {
     "manyleaf": (ManyLeafDataset, 32),
