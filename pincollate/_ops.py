@@ -69,6 +69,9 @@ class Op:
         return (self.path,)
 
 
+_PLAIN = frozenset((torch.Tensor,))
+
+
 def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
     torch.stack(values, out=region)  # type: ignore[arg-type]
 
@@ -76,10 +79,10 @@ def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
 class StackOp(Op):
     """A column stacked into one tensor spec.
 
-    ``key(value)`` (a dtype, read at C speed) must be ``expected`` for every value,
-    and sample 0 must have ``shape`` (``None``: numbers); ``torch.stack`` compares
-    the other shapes with it as it copies. ``cls`` is checked for every value
-    unless ``key`` already rejects what is not a tensor (plain tensor columns).
+    Every value must be exactly of class ``cls`` (a subclass keeps its own class, so
+    it is another plan), ``key(value)`` (a dtype, read at C speed) must be
+    ``expected`` for every value, and sample 0 must have ``shape`` (``None``:
+    numbers); ``torch.stack`` compares the other shapes with it as it copies.
     """
 
     __slots__ = ("expected", "fill", "key", "shape", "spec", "types")
@@ -88,7 +91,7 @@ class StackOp(Op):
         self,
         path: Path,
         spec: TensorSpec,
-        cls: type | None,
+        cls: type,
         fill: Filler,
         key: Callable[[Any], Any] | None,
         expected: Any,
@@ -96,7 +99,7 @@ class StackOp(Op):
     ):
         super().__init__(path)
         self.spec: TensorSpec = spec
-        self.types = None if cls is None else frozenset((cls,))
+        self.types = frozenset((cls,))
         self.fill: Filler = fill
         self.key: Callable[[Any], Any] | None = key
         self.expected = frozenset((expected,))
@@ -105,7 +108,7 @@ class StackOp(Op):
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         try:
             if (
-                (self.types is not None and set(map(type, column)) != self.types)
+                set(map(type, column)) != self.types
                 or (self.key is not None and set(map(self.key, column)) != self.expected)
                 or (self.shape is not None and column[0].shape != self.shape)
             ):
@@ -153,8 +156,11 @@ class BlockOp(Op):
         else:
             values = list(itertools.chain.from_iterable(columns))
         try:
-            ok = set(map(TENSOR_DTYPE, values)) == self.dtype and all(
-                column[0].shape == self.shape for column in columns
+            # Exact classes first: a tensor subclass passes the dtype getter.
+            ok = (
+                set(map(type, values)) == _PLAIN
+                and set(map(TENSOR_DTYPE, values)) == self.dtype
+                and all(column[0].shape == self.shape for column in columns)
             )
         except TypeError:
             ok = False
@@ -168,7 +174,7 @@ class BlockOp(Op):
         bad = []
         for j, path in enumerate(self.paths):
             column = payload[j * rows : j * rows + n]
-            if not all(isinstance(v, torch.Tensor) and v.dtype in self.dtype and v.shape == self.shape for v in column):
+            if not all(type(v) is torch.Tensor and v.dtype in self.dtype and v.shape == self.shape for v in column):
                 bad.append(path)
         return tuple(bad) or self.paths
 

@@ -375,15 +375,15 @@ class _Walk:
     def _same_type(self, values: Sequence[Any], path: Path, origins: Origins, tuples: bool = False) -> type:
         """The class every value has (absent ones aside, with ``missing="none"``).
 
-        With ``tuples``, plain tuples of the same length pass too: ``default_collate``
-        zips them into the first value's namedtuple.
+        With ``tuples``, any tuple of the same length passes too (a plain one, another
+        namedtuple class): ``default_collate`` zips them into the first value's class.
         """
         first = next(v for v in values if v is not None) if self.missing else values[0]
         cls = type(first)
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
-            if type(value) is cls or (tuples and type(value) is tuple and len(value) == len(first)):
+            if type(value) is cls or (tuples and isinstance(value, tuple) and len(value) == len(first)):
                 continue
             raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         return cls
@@ -414,7 +414,8 @@ class _Walk:
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
-            if not is_sequence(value) or is_namedtuple(value):
+            # A namedtuple beside plain sequences is one more sequence, as default_collate zips it.
+            if not is_sequence(value):
                 raise self._error(
                     f"expected a sequence, got {_container_name(value)} ({type_name(value)})", i, path, origins
                 )

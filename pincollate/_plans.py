@@ -205,10 +205,10 @@ class _Template:
         spec = TensorSpec(
             dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap
         )
-        # For plain tensors the dtype getter already rejects anything else.
-        cls = None if type(first) is torch.Tensor else type(first)
+        # The exact class is checked for every value: a subclass (an Image, a user's
+        # tensor type) passes the dtype getter but must keep its own class.
         first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
-        return spec, StackOp(path, spec, cls, handler.fill, handler.key, keys.pop(), first_shape)
+        return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop(), first_shape)
 
     def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
         """The dtype and shape of a column of plain tensors that all agree, else ``None``."""

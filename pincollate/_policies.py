@@ -23,10 +23,10 @@ import torch
 from ._errors import CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Wrap
-from ._leaves import LeafHandler, lookup
+from ._leaves import LeafHandler, lookup, type_name
 from ._specs import ListSpec
 
-__all__ = ["AsList", "Column", "Pad", "PerSample", "Policy", "Stack", "int_node", "stack_or_list"]
+__all__ = ["AsList", "Column", "Pad", "PerSample", "Policy", "Stack", "int_node", "stack_or_list", "stacked_class"]
 
 Path = tuple[Hashable, ...]
 
@@ -111,10 +111,27 @@ class Column:
         return None if handler is None or handler.wrap is None else handler.wrap(self.values[i])
 
     def _common_wrap(self) -> Wrap | None:
-        # The type every value shares (Image, say); a column that mixes types stacks
-        # to a plain tensor, as torch.stack gives it.
-        wraps = {self._wrap(i) for i in range(len(self.values))}
-        return wraps.pop() if len(wraps) == 1 else None
+        # The type every value shares (an Image, say). A column that mixes classes
+        # stacks to the class torch.stack gives them, as default_collate's stack does:
+        # a subclass beside plain tensors wins, tv_tensors of two kinds unwrap.
+        wraps = {self._wrap(i): None for i in range(len(self.values))}
+        if len(wraps) == 1:
+            return next(iter(wraps))
+        classes = [type(v) for v in self.values if v is not None]
+        try:
+            cls = stacked_class(classes)
+        except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
+            first = next(i for i, v in enumerate(self.values) if v is not None)
+            i = next(i for i, v in enumerate(self.values) if v is not None and type(v) is not classes[0])
+            raise self.error(
+                f"{type_name(self.values[i])} here does not stack with {classes[0].__name__} in sample "
+                f"{self.origin(first)[0]}: torch.stack refuses the two classes together",
+                i,
+            ) from None
+        for wrap in wraps:
+            if wrap is not None and wrap.cls is cls and not wrap.meta:
+                return wrap
+        return None if cls is None or cls is torch.Tensor else Wrap(cls)
 
     def stacked(self) -> Slot:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
@@ -131,6 +148,19 @@ class Column:
         assert dtype is not None  # present values have a dtype
         segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
         return Slot(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+
+
+def stacked_class(classes: Sequence[type]) -> type | None:
+    """The class ``torch.stack`` gives tensors of ``classes`` (in order), or ``None`` for arrays.
+
+    Asked of torch itself, on empty stand-ins, so a subclass's ``__torch_function__``
+    decides as it does for ``default_collate``.
+    """
+    tensors = [cls for cls in dict.fromkeys(classes) if issubclass(cls, torch.Tensor)]
+    if len(tensors) != len(set(classes)):
+        return None
+    probes: list[torch.Tensor] = [torch.empty(0).as_subclass(cls) for cls in classes]
+    return type(torch.stack(probes))
 
 
 class Policy:

@@ -152,6 +152,8 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
     elif isinstance(theirs, dict):
         assert isinstance(ours, type(theirs)), f"{path}: {type(ours).__name__} is not a {type(theirs).__name__}"
         assert list(ours) == list(theirs), f"{path}: keys {list(ours)} != {list(theirs)}"
+        # True == 1: the keys' types are compared too.
+        assert list(map(type, ours)) == list(map(type, theirs)), f"{path}: key types differ"
         for key in theirs:
             assert_same(ours[key], theirs[key], f"{path}[{key!r}]")
     elif isinstance(theirs, (list, tuple)):
@@ -180,3 +182,176 @@ def storages(tree: Any) -> set[int]:
     from pincollate._transfer import tensors
 
     return {t.untyped_storage().data_ptr() for t in tensors(tree)}
+
+
+# --- structures that mutate from batch to batch (a long-lived collate's cache) --------------
+
+Pair = collections.namedtuple("Pair", "a b")
+OtherPair = collections.namedtuple("OtherPair", "a b")
+
+
+@dataclasses.dataclass
+class Box:
+    a: Any
+    b: Any
+
+
+@dataclasses.dataclass
+class OtherBox:
+    a: Any
+    b: Any
+
+
+class Tagged(torch.Tensor):
+    """A user's tensor subclass: default_collate keeps it, and so must every cached plan."""
+
+
+class Tagged2(Tagged):
+    """A subclass of a subclass: torch.stack prefers it to its base."""
+
+
+#: The kinds of leaf a mutating structure draws from. Numbers and strings as samples give them.
+LEAF_KINDS = ("tensor", "ndarray", "int", "float", "bool", "str", "bytes", "npscalar")
+TENSOR_CLASSES = {"plain": torch.Tensor, "tagged": Tagged, "tagged2": Tagged2}
+#: Per-sample class patterns of a tensor column: one class, or a mix by sample.
+CLASS_PATTERNS = ("plain", "tagged", "tagged2", "plain/tagged", "tagged/plain", "tagged/tagged2")
+MUTATING_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.bfloat16)
+CONTAINERS = ("dict", "meta", "list", "tuple", "pair", "pair/other", "box", "box/other")
+
+
+def build_mutating(structure: Any, n: int, seed: int) -> list[Any]:
+    """``n`` samples of a structure description (see ``tests/test_plans.py``), values drawn from ``seed``.
+
+    A description is a nested tuple: ``("tensor", dtype, shape, classes, ragged)``,
+    ``(leaf_kind,)``, or ``(container, children)`` where a mapping's children are
+    ``(key, child)`` pairs. ``"pair/other"`` alternates two namedtuple classes of the
+    same fields, ``"box/other"`` two dataclasses; ``"plain/tagged"`` a tensor column
+    whose class alternates by sample; ``ragged`` makes odd samples one row longer.
+    """
+    g = torch.Generator().manual_seed(seed)
+    return [_build_one(structure, i, g) for i in range(n)]
+
+
+def _pick(pattern: str, i: int) -> str:
+    options = pattern.split("/")
+    return options[i % len(options)]
+
+
+def _build_one(structure: Any, i: int, g: torch.Generator) -> Any:
+    kind = structure[0]
+    if kind == "tensor":
+        _, dtype, shape, classes, ragged = structure
+        if ragged and shape and i % 2:
+            shape = (shape[0] + 1, *shape[1:])
+        value = (
+            (torch.randn(shape, generator=g) * 20).to(dtype)
+            if dtype != torch.bool
+            else torch.rand(shape, generator=g) > 0.5
+        )
+        cls = TENSOR_CLASSES[_pick(classes, i)]
+        return value if cls is torch.Tensor else value.as_subclass(cls)
+    if kind == "ndarray":
+        return (torch.randn(structure[1], generator=g) * 20).numpy().astype(np.float32)
+    if kind in LEAF_KINDS:
+        x = float(torch.randn((), generator=g)) * 100
+        return {
+            "int": lambda: int(x),
+            "float": lambda: x,
+            "bool": lambda: x > 0,
+            "str": lambda: f"s{int(x)}",
+            "bytes": lambda: b"b%d" % int(x),
+            "npscalar": lambda: np.float32(x),
+        }[kind]()
+    children = structure[1]
+    if kind in ("dict", "meta"):
+        out = {key: _build_one(child, i, g) for key, child in children}
+        return Meta(out) if kind == "meta" else out
+    values = [_build_one(child, i, g) for child in children]
+    if kind == "list":
+        return values
+    if kind == "tuple":
+        return tuple(values)
+    if kind in ("pair", "pair/other"):
+        return (Pair if kind == "pair" or i % 2 == 0 else OtherPair)(*values)
+    return (Box if kind == "box" or i % 2 == 0 else OtherBox)(*values)
+
+
+def random_structure(rng: Any, depth: int = 0) -> Any:
+    """A random structure description for :func:`build_mutating`; ``rng`` is a ``random.Random``."""
+    if depth >= 2 or rng.random() < 0.4:
+        return _random_leaf(rng)
+    kind = rng.choice(CONTAINERS)
+    if kind in ("dict", "meta"):
+        keys = rng.sample("abcdefg", rng.randint(1, 4))
+        return (kind, tuple((key, random_structure(rng, depth + 1)) for key in keys))
+    size = 2 if kind.startswith(("pair", "box")) else rng.randint(1, 3)
+    return (kind, tuple(random_structure(rng, depth + 1) for _ in range(size)))
+
+
+def _random_leaf(rng: Any) -> Any:
+    kind = rng.choice(("tensor", "tensor", "tensor", *LEAF_KINDS))
+    if kind == "tensor":
+        shape = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 2)))
+        return ("tensor", rng.choice(MUTATING_DTYPES), shape, rng.choice(CLASS_PATTERNS), rng.random() < 0.2)
+    if kind == "ndarray":
+        return ("ndarray", (rng.randint(1, 3),))
+    return (kind,)
+
+
+def mutate(structure: Any, rng: Any) -> Any:
+    """``structure`` with one thing changed: a dtype, shape, class, leaf kind, container, key or length."""
+    kind = structure[0]
+    if kind == "tensor":
+        _, dtype, shape, classes, ragged = structure
+        what = rng.randrange(4)
+        if what == 0:
+            dtype = rng.choice(MUTATING_DTYPES)
+        elif what == 1:
+            shape = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 2)))
+        elif what == 2:
+            classes = rng.choice(CLASS_PATTERNS)
+        else:
+            ragged = not ragged
+        return ("tensor", dtype, shape, classes, ragged)
+    if kind in LEAF_KINDS or kind == "ndarray" or rng.random() < 0.15:
+        return random_structure(rng, depth=1)
+    children = list(structure[1])
+    j = rng.randrange(len(children))
+    what = rng.randrange(3)
+    if kind in ("dict", "meta"):
+        if what == 0:  # the container's class
+            return ("meta" if kind == "dict" else "dict", tuple(children))
+        if what == 1:  # a key added, removed or renamed
+            free = [k for k in "abcdefg" if k not in dict(children)]
+            if len(children) > 1 and rng.random() < 0.5:
+                del children[j]
+            elif free:
+                children.insert(rng.randint(0, len(children)), (rng.choice(free), _random_leaf(rng)))
+            return (kind, tuple(children))
+        children[j] = (children[j][0], mutate(children[j][1], rng))
+        return (kind, tuple(children))
+    if what == 0:  # another container of the same length
+        same = [
+            c
+            for c in CONTAINERS
+            if c not in ("dict", "meta") and (len(children) == 2 or not c.startswith(("pair", "box")))
+        ]
+        return (rng.choice(same), tuple(children))
+    if what == 1 and kind in ("list", "tuple"):  # another length
+        if len(children) > 1 and rng.random() < 0.5:
+            del children[j]
+        else:
+            children.append(_random_leaf(rng))
+        return (kind, tuple(children))
+    children[j] = mutate(children[j], rng)
+    return (kind, tuple(children))
+
+
+def assert_identical(ours: Any, theirs: Any, path: str = "batch") -> None:
+    """:func:`assert_same`, and every tensor of the exact class (a subclass kept as such)."""
+    assert_same(ours, theirs, path)
+    from pincollate._transfer import tensors
+
+    ours_types = [type(t) for t in tensors(ours)]
+    theirs_types = [type(t) for t in tensors(theirs)]
+    assert ours_types == theirs_types, f"{path}: tensor classes {ours_types} != {theirs_types}"

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import random
+import re
+import warnings
+from typing import Any
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
 from torch.utils.data import default_collate
 
-from pincollate import MMCollate, Pad
-from samples import PARITY, RAGGED, assert_same
+from pincollate import AsList, CollateError, MMCollate, Pad, Stack
+from samples import (
+    LEAF_KINDS,
+    PARITY,
+    RAGGED,
+    Box,
+    Meta,
+    OtherBox,
+    OtherPair,
+    Pair,
+    Tagged,
+    Tagged2,
+    assert_identical,
+    assert_one_buffer,
+    assert_same,
+    build_mutating,
+    mutate,
+    random_structure,
+)
 
 
 def _nested(i: int) -> dict:
@@ -177,3 +202,247 @@ def test_one_collate_shared_by_threads_gives_each_its_own_right_batch():
         thread.join(timeout=120)
     assert not failures, failures[0]
     assert collate._plans.planned <= 2 * len(trees)
+
+
+# --- the guard: a warm plan is used only for a batch it describes exactly -------------------
+
+# Each pair: a batch that warms the cache, then one that differs only in what one per-batch
+# check guards. Removing that check makes the second batch reuse the wrong plan; the comment
+# names the check (in pincollate/_ops.py).
+_f32, _f64 = torch.float32, torch.float64
+GUARDED = {
+    # StackOp: the exact class of every value (a subclass passes the dtype getter).
+    "stack-class": ([{"x": torch.ones(3)}] * 2, [{"x": torch.ones(3).as_subclass(Tagged)}] * 2),
+    "stack-class-mixed": ([{"x": torch.ones(3)}] * 2, [{"x": torch.ones(3)}, {"x": torch.ones(3).as_subclass(Tagged)}]),
+    # StackOp: the dtype of every value (key == expected).
+    "stack-dtype": ([{"x": torch.ones(3)}] * 2, [{"x": torch.ones(3, dtype=_f64)}] * 2),
+    "stack-dtype-one-sample": (
+        [{"x": torch.ones(3)}] * 2,
+        [{"x": torch.ones(3)}, {"x": torch.ones(3, dtype=torch.int64)}],
+    ),
+    # StackOp: sample 0's shape.
+    "stack-shape": ([{"x": torch.ones(3)}] * 2, [{"x": torch.ones(4)}] * 2),
+    "stack-shape-same-size": ([{"x": torch.ones(4)}] * 2, [{"x": torch.ones(2, 2)}] * 2),
+    # StackOp of Python numbers: the exact class (1.5 must not become 1).
+    "numbers-class": ([1, 2], [1.5, 2.5]),
+    # BlockOp: the exact class, the dtype and the shape of every field of the block.
+    "block-class": (
+        [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
+        [{"a": torch.ones(2).as_subclass(Tagged), "b": torch.ones(2)}] * 2,
+    ),
+    "block-dtype": (
+        [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
+        [{"a": torch.ones(2, dtype=_f64), "b": torch.ones(2, dtype=_f64)}] * 2,
+    ),
+    "block-shape": ([{"a": torch.ones(2), "b": torch.ones(2)}] * 2, [{"a": torch.ones(3), "b": torch.ones(3)}] * 2),
+    # NumbersOp: the exact class of every number of the block (float64 must not become int64).
+    "number-block-class": ([{"n": 1, "m": 2}] * 2, [{"n": 1.5, "m": 2}] * 2),
+    "number-block-int64": ([{"n": 1, "m": 2}] * 2, [{"n": 1, "m": 2}, {"n": 2**70, "m": 2}]),
+    # ValueOp: the exact class of every value.
+    "value-class": ([{"s": "a"}] * 2, [{"s": b"a"}] * 2),
+    # MappingOp: class, size, keys and key types.
+    "mapping-class": ([{"x": torch.ones(1)}] * 2, [Meta(x=torch.ones(1))] * 2),
+    "mapping-keys": ([{"x": torch.ones(1)}] * 2, [{"y": torch.ones(1)}] * 2),
+    "mapping-key-order": ([{"a": torch.ones(1), "b": 1}] * 2, [{"b": 1, "a": torch.ones(1)}] * 2),
+    "mapping-key-type": ([{1: torch.ones(1)}] * 2, [{True: torch.ones(1)}] * 2),
+    # SequenceOp: class and length.
+    "sequence-class": ([Pair(torch.ones(1), 1)] * 2, [OtherPair(torch.ones(1), 1)] * 2),
+    "sequence-classes-mixed": ([Pair(torch.ones(1), 1)] * 2, [Pair(torch.ones(1), 1), OtherPair(torch.ones(1), 2)]),
+    "sequence-length": ([[torch.ones(1), 1]] * 2, [[torch.ones(1), 1, 2]] * 2),
+    # DataclassOp: the class.
+    "dataclass-class": ([Box(torch.ones(1), 1)] * 2, [OtherBox(torch.ones(1), 1)] * 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_a_warm_plan_is_not_used_for_a_batch_it_does_not_describe(name):
+    warm, other = GUARDED[name]
+    collate = MMCollate(pin_memory=False)
+    for _ in range(2):  # the second call runs the cached plan: warm
+        collate(warm)
+    kind, expected = _oracle(other, None)
+    # Warnings recorded, not raised: outside pytest a warning from torch (an output
+    # resized by torch.stack, say) does not stop a wrong plan from being used.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if kind == "error":
+            with pytest.raises(CollateError, match=re.escape(expected)):
+                collate(other)
+        else:
+            assert_identical(collate(other), expected)
+    assert not caught, [str(w.message) for w in caught]
+    assert_identical(collate(warm), MMCollate(pin_memory=False)(warm))
+
+
+def test_subclass_columns_behave_as_default_collate():
+    mixed = [{"x": torch.ones(2)}, {"x": torch.ones(2).as_subclass(Tagged)}, {"x": torch.ones(2).as_subclass(Tagged2)}]
+    assert type(default_collate(mixed)["x"]) is Tagged2
+    for collate in (MMCollate(pin_memory=False), MMCollate(pin_memory=False, fields={"x": Stack()})):
+        assert_identical(collate(mixed), default_collate(mixed))
+        assert_identical(collate(mixed), default_collate(mixed))  # the cached plan
+
+
+def test_tv_tensors_of_two_kinds_in_one_column_name_the_sample():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    samples = [{"m": tv_tensors.Image(torch.zeros(1, 2, 2))}, {"m": tv_tensors.Mask(torch.zeros(1, 2, 2))}]
+    with pytest.raises(CollateError) as info:
+        MMCollate(pin_memory=False)(samples)
+    assert info.value.sample == 1 and info.value.path == ("m",)
+    assert "Mask" in str(info.value) and "Image" in str(info.value)
+
+
+def test_a_warm_plain_plan_keeps_tv_tensor_classes():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    collate = MMCollate(pin_memory=False)
+    collate([{"image": torch.zeros(3, 2, 2)}] * 2)
+    out = collate([{"image": tv_tensors.Image(torch.zeros(3, 2, 2))}] * 2)
+    assert type(out["image"]) is tv_tensors.Image
+
+
+def test_namedtuples_of_two_classes_with_the_same_fields_collate_as_default_collate():
+    samples = [Pair(1, torch.ones(2)), OtherPair(2, torch.ones(2)), Pair(3, torch.ones(2))]
+    assert_same(MMCollate(pin_memory=False)(samples), default_collate(samples))
+    mixed_in_list = [(1, torch.ones(2)), Pair(2, torch.ones(2))]
+    assert_same(MMCollate(pin_memory=False)(mixed_in_list), default_collate(mixed_in_list))
+
+
+# --- a long-lived collate fed batches whose structure keeps changing ------------------------
+
+POLICIES = {"pad": Pad(), "alist": AsList()}
+
+
+def _oracle(samples: list[Any], structure: Any | None) -> tuple[str, Any]:
+    """default_collate's result where it succeeds (and no policy applies), else a fresh collate's."""
+    if structure is None or not _has_policy_key(structure):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return "default_collate", default_collate(samples)
+        except Exception:
+            pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a policy pattern that matches nothing here
+            return "fresh", MMCollate(pin_memory=False, fields=POLICIES)(samples)
+    except CollateError as error:
+        return "error", str(error)
+
+
+def _has_policy_key(structure: Any) -> bool:
+    if structure[0] in ("dict", "meta"):
+        return any(key in POLICIES or _has_policy_key(child) for key, child in structure[1])
+    if structure[0] in ("tensor", "ndarray") or structure[0] in LEAF_KINDS:
+        return False
+    return any(_has_policy_key(child) for child in structure[1])
+
+
+def _check(collate: MMCollate, structure: Any, n: int, seed: int) -> None:
+    samples = build_mutating(structure, n, seed)
+    kind, expected = _oracle(build_mutating(structure, n, seed), structure)
+    if kind == "error":
+        with pytest.raises(CollateError) as info:
+            collate(samples)
+        assert str(info.value) == expected
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # an unmatched policy pattern, reported once
+        out = collate(samples)
+    assert_identical(out, expected)
+    assert_one_buffer(out)
+
+
+def _with_policy_keys(structure: Any, rng: random.Random) -> Any:
+    """Sometimes a top-level mapping with a policy field beside the structure."""
+    if rng.random() < 0.3:
+        ids = ("tensor", rng.choice((torch.int64, torch.int32)), (rng.randint(1, 3),), "plain", rng.random() < 0.7)
+        return ("dict", (("pad", ids), ("body", structure)))
+    return structure
+
+
+class LongLivedCollate(RuleBasedStateMachine):
+    """One MMCollate, warm, fed random sequences of batches whose structure mutates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collate = MMCollate(pin_memory=False, fields=POLICIES)
+        self.structure: Any = ("dict", (("a", ("tensor", torch.float32, (2,), "plain", False)),))
+
+    @rule(rng=st.randoms(use_true_random=False))
+    def new_structure(self, rng: random.Random) -> None:
+        self.structure = _with_policy_keys(random_structure(rng), rng)
+
+    @rule(rng=st.randoms(use_true_random=False))
+    def mutate_structure(self, rng: random.Random) -> None:
+        self.structure = mutate(self.structure, rng)
+
+    @rule(n=st.integers(1, 4), seed=st.integers(0, 2**16))
+    def collate_a_batch(self, n: int, seed: int) -> None:
+        _check(self.collate, self.structure, n, seed)
+
+    @rule(n=st.integers(1, 4), seed=st.integers(0, 2**16))
+    def collate_twice(self, n: int, seed: int) -> None:
+        # The second call runs the cached plan the first one made or found.
+        _check(self.collate, self.structure, n, seed)
+        _check(self.collate, self.structure, n, seed + 1)
+
+
+LongLivedCollate.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
+test_a_long_lived_collate_agrees_with_a_fresh_one = LongLivedCollate.TestCase
+
+
+class _MutatingBatches(torch.utils.data.Dataset):
+    """Batch ``i`` of one seeded sequence of mutating structures (``batch_size=None`` loaders)."""
+
+    def __init__(self, seed: int, count: int):
+        rng = random.Random(seed)
+        structure = random_structure(rng)
+        self.batches: list[tuple[Any, int, int]] = []
+        for i in range(count):
+            if rng.random() < 0.3:
+                structure = (
+                    mutate(structure, rng) if rng.random() < 0.7 else _with_policy_keys(random_structure(rng), rng)
+                )
+            self.batches.append((structure, rng.randint(1, 4), seed * 1000 + i))
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> list[Any]:
+        structure, n, seed = self.batches[i]
+        return build_mutating(structure, n, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_worker_long_lived_collate_agrees_with_a_fresh_one(seed):
+    dataset = _MutatingBatches(seed, 150)
+    collate = MMCollate(pin_memory=False, fields=POLICIES)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1, collate_fn=_Tolerant(collate))
+    iterator = iter(loader)
+    try:
+        for i, out in enumerate(iterator):
+            structure = dataset.batches[i][0]
+            kind, expected = _oracle(dataset[i], structure)
+            if kind == "error":
+                assert out == ("error", expected), f"batch {i}"
+            else:
+                assert_identical(out, expected, f"batch {i}")
+    finally:
+        iterator._shutdown_workers()  # type: ignore[attr-defined]
+
+
+class _Tolerant:
+    """A worker-side collate that returns a CollateError's text instead of ending the epoch."""
+
+    def __init__(self, collate: MMCollate):
+        self.collate = collate
+
+    def __call__(self, samples: list[Any]) -> Any:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return self.collate(samples)
+        except CollateError as error:
+            return ("error", str(error))
