@@ -45,6 +45,7 @@ from ._specs import (
     MappingSpec,
     NamedTupleSpec,
     SequenceSpec,
+    SplitSpec,
     new_dataclass,
 )
 
@@ -110,6 +111,8 @@ class _Check:
                 and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
+        if kind is SplitSpec:
+            return self._split(spec, obj)  # type: ignore[arg-type]
         if isinstance(spec, DataclassSpec):
             return all(
                 self.matches(child, getattr(obj, name, None))
@@ -117,6 +120,22 @@ class _Check:
             )
         children = spec.children  # type: ignore[attr-defined]
         return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
+
+    def _split(self, spec: SplitSpec, obj: Any) -> bool:
+        if not isinstance(obj, abc.Sequence) or len(obj) != len(spec.sizes) // 2:
+            return False
+        dtype = spec.region.dtype
+        for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
+            if not (
+                isinstance(tensor, torch.Tensor)
+                and tensor.untyped_storage() is self.storage
+                and tensor.dtype == dtype
+                and tensor.storage_offset() * dtype.itemsize == self.base + offset
+                and tensor.shape == shape
+                and tensor.is_contiguous()
+            ):
+                return False
+        return True
 
     def _mapping(self, spec: MappingSpec, obj: Any) -> bool:
         if not isinstance(obj, abc.Mapping):
@@ -478,6 +497,7 @@ allow_loading(
     NamedTupleSpec,
     DataclassSpec,
     JaggedSpec,
+    SplitSpec,
     Batch,
     BatchList,
     _rebuild_namedtuple,

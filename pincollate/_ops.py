@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ import torch
 from ._errors import CollateError
 from ._fill import Fill, Filler, Mismatch
 from ._layout import Part, TensorSpec
+
+if TYPE_CHECKING:
+    from ._ragged import Recipe
 
 __all__ = [
     "BlockOp",
@@ -202,6 +205,11 @@ def _fill_block(region: torch.Tensor, rows: list[Any]) -> None:
     region.numpy().reshape(len(rows[0]), -1)[:, : len(rows)].T[...] = rows
 
 
+def _fill_one_field(region: torch.Tensor, values: list[Any]) -> None:
+    # A block of one number field: its values are the block's first row.
+    region.numpy()[: len(values)] = values
+
+
 class NumbersOp(Op):
     """Number fields of one Python type in one mapping, filled as the rows of one block."""
 
@@ -218,13 +226,18 @@ class NumbersOp(Op):
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         rows = list(map(self.get, column))
         if len(self.keys) == 1:
-            rows = [(value,) for value in rows]
+            if set(map(type, rows)) != self.types:
+                raise Mismatch(self.path + self.keys)
+            fill.tasks.append((_fill_one_field, self.block, rows, self))
+            return
         if set(map(type, itertools.chain.from_iterable(rows))) != self.types:
             raise Mismatch(*self.blame(rows))
         fill.tasks.append((_fill_block, self.block, rows, self))
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
         # A type that differs, or an int beyond int64 (the copy overflowed).
+        if len(self.keys) == 1:
+            payload = [(value,) for value in payload]
         bad = [
             (*self.path, key)
             for j, key in enumerate(self.keys)
@@ -265,7 +278,7 @@ class MappingOp(_Fields):
     ``gathered`` are the keys whose columns the single and block ops index.
     """
 
-    __slots__ = ("gather", "key_types", "keys", "numbers", "sizes", "types")
+    __slots__ = ("gather", "key_types", "keys", "numbers", "single", "sizes", "types")
     as_lists = True
 
     def __init__(
@@ -282,13 +295,10 @@ class MappingOp(_Fields):
         self.types = frozenset((cls,))
         self.keys = tuple(keys)
         self.key_types = tuple(map(type, self.keys))
-        # One C-level call per sample gathers its row; zip turns rows into columns.
-        self.gather: Callable[[Any], tuple[Any, ...]] | None = None
-        if len(gathered) == 1:
-            key = gathered[0]
-            self.gather = lambda sample: (sample[key],)
-        elif gathered:
-            self.gather = operator.itemgetter(*gathered)
+        # One C-level call per sample gathers its row; zip turns rows into columns. A
+        # single key's column is gathered directly.
+        self.gather: Callable[[Any], Any] | None = operator.itemgetter(*gathered) if gathered else None
+        self.single = len(gathered) == 1
         self.numbers = tuple(numbers)
         self.sizes = frozenset((len(self.keys),))
 
@@ -303,7 +313,9 @@ class MappingOp(_Fields):
         ):
             raise Mismatch(self.path)
         try:
-            if self.gather is not None:
+            if self.single:
+                self.fields((list(map(self.gather, column)),), fill)  # type: ignore[arg-type]
+            elif self.gather is not None:
                 self.fields(list(zip(*map(self.gather, column), strict=True)), fill)
             for numbers in self.numbers:
                 numbers.run(column, fill)
@@ -352,15 +364,20 @@ class CarefulOp(Op):
     outputs go; ``None`` where the parent has no keys to put them beside.
     """
 
-    __slots__ = ("index", "siblings")
+    __slots__ = ("index", "recipe", "siblings")
     lists = True
 
-    def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None):
+    def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None, recipe: Recipe | None = None):
         super().__init__(path)
         self.index: int = index
         self.siblings: frozenset[Hashable] | None = siblings
+        #: The field's sizes-only plan (:mod:`._ragged`), tried first; its output names
+        #: were checked against ``siblings`` when it was made.
+        self.recipe: Recipe | None = recipe
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if self.recipe is not None and self.recipe.run(column, fill, self.index):
+            return
         node, extras = fill.planner.plan(column, self.path)
         if extras:
             if self.siblings is None:

@@ -15,9 +15,9 @@ from ._layout import Spec, Wrap
 from ._policies import Column, Policy, int_node
 from ._specs import JaggedSpec
 
-__all__ = ["Concat", "Jagged"]
+__all__ = ["INT32_MAX", "Concat", "Jagged"]
 
-_INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1
 
 
 class Concat(Policy):
@@ -103,7 +103,7 @@ class Concat(Policy):
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         node, rows = self._values(column)
-        if self._offsets_dtype == torch.int32 and sum(rows) > _INT32_MAX:
+        if self._offsets_dtype == torch.int32 and sum(rows) > INT32_MAX:
             raise column.error(
                 f"{sum(rows):,} rows do not fit Concat()'s int32 offsets (cu_seqlens); use Jagged(), whose offsets are int64"
             )

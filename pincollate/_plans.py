@@ -43,6 +43,7 @@ from ._ops import (
 )
 from ._patterns import Renames
 from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
+from ._ragged import recipe_for
 from ._specs import (
     DataclassSpec,
     MappingSpec,
@@ -118,11 +119,21 @@ class _Template:
         self.offset = align(offset + nbytes)
         return offset
 
-    def part(self, path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+    def part(
+        self, path: Path, siblings: frozenset[Hashable] | None, column: Sequence[Any] | None = None
+    ) -> tuple[Spec, Op]:
+        """A field planned for each batch: carefully, or by its recipe where ``column`` gets one."""
         self.careful.add(path)
         index = self.nparts
         self.nparts += 1
-        return PartSpec(index), CarefulOp(path, index, siblings)
+        recipe = None
+        if column is not None and len(path) <= MAX_DEPTH:
+            policy = self.rules.lookup(path) if self.rules else None
+            name = self.renames.key(path) if self.renames else (path[-1] if path else None)
+            recipe = recipe_for(column, policy if policy is not None else self.default, name)
+            if recipe is not None and not recipe.fits_beside(siblings):
+                recipe = None  # the careful planner says what clashes
+        return PartSpec(index), CarefulOp(path, index, siblings, recipe)
 
     def per_batch(self, path: Path) -> bool:
         """Whether ``path`` is planned anew for each batch: learnt as careful, or under a policy."""
@@ -142,23 +153,23 @@ class _Template:
 
     def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
         if len(path) > MAX_DEPTH or self.per_batch(path) or (self.missing and any(v is None for v in column)):
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         first = column[0]
         cls = type(first)
         if set(map(type, column)) != {cls}:
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         n = len(column)
         if cls in _NUMBERS:
             dtype = self.number(column, path)
             if dtype is None:
-                return self.part(path, siblings)
+                return self.part(path, siblings, column)
             spec = TensorSpec(dtype, (n,), self.take(n * dtype.itemsize))
             return spec, StackOp(path, spec, cls, fill_numbers, None, None, None)
         handler = lookup(cls)
         if handler is not None:
             if not handler.is_tensor:
                 if cls not in _VALUES:
-                    return self.part(path, siblings)
+                    return self.part(path, siblings, column)
                 index = self.nvalues
                 self.nvalues += 1
                 return ValueSpec(index), ValueOp(path, index, cls)
@@ -167,7 +178,7 @@ class _Template:
             return self.mapping(column, path, siblings)
         if is_namedtuple(first) or (is_sequence(first) and not self.items):
             if set(map(len, column)) != {len(first)}:
-                return self.part(path, siblings)
+                return self.part(path, siblings, column)
             names: list[Hashable] = (
                 [Attr(name) for name in first._fields] if is_namedtuple(first) else list(range(len(first)))
             )
@@ -182,7 +193,7 @@ class _Template:
             return DataclassSpec(cls, fields, [spec for spec, _ in planned]), DataclassOp(
                 path, cls, [(name, op) for name, (_, op) in zip(fields, planned, strict=True)]
             )
-        return self.part(path, siblings)
+        return self.part(path, siblings, column)
 
     def leaves(
         self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any
@@ -190,16 +201,16 @@ class _Template:
         # The ragged= policy applies to every field of tensors (its extras, a mask say,
         # are there in every batch), so such fields are planned per batch.
         if not handler.stackable or handler.key is None or self.default is not None:
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         first = column[0]
         try:
             described = {handler.describe(value, i, path) for i, value in enumerate(column)}
         except Exception:  # the careful planner names the sample and the reason
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         keys = set(map(handler.key, column))
         metas = {handler.meta(value) for value in column} if handler.meta is not None else set()
         if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         dtype, shape = described.pop()
         wrap = handler.wrap(first) if handler.wrap else None
         spec = TensorSpec(
@@ -270,7 +281,7 @@ class _Template:
         first = column[0]
         first_keys = first.keys()
         if any(v.keys() != first_keys for v in column):
-            return self.part(path, siblings)
+            return self.part(path, siblings, column)
         keys = list(first_keys)
         numbers: dict[type, list[Hashable]] = {}
         gathered: list[Hashable] = []

@@ -26,7 +26,20 @@ from ._layout import Wrap
 from ._leaves import LeafHandler, lookup, type_name
 from ._specs import ListSpec
 
-__all__ = ["AsList", "Column", "Pad", "PerSample", "Policy", "Stack", "int_node", "stack_or_list", "stacked_class"]
+__all__ = [
+    "AsList",
+    "Column",
+    "Pad",
+    "PerSample",
+    "Policy",
+    "Stack",
+    "fill_mask_1d",
+    "fits",
+    "int_node",
+    "stack_or_list",
+    "stacked_class",
+    "valid_1d",
+]
 
 Path = tuple[Hashable, ...]
 
@@ -255,7 +268,7 @@ class PerSample(Policy):
         return AsList().plan(column, name)
 
 
-def _fits(value: float | bool, dtype: torch.dtype) -> bool:
+def fits(value: float | bool, dtype: torch.dtype) -> bool:
     if dtype == torch.bool:
         return value in (0, 1)
     if dtype.is_complex:
@@ -366,7 +379,7 @@ class Pad(Policy):
                     i,
                 )
         dtype = column.dtype
-        if not _fits(self.value, dtype):
+        if not fits(self.value, dtype):
             raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
         sizes = [max(shapes[i][d] for i in present) for d in range(ndim)]
         if self.dims is None:
@@ -413,12 +426,12 @@ class Pad(Policy):
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
-            mask_fill = _fill_mask_1d if len(dims) == 1 else _fill_mask
-            extras[mask_name] = Slot(
-                torch.bool,
-                mask_shape,
-                [Segment(0, mask_shape, functools.partial(mask_fill, left=self.side == "left"), lengths)],
-            )
+            if len(dims) == 1:
+                mask_fill: Any = functools.partial(fill_mask_1d, left=self.side == "left")
+                bounds: Any = [row[0] for row in lengths]
+            else:
+                mask_fill, bounds = functools.partial(_fill_mask, left=self.side == "left"), lengths
+            extras[mask_name] = Slot(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
         return node, extras
 
 
@@ -447,16 +460,21 @@ def _fill_padded(
             fill(target.unsqueeze(0), [item])
 
 
-def _fill_mask_1d(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:
-    # mask[i, j] = j < length[i] (or, padded on the left, j >= size - length[i]),
-    # as one comparison instead of a slice assignment per row.
-    size = region.shape[1]
+def valid_1d(lengths: Sequence[int], size: int, left: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``(B, size)``: ``True`` where a value of each length lies, padded on the left or the right.
+
+    ``mask[i, j] = j < length[i]`` (on the left, ``j >= size - length[i]``): one
+    comparison instead of a slice assignment per row.
+    """
     positions = torch.arange(size).unsqueeze(0)
-    bounds = torch.tensor([row[0] for row in lengths]).unsqueeze(1)
+    bounds = torch.tensor(lengths, dtype=torch.int64).unsqueeze(1)
     if left:
-        torch.ge(positions, size - bounds, out=region)
-    else:
-        torch.lt(positions, bounds, out=region)
+        return torch.ge(positions, size - bounds, out=out)
+    return torch.lt(positions, bounds, out=out)
+
+
+def fill_mask_1d(region: torch.Tensor, lengths: Sequence[int], *, left: bool) -> None:
+    valid_1d(lengths, region.shape[1], left, out=region)
 
 
 def _fill_mask(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:

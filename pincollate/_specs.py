@@ -8,6 +8,7 @@ namedtuples and dataclasses keep their class.
 from __future__ import annotations
 
 import collections.abc as abc
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "MappingSpec",
     "NamedTupleSpec",
     "SequenceSpec",
+    "SplitSpec",
     "is_namedtuple",
     "is_sequence",
     "jagged",
@@ -173,6 +175,45 @@ class DataclassSpec(Spec):
         return new_dataclass(
             self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)}
         )
+
+
+class SplitSpec(Spec):
+    """A list of per-sample tensors lying in one ``region``, each starting aligned.
+
+    ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
+    it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
+    rows are the values' rows. One ``split`` makes every view.
+    """
+
+    __slots__ = ("region", "shapes", "sizes")
+    _fields = ("region", "sizes", "shapes")
+
+    def __init__(self, region: TensorSpec, sizes: Sequence[int], shapes: Sequence[tuple[int, ...]] | None = None):
+        self.region: TensorSpec = region
+        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.shapes: tuple[tuple[int, ...], ...] | None = None if shapes is None else tuple(shapes)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.region,)
+
+    def build(self, views: Views) -> Any:
+        pieces = self.region.build(views).split(self.sizes)[::2]
+        if self.shapes is None:
+            return list(pieces)
+        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes, strict=True)]
+
+    def places(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Each value's byte offset in the buffer and its shape."""
+        region = self.region
+        row = math.prod(region.shape[1:]) * region.dtype.itemsize
+        out = []
+        start = region.offset
+        for j in range(0, len(self.sizes), 2):
+            rows = self.sizes[j]
+            shape = (rows, *region.shape[1:]) if self.shapes is None else self.shapes[j // 2]
+            out.append((start, shape))
+            start += (rows + self.sizes[j + 1]) * row
+        return out
 
 
 class JaggedSpec(Spec):

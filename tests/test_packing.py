@@ -84,11 +84,11 @@ def test_concat_and_jagged_of_no_items_at_all_are_empty():
 
 
 def test_concat_refuses_rows_past_its_int32_offsets():
-    from pincollate._packing import _INT32_MAX
+    from pincollate._packing import INT32_MAX
 
     # Zero-width rows: 2**31 of them cost no memory.
-    big = torch.zeros(_INT32_MAX // 2 + 1, 0)
+    big = torch.zeros(INT32_MAX // 2 + 1, 0)
     with pytest.raises(CollateError, match=r"at \['x'\]: 2,147,483,648 rows do not fit Concat\(\)'s int32 offsets"):
         MMCollate(fields={"x": Concat()})([{"x": big}, {"x": big}])
     jagged = MMCollate(fields={"x": Jagged()})([{"x": big}, {"x": big}])
-    assert jagged["x"].offsets().tolist() == [0, _INT32_MAX // 2 + 1, _INT32_MAX + 1]
+    assert jagged["x"].offsets().tolist() == [0, INT32_MAX // 2 + 1, INT32_MAX + 1]

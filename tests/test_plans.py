@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from torch.utils.data import default_collate
 
-from pincollate import AsList, CollateError, MMCollate, Pad, Stack
+from pincollate import AsList, CollateError, Concat, MMCollate, Pad, Stack
 from samples import (
     LEAF_KINDS,
     PARITY,
@@ -308,7 +308,7 @@ def test_namedtuples_of_two_classes_with_the_same_fields_collate_as_default_coll
 
 # --- a long-lived collate fed batches whose structure keeps changing ------------------------
 
-POLICIES = {"pad": Pad(), "alist": AsList()}
+POLICIES = {"pad": Pad(), "alist": AsList(), "cat": Concat()}
 
 
 def _oracle(samples: list[Any], structure: Any | None) -> tuple[str, Any]:
@@ -352,10 +352,13 @@ def _check(collate: MMCollate, structure: Any, n: int, seed: int) -> None:
 
 
 def _with_policy_keys(structure: Any, rng: random.Random) -> Any:
-    """Sometimes a top-level mapping with a policy field beside the structure."""
-    if rng.random() < 0.3:
+    """Sometimes a top-level mapping with a field under a policy beside the structure."""
+    if rng.random() < 0.4:
         ids = ("tensor", rng.choice((torch.int64, torch.int32)), (rng.randint(1, 3),), "plain", rng.random() < 0.7)
-        return ("dict", (("pad", ids), ("body", structure)))
+        key = rng.choice(sorted(POLICIES))
+        if key == "cat" and rng.random() < 0.5:
+            ids = ("list", (ids,) * rng.randint(1, 2))  # per-sample lists of items
+        return ("dict", ((key, ids), ("body", structure)))
     return structure
 
 

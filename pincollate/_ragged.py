@@ -1,0 +1,367 @@
+"""Ragged fields planned once: per batch, only the sizes are read.
+
+A field planned anew for each batch (ragged, or under a policy) is walked value by
+value by the careful planner the first time. When its column is plain tensors of
+one dtype and one rank (token ids, waveforms, boxes: what ragged data almost always
+is), the plan also keeps a *recipe*: the field's policy, dtype, rank and output
+names, settled once. For each later batch the recipe checks the column at C speed
+(one ``map`` per property: class, dtype, layout, device, shape), reads the sizes,
+computes the offsets and queues one copy per field: ``Pad`` as one masked scatter
+(or one copy per row for large values), a per-sample list as one ``torch.cat`` into
+a region whose views are made by one ``split``.
+
+A batch the recipe does not describe (another dtype, a value that is too long for
+``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives
+the same result for what it can take and the error, with sample and key path, for
+what it cannot.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ._fill import Fill
+from ._layout import ALIGN, Part, TensorSpec, align, pitch
+from ._packing import INT32_MAX, Concat
+from ._policies import AsList, Pad, PerSample, Policy, fill_mask_1d, fits, valid_1d
+from ._specs import SplitSpec
+
+__all__ = ["Recipe", "recipe_for"]
+
+Path = tuple[Hashable, ...]
+
+_TYPE = frozenset((torch.Tensor,))
+_STRIDED = frozenset((torch.strided,))
+_TRUE = frozenset((True,))
+_FIRST = operator.itemgetter(0)
+_LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
+_IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
+_DTYPE: Any = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
+_SHAPE: Any = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
+#: Above this many bytes a padded field is copied row by row (one copy of each value);
+#: below it one ``masked_scatter_`` over a concatenation (two copies, one call each).
+_SCATTER_BYTES = 1 << 18
+
+
+class Recipe:
+    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`."""
+
+    __slots__ = ("dtypes", "ndim")
+
+    def __init__(self, dtype: torch.dtype, ndim: int):
+        self.dtypes = frozenset((dtype,))
+        self.ndim = ndim
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
+        shapes = self.shapes(column)
+        if shapes is None:
+            return False
+        part = self.sized(column, shapes, fill)
+        if part is None:
+            return False
+        fill.parts[index] = part
+        return True
+
+    def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
+        """The values' shapes if they are plain CPU strided tensors of the planned dtype and rank."""
+        try:
+            if (
+                set(map(type, values)) != _TYPE
+                or set(map(_DTYPE, values)) != self.dtypes
+                or set(map(_LAYOUT, values)) != _STRIDED
+                or set(map(_IS_CPU, values)) != _TRUE
+            ):
+                return None
+            shapes = list(map(_SHAPE, values))  # a nested tensor has no shape: it raises
+        except (TypeError, AttributeError, RuntimeError):
+            return None
+        return shapes if set(map(len, shapes)) == {self.ndim} else None
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        raise NotImplementedError
+
+    def extras(self) -> tuple[str, ...]:
+        """The names of the outputs placed beside the field."""
+        return ()
+
+    def fits_beside(self, siblings: frozenset[Hashable] | None) -> bool:
+        """Whether the extra outputs have a parent mapping and clash with none of its keys."""
+        names = self.extras()
+        return not names or (siblings is not None and not siblings.intersection(names))
+
+
+def _place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
+    """The next tensor of the batch's per-batch area, as :meth:`Fill.place` places one."""
+    offset = fill.offset
+    spec = TensorSpec(dtype, shape, offset)
+    fill.offset = align(offset + spec.nbytes)
+    return spec
+
+
+class PadRecipe(Recipe):
+    """``Pad`` over one dimension of plain tensors (the one whose sizes differ, or ``dims``)."""
+
+    __slots__ = ("dim", "left", "lengths_name", "mask_name", "policy")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable):
+        super().__init__(dtype, ndim)
+        self.policy = policy
+        self.left = policy.side == "left"
+        dims = None if policy.dims is None else tuple(d % ndim for d in policy.dims)
+        self.dim: int | None = None if dims is None else dims[0]
+        self.lengths_name = policy._extra_name(policy.lengths_key, name)
+        self.mask_name = policy._extra_name(policy.mask_key, name)
+
+    def extras(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        n = len(shapes)
+        if self.ndim == 1:
+            dim = 0
+            lengths = [shape[0] for shape in shapes]
+            sizes = [max(lengths)]
+        else:
+            per_dim = list(zip(*shapes, strict=True))
+            varying = [d for d, sizes_d in enumerate(per_dim) if len(set(sizes_d)) > 1]
+            if self.dim is None:
+                if len(varying) > 1:
+                    return None  # several padded dimensions: the careful planner's mask
+                dim = varying[0] if varying else 0
+            else:
+                dim = self.dim
+                if any(d != dim for d in varying):
+                    return None  # the careful planner names the dimension that differs
+            lengths = list(per_dim[dim])
+            sizes = [max(sizes_d) for sizes_d in per_dim]
+        longest = sizes[dim]
+        policy = self.policy
+        if policy.max_length is not None:
+            if longest > policy.max_length:
+                return None  # truncated, or an error naming the sample: carefully
+            longest = policy.max_length
+        sizes[dim] = policy._round(longest)
+        node = _place(fill, next(iter(self.dtypes)), (n, *sizes))
+        payload = (column, lengths, dim)
+        fill.tasks.append((functools.partial(_fill_padded, value=policy.value, left=self.left), node, payload, None))
+        extras: list[tuple[str, TensorSpec]] = []
+        lengths_spec = None
+        if self.lengths_name is not None:
+            lengths_spec = _place(fill, torch.int64, (n,))
+            fill.tasks.append((_fill_list, lengths_spec, lengths, None))
+            extras.append((self.lengths_name, lengths_spec))
+        if self.mask_name is not None:
+            mask = _place(fill, torch.bool, (n, sizes[dim]))
+            fill.tasks.append((functools.partial(fill_mask_1d, left=self.left), mask, lengths, None))
+            extras.append((self.mask_name, mask))
+        return Part(node, tuple(extras))
+
+
+def _fill_list(region: torch.Tensor, values: list[int]) -> None:
+    region.numpy()[...] = values
+
+
+def _fill_padded(
+    region: torch.Tensor, payload: tuple[Sequence[torch.Tensor], list[int], int], *, value: Any, left: bool
+) -> None:
+    values, lengths, dim = payload
+    region.fill_(value)
+    size = region.shape[dim + 1]
+    if region.numel() * region.element_size() <= _SCATTER_BYTES:
+        # Row-major order of the valid places is each value's own order, sample by sample.
+        valid = valid_1d(lengths, size, left)
+        shape = [region.shape[0]] + [1] * (region.dim() - 1)
+        shape[dim + 1] = size
+        source = torch.cat(list(values)) if dim == 0 else torch.cat([v.reshape(-1) for v in values])
+        region.masked_scatter_(valid.view(shape), source)
+        return
+    for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
+        region[i].narrow(dim, size - length if left else 0, length).copy_(item)
+
+
+class ListRecipe(Recipe):
+    """Per-sample tensors: stacked where this batch's shapes agree (no policy), else a list.
+
+    The list lies in one region, each value starting aligned; one ``torch.cat`` fills it
+    and one ``split`` views it.
+    """
+
+    __slots__ = ("stacks",)
+
+    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool):
+        super().__init__(dtype, ndim)
+        self.stacks = stacks
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        dtype = next(iter(self.dtypes))
+        first = shapes[0]
+        if self.stacks and all(shape == first for shape in shapes):
+            stacked = _place(fill, dtype, (len(shapes), *first))
+            fill.tasks.append((_stack, stacked, column, None))
+            return Part(stacked)
+        trailing: tuple[int, ...] = tuple(first[1:])
+        itemsize = dtype.itemsize
+        width: int = math.prod(trailing)
+        if width and all(shape[1:] == trailing for shape in shapes):
+            # Rows of one width: the region is (rows, *trailing), split along its rows.
+            counts = [shape[0] for shape in shapes]
+            step = pitch(1, width * itemsize)  # each value's rows round up to this
+            shapes_out = None
+        else:
+            counts = [math.prod(tuple(shape)) for shape in shapes]
+            step = ALIGN // itemsize
+            trailing = ()
+            column = [value.reshape(-1) for value in column]
+            shapes_out = tuple(tuple(shape) for shape in shapes)
+        gaps = [-count % step for count in counts]
+        split = [size for pair in zip(counts, gaps, strict=True) for size in pair]
+        pieces = list(column)
+        if any(gaps):
+            zeros = _zeros(dtype, trailing, step)
+            pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
+        region = _place(fill, dtype, (sum(split), *trailing))
+        fill.tasks.append((_concat, region, pieces, None))
+        return Part(SplitSpec(region, split, shapes_out))
+
+
+class ConcatRecipe(Recipe):
+    """``Concat`` of plain tensors, or of per-sample lists of them (``items``): one ``torch.cat``."""
+
+    __slots__ = ("containers", "counts_name", "item_offsets_name", "offsets_name", "tail")
+
+    def __init__(
+        self, dtype: torch.dtype, ndim: int, policy: Concat, name: Hashable, containers: frozenset[type] | None
+    ):
+        super().__init__(dtype, ndim)
+        # The trailing sizes of a shape, read at C speed.
+        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else _FIRST
+        #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
+        self.containers = containers
+        self.offsets_name = policy._extra_name(policy.offsets_key, name)
+        items = containers is not None
+        self.counts_name = policy._extra_name(policy.counts_key, name) if items else None
+        self.item_offsets_name = policy._extra_name(policy.item_offsets_key, name) if items else None
+
+    def extras(self) -> tuple[str, ...]:
+        names = (self.offsets_name, self.counts_name, self.item_offsets_name)
+        return tuple(name for name in names if name is not None)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        counts = None
+        values = column
+        if self.containers is not None:
+            if set(map(type, column)) - self.containers:
+                return False
+            counts = list(map(len, column))
+            values = list(itertools.chain.from_iterable(column))
+        if not values:
+            return False  # nothing to concatenate: the careful planner's empty result
+        shapes = self.shapes(values)
+        if shapes is None:
+            return False
+        trailing = shapes[0][1:]
+        if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
+            return False  # the careful planner names the value whose trailing dims differ
+        rows = list(map(_FIRST, shapes))
+        total = sum(rows)
+        if total > INT32_MAX:
+            return False
+        node = _place(fill, next(iter(self.dtypes)), (total, *trailing))
+        fill.tasks.append((_concat, node, values, None))
+        extras: list[tuple[str, TensorSpec]] = []
+        per_sample = rows if counts is None else _grouped(rows, counts)
+        self._extra(fill, extras, self.offsets_name, [0, *itertools.accumulate(per_sample)], torch.int32)
+        if counts is not None:
+            self._extra(fill, extras, self.counts_name, counts, torch.int64)
+            self._extra(fill, extras, self.item_offsets_name, [0, *itertools.accumulate(rows)], torch.int32)
+        fill.parts[index] = Part(node, tuple(extras))
+        return True
+
+    @staticmethod
+    def _extra(
+        fill: Fill, extras: list[tuple[str, TensorSpec]], name: str | None, values: list[int], dtype: torch.dtype
+    ) -> None:
+        if name is not None:
+            spec = _place(fill, dtype, (len(values),))
+            fill.tasks.append((_fill_list, spec, values, None))
+            extras.append((name, spec))
+
+
+def _grouped(rows: list[int], counts: list[int]) -> list[int]:
+    """Rows per sample, from rows per item and items per sample."""
+    ends = list(itertools.accumulate(counts))
+    starts = [0, *ends[:-1]]
+    return [sum(rows[a:b]) for a, b in zip(starts, ends, strict=True)]
+
+
+@functools.lru_cache(maxsize=256)
+def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
+    """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
+    zeros = torch.zeros((step, *trailing), dtype=dtype)
+    return tuple(zeros[:gap] for gap in range(step))
+
+
+def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
+    torch.stack(values, out=region)  # type: ignore[arg-type]
+
+
+def _concat(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.cat(values, out=region)
+
+
+def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> Recipe | None:
+    """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
+
+    Only columns of plain CPU tensors of one dtype and one rank (at least 1) get one,
+    under no policy, ``AsList``/``PerSample`` or ``Pad`` (one padded dimension, a pad
+    value that fits the dtype).
+    """
+    if type(policy) is Concat:
+        assert isinstance(policy, Concat)
+        return _concat_recipe(column, policy, name)
+    if not column or set(map(type, column)) != _TYPE:
+        return None
+    try:
+        dtypes = set(map(_DTYPE, column))
+        ranks = {value.dim() for value in column}
+        if len(dtypes) != 1 or len(ranks) != 1 or any(v.is_nested or v.layout != torch.strided for v in column):
+            return None
+    except RuntimeError:
+        return None
+    dtype, ndim = dtypes.pop(), ranks.pop()
+    if ndim == 0 or any(v.is_quantized for v in column):
+        return None
+    if policy is None:
+        return ListRecipe(dtype, ndim, stacks=True)
+    if type(policy) in (AsList, PerSample):
+        return ListRecipe(dtype, ndim, stacks=False)
+    if type(policy) is Pad:
+        assert isinstance(policy, Pad)
+        dims = policy.dims
+        if dims is not None and (len(dims) != 1 or not -ndim <= dims[0] < ndim):
+            return None
+        if not fits(policy.value, dtype):
+            return None
+        return PadRecipe(dtype, ndim, policy, name)
+    return None
+
+
+def _concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable) -> Recipe | None:
+    """A ``Concat`` recipe: per-sample tensors, or per-sample lists (or tuples) of tensors."""
+    containers = {type(value) for value in column}
+    if containers <= {list, tuple}:
+        values = [item for value in column for item in value]
+        recipe = recipe_for(values, None, name)
+        if recipe is None:
+            return None
+        return ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, frozenset(containers))
+    recipe = recipe_for(column, None, name)
+    return None if recipe is None else ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, None)

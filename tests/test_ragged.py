@@ -1,0 +1,201 @@
+"""Ragged fields planned once (pincollate/_ragged.py): same results as the careful planner, faster."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
+from pincollate import _plans as plans_module
+from pincollate._layout import ALIGN
+from pincollate._planner import Planner
+from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
+from samples import assert_identical, assert_one_buffer
+
+
+def _ids(lengths: list[int], dtype: torch.dtype = torch.int64, trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    return [
+        {"ids": torch.arange(n * max(1, torch.Size(trailing).numel()), dtype=dtype).reshape(n, *trailing) + 7, "y": i}
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _items(counts: list[list[int]]) -> list[dict[str, Any]]:
+    return [
+        {"ids": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(sample)]}
+        for i, sample in enumerate(counts)
+    ]
+
+
+def _audio(lengths: list[int]) -> list[dict[str, Any]]:
+    return [{"ids": torch.randn(2, n, generator=torch.Generator().manual_seed(n))} for n in lengths]
+
+
+# Each case: the collate's settings, the recipe class it gets, and batches of one field.
+CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
+    "pad-right": (
+        {"fields": {"ids": Pad()}},
+        PadRecipe,
+        [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6]), lambda: _ids([2, 2])],
+    ),
+    "pad-left-value": (
+        {"fields": {"ids": Pad(value=-1, side="left")}},
+        PadRecipe,
+        [lambda: _ids([3, 1, 4]), lambda: _ids([5, 1])],
+    ),
+    "pad-multiple-of": (
+        {"fields": {"ids": Pad(multiple_of=8)}},
+        PadRecipe,
+        [lambda: _ids([3, 9]), lambda: _ids([16, 1])],
+    ),
+    "pad-max-length": (
+        {"fields": {"ids": Pad(max_length=10)}},
+        PadRecipe,
+        [lambda: _ids([3, 9]), lambda: _ids([10, 1])],
+    ),
+    "pad-no-extras": (
+        {"fields": {"ids": Pad(lengths_key=None, mask_key=None)}},
+        PadRecipe,
+        [lambda: _ids([3, 1]), lambda: _ids([4, 2, 1])],
+    ),
+    "pad-rows-of-3": (
+        {"fields": {"ids": Pad()}},
+        PadRecipe,
+        [lambda: _ids([3, 1], trailing=(3,)), lambda: _ids([2, 5], trailing=(3,))],
+    ),
+    "pad-dim-1": (
+        {"fields": {"ids": Pad(dims=[-1], mask_key=None)}},
+        PadRecipe,
+        [lambda: _audio([5, 9]), lambda: _audio([7, 3, 4])],
+    ),
+    "pad-large-rows": (
+        {"fields": {"ids": Pad(dims=[1])}},
+        PadRecipe,
+        [lambda: _audio([40000, 70000]), lambda: _audio([9000, 50000])],
+    ),
+    "pad-renamed": (
+        {"fields": {"ids": Pad()}, "rename": {"ids": "input_ids"}},
+        PadRecipe,
+        [lambda: _ids([3, 1]), lambda: _ids([2, 5])],
+    ),
+    "pad-ragged-default": ({"ragged": Pad()}, PadRecipe, [lambda: _ids([3, 1]), lambda: _ids([2, 5])]),
+    "list-no-policy": ({}, ListRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 2]), lambda: _ids([0, 5])]),
+    "list-rows-of-3": (
+        {},
+        ListRecipe,
+        [lambda: _ids([3, 1], torch.float32, (3,)), lambda: _ids([0, 2, 7], torch.float32, (3,))],
+    ),
+    "list-flat": ({}, ListRecipe, [lambda: _audio([5, 9]), lambda: _audio([2, 2]), lambda: _audio([1, 3, 8])]),
+    "aslist": ({"fields": {"ids": AsList()}}, ListRecipe, [lambda: _ids([3, 1]), lambda: _ids([2, 2])]),
+    "persample-tensors": ({"fields": {"ids": PerSample()}}, ListRecipe, [lambda: _ids([3, 1]), lambda: _ids([4, 4])]),
+    "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
+    "concat-items": (
+        {"fields": {"ids": Concat()}},
+        ConcatRecipe,
+        [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
+    ),
+}
+
+
+@pytest.fixture
+def careful_only(monkeypatch):
+    """A collate whose ragged fields are planned carefully for every batch: the reference."""
+
+    def make(**settings: Any) -> MMCollate:
+        return MMCollate(pin_memory=False, **settings)
+
+    monkeypatch.setattr(plans_module, "recipe_for", lambda *args: None)
+    return make
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_recipe_gives_what_the_careful_planner_gives(name, monkeypatch):
+    settings, _, builds = CASES[name]
+    collate = MMCollate(pin_memory=False, **settings)
+    outs = [collate(build()) for build in builds for _ in range(2)]
+    with monkeypatch.context() as patch:
+        patch.setattr(plans_module, "recipe_for", lambda *args: None)
+        careful = MMCollate(pin_memory=False, **settings)
+        expected = [careful(build()) for build in builds for _ in range(2)]
+    for ours, theirs in zip(outs, expected, strict=True):
+        assert_identical(ours, theirs)
+        assert_one_buffer(ours)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_planned_ragged_field_is_not_walked_again(name, monkeypatch):
+    settings, recipe_class, builds = CASES[name]
+    collate = MMCollate(pin_memory=False, **settings)
+    collate(builds[0]())
+    recipes = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
+    assert [type(recipe) for recipe in recipes] == [recipe_class]
+
+    def walked(*args: Any) -> None:
+        raise AssertionError("the careful planner ran for a field its recipe describes")
+
+    monkeypatch.setattr(Planner, "plan", walked)
+    for build in builds:
+        collate(build())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_tensor_of_a_recipe_starts_aligned_and_the_batch_keeps_its_layout(name):
+    settings, _, builds = CASES[name]
+    collate = MMCollate(pin_memory=False, **settings)
+    for build in builds:
+        batch = collate(build())
+        assert batch.layout is not None and batch.buffer is not None
+        base = batch.buffer.data_ptr()
+        tensors = [
+            t for v in batch.values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)
+        ]
+        assert all((t.data_ptr() - base) % ALIGN == 0 for t in tensors)
+        again = pickle.loads(pickle.dumps(batch))
+        assert_identical(again, batch)
+        assert again.layout == batch.layout
+        stream = io.BytesIO()
+        torch.save(batch, stream)
+        stream.seek(0)
+        assert_identical(torch.load(stream), batch)
+
+
+def test_a_batch_the_recipe_does_not_describe_is_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad(max_length=4, truncate=True)}, missing="none")
+    reference = careful_only(fields={"ids": Pad(max_length=4, truncate=True)}, missing="none")
+    batches = [
+        _ids([3, 1]),  # planned: a recipe
+        _ids([9, 2]),  # longer than max_length: truncated by the careful planner
+        _ids([3, 1], dtype=torch.int32),  # another dtype
+        [{"ids": torch.arange(3), "y": 0}, {"ids": None, "y": 1}],  # a missing value
+        [{"ids": torch.arange(3), "y": 0}, {"ids": torch.arange(3).as_subclass(_Sub), "y": 1}],  # a subclass
+        _ids([2, 3]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_a_value_the_recipe_cannot_take_gets_the_careful_error():
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad(max_length=4)})
+    collate(_ids([3, 1]))
+    with pytest.raises(CollateError) as info:
+        collate(_ids([3, 9]))
+    assert info.value.sample == 1 and info.value.path == ("ids",)
+    nested = torch.nested.nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
+    with pytest.raises(CollateError, match="nested tensors are not supported") as info:
+        collate([{"ids": torch.arange(2), "y": 0}, {"ids": nested, "y": 1}])
+    assert info.value.sample == 1
+
+
+def test_extras_that_clash_with_a_key_are_left_to_the_careful_error():
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
+    with pytest.raises(CollateError, match="clashes"):
+        collate([{"ids": torch.arange(i + 1), "ids_mask": 0} for i in range(2)])
