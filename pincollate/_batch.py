@@ -38,6 +38,7 @@ from . import _ring, _shm
 from ._arena import Kind, PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
 from ._errors import CollateError
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
+from ._spans import pin_spans
 from ._specs import (
     DataclassSpec,
     JaggedSpec,
@@ -48,6 +49,7 @@ from ._specs import (
     SplitSpec,
     new_dataclass,
 )
+from ._trees import map_tensors
 
 __all__ = [
     "Batch",
@@ -281,9 +283,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
     """This batch in pinned memory: one pinned allocation and one copy (itself if pinned)."""
     state = carried(self)
     if state is None:
-        from ._transfer import pin
-
-        return _plain_again(self, pin(_contents(self)))  # type: ignore[no-any-return]
+        return _plain_again(self, pin_spans(_contents(self)))  # type: ignore[no-any-return]
     layout, buffer, values = state
     if is_pinned(buffer):
         return self
@@ -302,10 +302,14 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
     if len(args) == 4:  # Tensor.to(device, dtype, non_blocking, copy)
         *args, kwargs["copy"] = args  # type: ignore[assignment]
     copy = bool(kwargs.pop("copy", False))
-    device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+    if memory_format is not None and memory_format != torch.preserve_format:
+        # Views in another memory format are not the layout's contiguous views: move by
+        # the layout, then re-lay each tensor of a rank the format applies to.
+        moved = batch_to(self, device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
+        return _plain_again(moved, map_tensors(_contents(moved), functools.partial(_in_format, memory_format)))  # type: ignore[no-any-return]
     state = carried(self)
     if state is None:
-        from ._transfer import map_tensors
 
         def move(t: torch.Tensor) -> torch.Tensor:
             cast = dtype if dtype is not None and t.is_floating_point() else None
@@ -334,6 +338,17 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
                 new.of(out).copy_(old.of(source), non_blocking=non_blocking)
         source = out
     return make_batch(cast, source, values)  # type: ignore[no-any-return]
+
+
+#: The rank each memory format applies to (others keep theirs, as no tensor of another rank can take it).
+_FORMAT_RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
+
+
+def _in_format(memory_format: torch.memory_format, t: torch.Tensor) -> torch.Tensor:
+    rank = _FORMAT_RANK.get(memory_format)
+    if rank is not None and t.dim() != rank:
+        return t
+    return t.contiguous(memory_format=memory_format)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -16,22 +16,30 @@ is planned again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from ._errors import CollateError
 from ._layout import Part, Spec, TensorSpec, ValueSpec, Views, Wrap, align
 
-if TYPE_CHECKING:
-    from ._ops import Op
-    from ._planner import Planner
-
-__all__ = ["Fill", "Filler", "Mismatch", "Node", "Segment", "Slot", "Tree", "Value"]
+__all__ = ["ColumnPlanner", "Fill", "Filler", "Mismatch", "Node", "Owner", "Segment", "Slot", "Tree", "Value"]
 
 Path = tuple[Hashable, ...]
 Filler = Callable[[torch.Tensor, Any], None]
+
+
+class Owner(Protocol):
+    """What queued a copy of a cached plan (an op of :mod:`._ops`): it names the paths to blame."""
+
+    def blame(self, payload: Any) -> tuple[Path, ...]: ...
+
+
+class ColumnPlanner(Protocol):
+    """The careful planner (:class:`~pincollate._planner.Planner`), as the fill calls it."""
+
+    def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, dict[str, Node]]: ...
 
 
 class Mismatch(Exception):
@@ -145,9 +153,9 @@ class Fill:
 
     __slots__ = ("offset", "parts", "planner", "tasks", "values")
 
-    def __init__(self, planner: Planner, nvalues: int, nparts: int, offset: int):
-        self.planner: Planner = planner
-        self.tasks: list[tuple[Filler, TensorSpec, Any, Op | None]] = []
+    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int):
+        self.planner: ColumnPlanner = planner
+        self.tasks: list[tuple[Filler, TensorSpec, Any, Owner | None]] = []
         self.values: list[Any] = [None] * nvalues
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
         self.offset: int = offset

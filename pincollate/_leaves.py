@@ -33,6 +33,7 @@ __all__ = [
     "describe_tensor",
     "fill_numbers",
     "lookup",
+    "on_first_sight",
     "register_leaf",
     "torch_dtype",
     "type_name",
@@ -352,16 +353,15 @@ def _load_optional(cls: type) -> None:
         warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
 
 
-def _register_leaf(name: str) -> Callable[[], None]:
-    def load() -> None:
-        from . import _vision
+def on_first_sight(root: str, register: Callable[[], None]) -> None:
+    """Call ``register`` the first time a class from the top-level module ``root`` is looked up.
 
-        getattr(_vision, name)()
+    PIL and torchvision register their types this way (:mod:`._vision`), so that
+    importing pincollate imports neither.
+    """
+    _OPTIONAL[root] = register
+    _loaded.discard(root)
+    _cached_lookup.cache_clear()
 
-    return load
 
-
-_OPTIONAL: dict[str, Callable[[], None]] = {
-    "PIL": _register_leaf("register_pil"),
-    "torchvision": _register_leaf("register_tv_tensors"),
-}
+_OPTIONAL: dict[str, Callable[[], None]] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -23,8 +23,12 @@ from ._errors import CollateError
 from ._fill import Fill, Filler, Mismatch
 from ._layout import Part, TensorSpec
 
-if TYPE_CHECKING:
-    from ._ragged import Recipe
+
+class Recipe(Protocol):
+    """A ragged field's sizes-only plan (:mod:`._ragged`), as a careful op runs it."""
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool: ...
+
 
 __all__ = [
     "BlockOp",

@@ -35,7 +35,8 @@ import torch
 
 from ._arena import accelerator_can_pin, is_pinned, trim_pinned
 from ._errors import CollateError
-from ._transfer import pin, reachable_tensors, tensors, to_device
+from ._transfer import pin, to_device
+from ._trees import reachable_tensors, tensors
 
 __all__ = ["Prefetcher"]
 

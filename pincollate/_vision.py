@@ -15,7 +15,7 @@ import torch
 
 from ._errors import CollateError
 from ._layout import Wrap
-from ._leaves import LeafHandler, lookup, register_leaf, torch_dtype
+from ._leaves import LeafHandler, lookup, on_first_sight, register_leaf, torch_dtype
 
 __all__ = ["register_pil", "register_tv_tensors"]
 
@@ -110,3 +110,7 @@ def register_tv_tensors() -> None:
     allow_loading(
         tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat
     )
+
+
+on_first_sight("PIL", register_pil)
+on_first_sight("torchvision", register_tv_tensors)

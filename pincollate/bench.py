@@ -130,7 +130,8 @@ def methods(scenario: str) -> dict[str, Collate | None]:
         ),
         "audio": MMCollate(fields={"audio": Pad(dims=[-1], mask_key=None)}),
         "detection": MMCollate(),
-        "ragged": MMCollate(),
+        # The same outputs as the hand-written collate: padded tokens, their lengths, labels.
+        "ragged": MMCollate(fields={"tokens": Pad(mask_key=None)}),
     }[scenario]
     by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand, "ragged": ragged_by_hand}[
         scenario
@@ -495,7 +496,8 @@ def format_breakdown(report: dict[str, Any]) -> str:
 def run_gpu(quick: bool) -> dict[str, Any]:
     """Transfer and overlap on the current CUDA device (see ``make gpu-check``)."""
     from ._prefetch import Prefetcher
-    from ._transfer import tensors, to_device
+    from ._transfer import to_device
+    from ._trees import tensors
 
     device = torch.device("cuda")
     report: dict[str, Any] = {}

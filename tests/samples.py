@@ -171,7 +171,7 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
 
 def assert_one_buffer(tree: Any) -> None:
     """Every tensor of ``tree`` views one storage (and there is one, if there are tensors)."""
-    from pincollate._transfer import tensors
+    from pincollate._trees import tensors
 
     expected = 1 if any(True for _ in tensors(tree)) else 0
     assert len(storages(tree)) == expected, f"{len(storages(tree))} storages, expected {expected}"
@@ -179,7 +179,7 @@ def assert_one_buffer(tree: Any) -> None:
 
 def storages(tree: Any) -> set[int]:
     """The data pointers of the storages behind every tensor of ``tree``."""
-    from pincollate._transfer import tensors
+    from pincollate._trees import tensors
 
     return {t.untyped_storage().data_ptr() for t in tensors(tree)}
 
@@ -350,7 +350,7 @@ def mutate(structure: Any, rng: Any) -> Any:
 def assert_identical(ours: Any, theirs: Any, path: str = "batch") -> None:
     """:func:`assert_same`, and every tensor of the exact class (a subclass kept as such)."""
     assert_same(ours, theirs, path)
-    from pincollate._transfer import tensors
+    from pincollate._trees import tensors
 
     ours_types = [type(t) for t in tensors(ours)]
     theirs_types = [type(t) for t in tensors(theirs)]

@@ -10,7 +10,7 @@ import torch
 from pincollate import Layout, MMCollate
 from pincollate._layout import ALIGN, TensorSpec, ValueSpec
 from pincollate._specs import MappingSpec
-from pincollate._transfer import tensors
+from pincollate._trees import tensors
 from pincollate.bench import methods
 from pincollate.datasets import SCENARIOS
 from samples import PARITY

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from pincollate import CollateError, MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
-from pincollate._transfer import tensors
+from pincollate._trees import tensors
 from samples import TreeDataset, storages
 
 

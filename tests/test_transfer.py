@@ -7,7 +7,8 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, MMCollate, mm_collate, to_device
-from pincollate._transfer import map_tensors, pin, reachable_tensors, tensors
+from pincollate._transfer import pin
+from pincollate._trees import map_tensors, reachable_tensors, tensors
 from samples import PARITY, RAGGED, Point, assert_same, storages
 
 
