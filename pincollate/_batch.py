@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections.abc as abc
 import dataclasses
 import functools
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any, TypeVar
 
@@ -47,6 +47,8 @@ from ._specs import (
     NamedTupleSpec,
     SequenceSpec,
     SplitSpec,
+    make_mapping,
+    make_sequence,
     new_dataclass,
 )
 from ._trees import map_tensors
@@ -74,11 +76,18 @@ def carried(batch: Any) -> Carried | None:
         return None
     layout, buffer, values = state
     views = _Check(buffer, values, layout.parts)
-    return state if views.matches(layout.root, batch) else None
+    return state if views.matches(layout.root, batch, top=True) else None
 
 
 class _Check:
-    """Walks a layout beside a batch: is every tensor still the view the layout says?"""
+    """Walks a layout beside a batch: is every tensor still the view the layout says?
+
+    What makes two batches the same values is compared: storage and offset, dtype,
+    shape and strides, the conjugate and negative bits, and the exact class of every
+    tensor and container (a tuple put where a list was, or a tensor subclass view,
+    would otherwise come back as the layout's type after pickling or moving). The
+    batch's own class (``top``) is its carrier class, not the layout's.
+    """
 
     def __init__(self, buffer: torch.Tensor, values: list[Any], parts: tuple[Part, ...]):
         # By storage and offset, not address: share_memory_ (which torch also calls when
@@ -89,23 +98,24 @@ class _Check:
         self.values = values
         self.parts = parts
 
-    def matches(self, spec: Spec, obj: Any) -> bool:
+    def matches(self, spec: Spec, obj: Any, top: bool = False) -> bool:
         kind = type(spec)
         if kind is TensorSpec:
+            wrap = spec.wrap  # type: ignore[attr-defined]
             return (
-                isinstance(obj, torch.Tensor)
+                type(obj) is (torch.Tensor if wrap is None else wrap.cls)
                 and obj.untyped_storage() is self.storage
                 and obj.storage_offset() * obj.dtype.itemsize == self.base + spec.offset  # type: ignore[attr-defined]
                 and obj.dtype == spec.dtype  # type: ignore[attr-defined]
                 and obj.shape == spec.shape  # type: ignore[attr-defined]
                 and obj.stride() == spec._strides  # type: ignore[attr-defined]
+                and not obj.is_conj()
+                and not obj.is_neg()
             )
         if kind is ValueSpec:
-            return obj is self.values[spec.index]  # type: ignore[attr-defined]
+            return _same_value(obj, self.values[spec.index])  # type: ignore[attr-defined]
         if kind is PartSpec:
-            return self.matches(self.parts[spec.index].node, obj)  # type: ignore[attr-defined]
-        if kind is MappingSpec:
-            return self._mapping(spec, obj)  # type: ignore[arg-type]
+            return self.matches(self.parts[spec.index].node, obj, top)  # type: ignore[attr-defined]
         if kind is JaggedSpec:
             return (
                 isinstance(obj, torch.Tensor)
@@ -114,7 +124,11 @@ class _Check:
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
         if kind is SplitSpec:
-            return self._split(spec, obj)  # type: ignore[arg-type]
+            return type(obj) is list and self._split(spec, obj)  # type: ignore[arg-type]
+        if not top and not _built_as(spec, type(obj)):
+            return False
+        if kind is MappingSpec:
+            return self._mapping(spec, obj)  # type: ignore[arg-type]
         if isinstance(spec, DataclassSpec):
             return all(
                 self.matches(child, getattr(obj, name, None))
@@ -158,6 +172,39 @@ class _Check:
             elif not self.matches(child, obj[key]):
                 return False
         return len(obj) == count
+
+
+def _same_value(obj: Any, value: Any) -> bool:
+    """A non-tensor output still the one the batch was made with: the object, or an equal one.
+
+    Equal counts: ``DataLoader(batch_size=None)`` rebuilds lists of strings as it converts.
+    """
+    if obj is value:
+        return True
+    if type(obj) is not type(value):
+        return False
+    try:
+        return bool(obj == value)
+    except Exception:  # values whose == is elementwise (arrays) or refuses
+        return False
+
+
+def _built_as(spec: Spec, cls: type) -> bool:
+    """Whether a container of class ``cls`` is what ``spec`` builds."""
+    kind = type(spec)
+    if kind is MappingSpec:
+        return cls is _built_class(spec.cls, dict, make_mapping)  # type: ignore[attr-defined]
+    if kind is SequenceSpec:
+        return cls is _built_class(spec.cls, list, make_sequence)  # type: ignore[attr-defined]
+    if kind is ListSpec:
+        return cls is list
+    return cls is spec.cls  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=256)
+def _built_class(cls: type | None, plain: type, make: Callable[[type | None, Any], Any]) -> type:
+    """The class ``make`` gives for ``cls``: ``cls`` itself, or ``plain`` where it cannot be built."""
+    return type(make(cls, plain()))
 
 
 def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import base64
+import pickle
 import re
 from collections.abc import Hashable, Sequence
 
@@ -59,29 +61,61 @@ class CollateError(TypeError, ValueError):
                 message = f"sample {sample} at {where}: {message}"
             elif self.path:
                 message = f"at {where}: {message}"
+            if self.path and not _reads_back(where, self.path) and _in_worker():
+                # Keys whose repr is no literal (an Enum) cannot be read back from the
+                # text the main process gets: the path travels pickled beside it.
+                message += f"\n({_PICKLED}{base64.b64encode(pickle.dumps(self.path)).decode()})"
         super().__init__(message)
 
 
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
+def _reads_back(where: str, path: tuple[Hashable, ...]) -> bool:
+    parsed = _parse_path(where)
+    return parsed == path and list(map(type, parsed)) == list(map(type, path))
+
+
 _RERAISED = "CollateError: "
-_WHERE = re.compile(r"CollateError: (?:sample (\d+) at )?(root|(?:\[[^\]]*\]|\.\w+)+)?")
-_PART = re.compile(r"\[([^\]]*)\]|\.(\w+)")
+_PICKLED = "pincollate key path: "
+# A key is a Python literal in brackets (quoted strings may hold brackets) or ``.name``.
+_KEY = r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"])*\]|\.\w+"
+_WHERE = re.compile(rf"CollateError: (?:sample (\d+) at )?(root|(?:{_KEY})+)?")
+_PART = re.compile(r"\[((?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"])*)\]|\.(\w+)")
+
+
+def _parse_path(text: str) -> tuple[Hashable, ...] | None:
+    """The key path ``format_path`` rendered as ``text``, or ``None`` where a key is no literal."""
+    if text == "root":
+        return ()
+    path: list[Hashable] = []
+    for key, attr in _PART.findall(text):
+        if attr:
+            path.append(Attr(attr))
+            continue
+        try:
+            path.append(ast.literal_eval(key))
+        except (ValueError, SyntaxError):
+            return None
+    return tuple(path)
 
 
 def _read_where(message: str) -> tuple[int | None, tuple[Hashable, ...]]:
-    line = message[message.rindex(_RERAISED) :].splitlines()[0]
+    start = message.rindex(_RERAISED)
+    line = message[start:].splitlines()[0]
     found = _WHERE.match(line)
     if found is None or (found.group(1) is None and not found.group(2)):
         return None, ()
     sample = None if found.group(1) is None else int(found.group(1))
-    path: list[Hashable] = []
-    text = found.group(2) or "root"
-    if text != "root":
-        for key, attr in _PART.findall(text):
-            if attr:
-                path.append(Attr(attr))
-                continue
-            try:
-                path.append(ast.literal_eval(key))
-            except (ValueError, SyntaxError):
-                return sample, ()
-    return sample, tuple(path)
+    pickled = message.find(_PICKLED, start)
+    if pickled != -1:
+        encoded = message[pickled + len(_PICKLED) :].split(")", 1)[0]
+        try:
+            return sample, tuple(pickle.loads(base64.b64decode(encoded)))
+        except Exception:  # a class the main process cannot import: the text is all there is
+            pass
+    path = _parse_path(found.group(2) or "root")
+    return sample, () if path is None else path

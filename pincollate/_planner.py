@@ -20,12 +20,13 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ._errors import Attr, CollateError, format_path
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
-from ._leaves import LeafHandler, lookup, type_name
+from ._leaves import LeafHandler, lookup, torch_dtype, type_name
 from ._ops import fits_int64
 from ._patterns import ITEMS, Renames
 from ._policies import AsList, Column, PerSample, Policy, Stack, stack_or_list
@@ -91,6 +92,11 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
         return torch.complex128
     if isinstance(first, int):
         return torch.tensor(present).dtype
+    if isinstance(first, np.generic) and len({type(v) for v in present}) == 1:
+        # One numpy scalar type (uint64 too, which torch.as_tensor of scalars refuses): its dtype.
+        found = torch_dtype(first.dtype)
+        if found is not None:
+            return found
     return torch.as_tensor(present).dtype
 
 
@@ -168,11 +174,16 @@ class _Walk:
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
             sequences = self._number_sequences(values, path, origins)
             return self._leaves(sequences, path, origins, lookup(torch.Tensor), policy)  # type: ignore[arg-type]
+        if isinstance(policy, PerSample) and (handler is None or not handler.is_tensor):
+            # A whole subtree per sample, whatever it holds: lists of per-item dicts too.
+            return self._per_sample(values, path, origins, depth), {}
         if policy is not None and is_sequence(first) and not is_namedtuple(first):
             if policy.takes_items:
                 return self._items_policy(values, path, origins, policy)
             return self._sequence_policy(values, path, origins, depth, policy), {}
         if handler is not None:
+            if isinstance(policy, AsList):
+                return Value(list(values)), {}  # always a per-sample list
             if policy is not None:
                 raise self._error(
                     f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values",
@@ -252,13 +263,20 @@ class _Walk:
                 metas.append(h.meta(value) if h.meta is not None else None)
         column = Column(values, path, handler, dtypes, shapes, metas, origins)
         if family == "number":
-            for i, value in enumerate(values):
-                if isinstance(value, int) and not fits_int64(value):
-                    raise self._error(f"int {value} does not fit int64", i, path, origins)
             try:
                 column.dtype = number_dtype(values)
-            except (OverflowError, RuntimeError, TypeError) as exc:
-                raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
+            except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+                failed: Exception | None = exc
+            else:
+                failed = None
+            if failed is not None or not (column.dtype.is_floating_point or column.dtype.is_complex):
+                # An int beyond int64 is refused where the column is integer, as torch does;
+                # in a float column it is a float, as default_collate makes it.
+                for i, value in enumerate(values):
+                    if isinstance(value, int) and not fits_int64(value):
+                        raise self._error(f"int {value} does not fit int64", i, path, origins)
+            if failed is not None:
+                raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
         return column
 
     def _leaves(

@@ -65,7 +65,7 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
         out = cls()
         out.update(pairs)
         return out
-    except TypeError:
+    except (TypeError, AttributeError):  # a read-only Mapping has no update
         return pairs
 
 

@@ -40,6 +40,12 @@ def register_pil() -> None:
             raise CollateError(
                 f"PIL images of mode {value.mode!r} are not supported", sample=sample, path=path
             ) from exc
+        try:
+            # Decoded here, where the sample and key path are known, rather than in the
+            # copy: a truncated or corrupt file is named. The copy then reads the pixels.
+            value.load()
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise CollateError(f"cannot read the image: {exc}", sample=sample, path=path) from exc
         width, height = value.size
         return dtype, (channels, height, width)
 

@@ -247,5 +247,88 @@ def test_a_batch_keeps_its_layout_while_another_thread_moves_its_memory():
     layout, buffer, values = batch._pincollate
     check = _Check(buffer, values, layout.parts)
     batch["x"].share_memory_()  # what torch's reduction does to a storage that is not shared
-    assert check.matches(layout.root, batch)
+    assert check.matches(layout.root, batch, top=True)
     assert batch.layout is layout and batch.buffer.is_shared()
+
+
+# --- what makes a batch the same values: the consistency check ------------------------------
+
+
+def _complex_batch():
+    return MMCollate(pin_memory=False)([{"z": torch.randn(3, dtype=torch.complex64)}] * 2)
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_a_conjugate_or_negative_view_put_back_loses_the_layout_and_is_saved_as_it_reads(view):
+    batch = _complex_batch()
+    expected = batch["z"].conj() if view == "conj" else batch["z"].neg()
+    batch["z"] = batch["z"].conj() if view == "conj" else torch._neg_view(batch["z"])
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
+        assert torch.equal(again["z"].resolve_conj().resolve_neg(), expected)
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(
+    "replace",
+    [
+        lambda b: b.__setitem__("crops", tuple(b["crops"])),
+        lambda b: b.__setitem__("meta", collections.OrderedDict(b["meta"])),
+        lambda b: b.__setitem__("x", b["x"].as_subclass(_Tagged)),
+    ],
+    ids=["tuple-for-list", "ordereddict-for-dict", "subclass-view"],
+)
+def test_a_container_or_tensor_of_another_class_keeps_its_class_through_pickle_and_to(replace):
+    samples = [{"x": torch.ones(2), "crops": [torch.ones(1), torch.zeros(1)], "meta": {"a": torch.ones(1)}}] * 2
+    batch = MMCollate(pin_memory=False)(samples)
+    assert batch.layout is not None
+    replace(batch)
+    assert batch.layout is None
+    classes = {key: type(value) for key, value in batch.items()}
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True)):
+        assert {key: type(value) for key, value in again.items()} == classes
+
+
+def test_to_honours_memory_format():
+    batch = MMCollate(pin_memory=False)([{"image": torch.randn(3, 4, 4), "ids": torch.arange(3)}] * 2)
+    moved = batch.to(memory_format=torch.channels_last)
+    assert moved["image"].is_contiguous(memory_format=torch.channels_last)
+    assert not moved["image"].is_contiguous()
+    assert torch.equal(moved["image"], batch["image"]) and torch.equal(moved["ids"], batch["ids"])
+    assert batch.to(memory_format=torch.preserve_format) is batch
+
+
+def test_batches_made_in_the_dataset_keep_their_layout_through_batch_size_none():
+    collate = MMCollate(pin_memory=False)
+    batches = [collate([{"x": torch.full((2,), float(i)), "s": f"s{i}"}] * 3) for i in range(3)]
+    for made, loaded in zip(batches, torch.utils.data.DataLoader(batches, batch_size=None), strict=True):
+        assert loaded.layout is not None, "a str column made the layout look changed"
+        assert_same(loaded, made)
+
+
+ZERO_SIZE = {
+    "empty-field-beside-others": lambda: [{"x": torch.zeros(0, 5), "y": torch.ones(2)}] * 2,
+    "image-without-boxes": lambda: [
+        {"image": torch.ones(3, 2, 2), "boxes": torch.zeros(n, 4), "labels": torch.zeros(n, dtype=torch.int64)}
+        for n in (0, 2, 0)
+    ],
+    "pad-of-empty-sequences": lambda: [{"ids": torch.zeros(0, dtype=torch.int64), "y": 1}] * 2,
+    "concat-of-no-items": lambda: [{"px": [], "ids": torch.arange(2)}] * 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_SIZE))
+def test_zero_size_tensors_keep_the_layout_and_one_buffer(name):
+    from pincollate import Concat, Pad
+
+    samples = ZERO_SIZE[name]()
+    fields = {key: policy for key, policy in {"ids": Pad(), "px": Concat()}.items() if key in samples[0]}
+    collate = MMCollate(pin_memory=False, fields=fields)
+    for _ in range(2):  # fresh, then the cached plan
+        batch = collate(ZERO_SIZE[name]())
+        assert batch.layout is not None and batch.buffer is not None
+        _one_buffer(batch)
+        assert_same(_saved_and_loaded(batch), batch)

@@ -300,3 +300,55 @@ def test_a_collate_error_rebuilt_from_its_message_keeps_sample_and_path():
     again = CollateError(message)
     assert again.sample == 3 and again.path == ("meta", "box", 0)
     assert CollateError("no path here").path == () and CollateError("no path here").sample is None
+
+
+def test_a_float_column_takes_ints_beyond_int64_as_default_collate():
+    samples = [1.0, 2**70]
+    assert_same(MMCollate(pin_memory=False)(samples), default_collate(samples))
+    with pytest.raises(CollateError, match="does not fit int64") as info:
+        MMCollate(pin_memory=False)([1, 2**70])
+    assert info.value.sample == 1
+
+
+def test_uint64_numpy_scalars_become_a_uint64_tensor():
+    out = MMCollate(pin_memory=False)([{"n": np.uint64(2**63 + 1)}, {"n": np.uint64(2)}])
+    assert out["n"].dtype == torch.uint64 and out["n"].tolist() == [2**63 + 1, 2]
+
+
+def test_a_read_only_mapping_comes_back_as_default_collate_makes_it():
+    import collections.abc as abc
+
+    class ReadOnly(abc.Mapping):
+        def __init__(self, **items):
+            self._items = dict(items)
+
+        def __getitem__(self, key):
+            return self._items[key]
+
+        def __iter__(self):
+            return iter(self._items)
+
+        def __len__(self):
+            return len(self._items)
+
+    samples = [ReadOnly(a=torch.ones(1)), ReadOnly(a=torch.zeros(1))]
+    assert_same(MMCollate(pin_memory=False)(samples), default_collate(samples))
+
+
+def test_a_truncated_image_names_its_sample_and_key_path():
+    import io
+
+    from PIL import Image
+
+    def image(truncated: bool) -> Image.Image:
+        stream = io.BytesIO()
+        Image.effect_noise((32, 32), 40).convert("RGB").save(stream, "JPEG")
+        data = stream.getvalue()
+        return Image.open(io.BytesIO(data[: len(data) * 2 // 3] if truncated else data))
+
+    collate = MMCollate(pin_memory=False)
+    collate([{"img": image(False)} for _ in range(3)])  # a warm plan
+    for fresh in (collate, MMCollate(pin_memory=False)):
+        with pytest.raises(CollateError, match="cannot read the image") as info:
+            fresh([{"img": image(False)}, {"img": image(False)}, {"img": image(True)}])
+        assert info.value.sample == 2 and info.value.path == ("img",)

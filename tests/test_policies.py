@@ -7,7 +7,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
-from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, Stack
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
 from samples import assert_same, storages
 
 
@@ -410,3 +410,22 @@ def test_per_sample_keeps_each_samples_subtree_in_the_buffer():
             assert torch.equal(ours["boxes"], sample["target"]["boxes"])
             assert [t.item() for t in ours["labels"]] == sample["target"]["labels"]
         assert len(storages(out)) == 1
+
+
+def test_persample_takes_lists_and_tuples_of_per_item_dicts():
+    collate = MMCollate(pin_memory=False, fields={"targets": PerSample()})
+    samples = [
+        {"targets": [{"box": torch.ones(4), "label": 1}, {"box": torch.zeros(4), "label": 2}]},
+        {"targets": ({"box": torch.full((4,), 2.0), "label": 3},)},
+    ]
+    out = collate(samples)
+    assert [len(t) for t in out["targets"]] == [2, 1]
+    assert torch.equal(out["targets"][1][0]["box"], torch.full((4,), 2.0))
+    assert out["targets"][0][1]["label"] == 2
+    assert len(storages(out)) == 1
+
+
+@pytest.mark.parametrize("values", [["a", "bb"], [b"a", b"b"], [None, None]], ids=["str", "bytes", "none"])
+def test_aslist_is_a_per_sample_list_for_every_value_kind(values):
+    out = MMCollate(pin_memory=False, fields={"v": AsList()})([{"v": v} for v in values])
+    assert out["v"] == values

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import gc
 import os
 import pathlib
@@ -238,3 +239,16 @@ def test_one_instance_from_many_threads_gives_correct_batches():
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors[0]
+
+
+class _Key(enum.Enum):
+    IMAGE = "image"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["img[0]", "a]'b", _Key.IMAGE, (1, "x")], ids=["brackets", "quote", "enum", "tuple"])
+def test_a_worker_collate_error_keeps_any_key_path(key, no_leaks):
+    samples = [{key: {"x": torch.ones(2)}}, {key: {"x": "oops"}}]
+    loader = DataLoader(samples, batch_size=2, num_workers=1, collate_fn=mm_collate, timeout=60)
+    error = _drain(loader, CollateError, "expected Tensor, got str")
+    assert error.sample == 1 and error.path == (key, "x")
