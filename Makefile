@@ -3,19 +3,28 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO   := $(VENV)/.demo
 
-.PHONY: demo test test-fast fuzz lint format typecheck verifytypes bench gpu-check install clean
+.PHONY: demo test test-fast notebooks fuzz lint format typecheck verifytypes bench gpu-check install clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+# What make test needs: the package with every extra (frameworks, notebooks, lint).
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations]"
 	touch $(STAMP)
+
+# What make demo needs, and no more: the package, torchvision, matplotlib and tqdm.
+$(DEMO): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[demo]"
+	touch $(DEMO)
 
 install: $(STAMP)
 
 ## Quick benchmark on built-in synthetic data: prints a table, writes bench.json and bench.png.
-demo: $(STAMP)
+demo: $(DEMO)
 	$(BIN)/python -m pincollate.bench --quick --json bench.json --plot bench.png
 
 ## The whole suite: unit, parity, property, DataLoader worker, fault, framework and notebook tests.
@@ -25,6 +34,10 @@ test: $(STAMP)
 ## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), well under a minute.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
+
+## Run the three notebooks in place and keep their outputs (as committed); uses what make test installs.
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/run.py
 
 ## The lifetime fuzzer's long run (about 10 minutes on 2 cores); SEED=n picks another program.
 SEED ?= 0

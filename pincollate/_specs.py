@@ -8,6 +8,8 @@ namedtuples and dataclasses keep their class.
 from __future__ import annotations
 
 import collections.abc as abc
+import functools
+import logging
 import math
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -244,7 +246,24 @@ class JaggedSpec(Spec):
 
 def jagged(values: torch.Tensor, offsets: torch.Tensor, min_seqlen: int | None, max_seqlen: int | None) -> torch.Tensor:
     """``torch.nested.nested_tensor_from_jagged`` with the sequence lengths it may cache."""
+    _quiet_fx_notice()
     return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_seqlen, max_seqlen=max_seqlen)
+
+
+class _FxNotice(logging.Filter):
+    """Drops torch's note to its own tracing code, logged the first time a nested tensor is made.
+
+    The note ("is_fx_tracing will return true for both ...") asks torch-internal
+    callers to pick another function; nothing in it is for a user of ``Jagged()``.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("is_fx_tracing will return true")
+
+
+@functools.cache
+def _quiet_fx_notice() -> None:
+    logging.getLogger("torch.fx._symbolic_trace").addFilter(_FxNotice())
 
 
 def is_namedtuple(value: Any) -> bool:

@@ -150,7 +150,8 @@ def _has_tensordict() -> bool:
 # --- measuring ---------------------------------------------------------------------------
 
 
-def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, float]:
+def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, list[float]]:
+    """Seconds per batch of each method, one value per round."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():  # warm-up: cached plans, allocator caches
         fn(batches[0])
@@ -162,7 +163,7 @@ def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, p
                 fn(batch)
             times[name].append((time.perf_counter() - start) / len(batches))
             progress.update(1)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
@@ -184,8 +185,8 @@ def _time_workers(
     rounds: int,
     progress: Any,
     batches: int,
-) -> dict[str, float]:
-    """Batches per second of a DataLoader over ``batches`` batches (after the first), per method.
+) -> dict[str, list[float]]:
+    """Batches per second of a DataLoader over ``batches`` batches (after the first), per method and round.
 
     Long enough that a worker's start (its first batches, new processes) is not what
     is measured: a training epoch is thousands of batches.
@@ -208,7 +209,7 @@ def _time_workers(
             rates[name].append(count / (time.perf_counter() - start))
             del iterator, loader
             progress.update(1)
-    return {name: statistics.median(values) for name, values in rates.items()}
+    return rates
 
 
 def _padding_bytes(scenario: str, collate: Collate, batches: list[list[Any]]) -> float | None:
@@ -268,23 +269,28 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
         batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n_batches)]
         bar.set_postfix_str(f"{scenario}: main process")
         main_times = _time_main(fns, batches, rounds_main, bar)
-        worker_rates: dict[str, float] = {}
+        worker_rates: dict[str, list[float]] = {}
         if workers:
             bar.set_postfix_str(f"{scenario}: {workers} workers")
             worker_rates = _time_workers(fns, dataset, batch_size, workers, rounds_workers, bar, 24 if quick else 96)
         baseline = next(iter(fns))
         padding = _padding_bytes(scenario, fns["mm_collate"], batches)
         for name in fns:
+            main_ratios = [b / t for b, t in zip(main_times[baseline], main_times[name], strict=True)]
             row: dict[str, Any] = {
                 "scenario": scenario,
                 "method": name,
                 "baseline": baseline,
-                "main_ms": main_times[name] * 1e3,
-                "main_speedup": main_times[baseline] / main_times[name],
+                "main_ms": statistics.median(main_times[name]) * 1e3,
+                "main_speedup": statistics.median(main_times[baseline]) / statistics.median(main_times[name]),
+                # Each round timed every method back to back: its ratio, lowest and highest.
+                "main_spread": [min(main_ratios), max(main_ratios)],
             }
             if workers:
-                row["workers_batches_per_s"] = worker_rates[name]
-                row["workers_speedup"] = worker_rates[name] / worker_rates[baseline]
+                worker_ratios = [r / b for r, b in zip(worker_rates[name], worker_rates[baseline], strict=True)]
+                row["workers_batches_per_s"] = statistics.median(worker_rates[name])
+                row["workers_speedup"] = row["workers_batches_per_s"] / statistics.median(worker_rates[baseline])
+                row["workers_spread"] = [min(worker_ratios), max(worker_ratios)]
             if name == "mm_collate" and padding is not None:
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
@@ -788,15 +794,25 @@ def format_table(report: dict[str, Any]) -> str:
         f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}",
         "",
     ]
-    header = f"{'scenario':<10} {'method':<24} {'main ms':>9} {'vs base':>8}"
+    kind = "quick run (fewer rounds and batches)" if report.get("quick") else "full run"
+    lines += [
+        f"{kind}. main ms: milliseconds per collate call in the main process (lower is better).",
+        "x base: speed over the scenario's baseline in this run (higher is better; the median round,",
+        "lowest-highest round in brackets). Baselines: default_collate; for ragged, vlm, audio and",
+        "detection, which it rejects, a hand-written pad_sequence/torch.cat collate with the same outputs.",
+    ]
     if report["workers"]:
-        header += f" {'workers b/s':>12} {'vs base':>8}"
+        lines.append(f"workers b/s: batches per second through a DataLoader with {report['workers']} worker processes.")
+    lines.append("")
+    header = f"{'scenario':<10} {'method':<24} {'main ms':>9} {'x base (spread)':>20}"
+    if report["workers"]:
+        header += f" {'workers b/s':>12} {'x base (spread)':>20}"
     header += "  notes"
     lines += [header, "-" * len(header)]
     for row in report["results"]:
-        line = f"{row['scenario']:<10} {row['method']:<24} {row['main_ms']:>9.3f} {row['main_speedup']:>7.2f}x"
+        line = f"{row['scenario']:<10} {row['method']:<24} {row['main_ms']:>9.3f} {_ratio(row, 'main'):>20}"
         if report["workers"]:
-            line += f" {row['workers_batches_per_s']:>12.1f} {row['workers_speedup']:>7.2f}x"
+            line += f" {row['workers_batches_per_s']:>12.1f} {_ratio(row, 'workers'):>20}"
         notes = []
         if row["method"] == row["baseline"]:
             notes.append("baseline")
@@ -837,6 +853,14 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(row: dict[str, Any], mode: str) -> str:
+    text = f"{row[f'{mode}_speedup']:.2f}x"
+    spread = row.get(f"{mode}_spread")
+    if spread and row["method"] != row["baseline"]:
+        text += f" ({spread[0]:.2f}-{spread[1]:.2f})"
+    return text
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -853,20 +877,29 @@ def plot(report: dict[str, Any], path: str) -> None:
     width = 0.8 / max(len(methods_), 1)
     for ax, (key, title) in zip(axes[0], modes, strict=True):
         for i, method in enumerate(methods_):
-            xs, ys = [], []
+            xs, ys, low, high = [], [], [], []
             for j, scenario in enumerate(scenarios):
                 for r in rows:
                     if r["scenario"] == scenario and r["method"] == method:
                         xs.append(j + i * width)
                         ys.append(r[key])
-            ax.bar(xs, ys, width=width, label=method)
+                        spread = r.get(key.replace("speedup", "spread")) or [r[key], r[key]]
+                        low.append(max(r[key] - spread[0], 0.0))
+                        high.append(max(spread[1] - r[key], 0.0))
+            ax.bar(xs, ys, width=width, label=method, yerr=[low, high], capsize=2)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(methods_) - 1) / 2 for j in range(len(scenarios))], scenarios)
-        ax.set_ylabel("speed-up over baseline (x)")
+        ax.set_ylabel("speed over the scenario's baseline (x, higher is better)")
         ax.set_title(title)
         ax.legend(fontsize=8)
     m = report["machine"]
-    fig.suptitle(f"pincollate.bench: {m['cpu']}, {m['cores']} cores, torch {m['torch']}", fontsize=9)
+    kind = "quick run" if report.get("quick") else "full run"
+    fig.suptitle(
+        f"pincollate.bench ({kind}): {m['cpu']}, {m['cores']} cores, torch {m['torch']}. Bars: median round; "
+        "whiskers: lowest and highest round.\nBaseline 1.0: default_collate, or a hand-written "
+        "pad_sequence/torch.cat collate for ragged, vlm, audio, detection",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

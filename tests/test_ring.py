@@ -8,7 +8,9 @@ import os
 import pickle
 import random
 import re
+import secrets
 import signal
+import time
 import warnings
 from multiprocessing import resource_sharer
 from multiprocessing.reduction import ForkingPickler
@@ -433,3 +435,27 @@ def test_the_runtime_error_is_cleared_through_the_runtime_torch_loaded():
     runtime = _ring._runtime()
     assert runtime is not None and "libcudart" in runtime._name
     _ring._clear_error()  # without a GPU it reads "no driver", harmlessly
+
+
+def test_a_dead_workers_orphaned_shm_file_is_removed_when_its_ring_closes(tmp_path):
+    # SIGKILL between creating a segment and unlinking its name leaves the name behind.
+    import multiprocessing as mp
+
+    child = mp.get_context("fork").Process(target=time.sleep, args=(0.2,))
+    child.start()
+    header = (secrets.randbits(62), child.pid, torch.UntypedStorage._new_shared(64), False)
+    receiver = _ring._Receiver(header)
+    child.join()
+    orphan = f"/dev/shm/torch_{child.pid}_0_1"
+    ours = f"/dev/shm/torch_{os.getpid()}_0_1"
+    for path in (orphan, ours):
+        open(path, "wb").close()
+    try:
+        _ring._receivers[receiver.token] = receiver
+        _ring._close(receiver.token)
+        assert not os.path.exists(orphan)
+        assert os.path.exists(ours)  # a live process's names are its own business
+    finally:
+        for path in (orphan, ours):
+            if os.path.exists(path):
+                os.unlink(path)
