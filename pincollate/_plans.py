@@ -203,6 +203,8 @@ class _Template:
         if not handler.stackable or handler.key is None or self.default is not None:
             return self.part(path, siblings, column)
         first = column[0]
+        if handler.family == "tensor" and _shapes_differ(column):
+            return self.part(path, siblings, column)  # ragged: no need to describe each value
         try:
             described = {handler.describe(value, i, path) for i, value in enumerate(column)}
         except Exception:  # the careful planner names the sample and the reason
@@ -225,7 +227,7 @@ class _Template:
         """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
         if type(column[0]) is not torch.Tensor or self.default is not None or self.per_batch(path):
             return None
-        if set(map(type, column)) != {torch.Tensor}:
+        if set(map(type, column)) != {torch.Tensor} or _shapes_differ(column):
             return None
         try:
             described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
@@ -368,6 +370,17 @@ class Plans:
                     self._plans.popitem(last=False)
 
         return plan, commit
+
+
+_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
+
+
+def _shapes_differ(column: Sequence[Any]) -> bool:
+    """Whether a column of tensors holds more than one shape (read at C speed)."""
+    try:
+        return len(set(map(_SHAPE, column))) > 1
+    except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
+        return False
 
 
 def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> object:
