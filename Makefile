@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # What make test needs: the package with every extra (frameworks, notebooks, lint).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations]"
+	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations,ray]"
 	touch $(STAMP)
 
 # What make demo needs, and no more: the package, torchvision, matplotlib and tqdm.

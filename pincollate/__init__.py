@@ -16,6 +16,7 @@ from . import _vision  # noqa: F401  (registers PIL and torchvision types on fir
 from ._arena import pinned_footprint
 from ._batch import Batch, BatchList
 from ._collate import MMCollate, mm_collate
+from ._columns import ColumnCollate
 from ._errors import CollateError
 from ._layout import Layout
 from ._leaves import LeafHandler, register_leaf
@@ -31,6 +32,7 @@ __all__ = [
     "Batch",
     "BatchList",
     "CollateError",
+    "ColumnCollate",
     "Concat",
     "Jagged",
     "Layout",

@@ -930,7 +930,25 @@ def main(argv: list[str] | None = None) -> int:
         help="only time the video scenario through workers with ample /dev/shm and with SIZE (default 64m, "
         "Docker's default) side by side, and exit; needs root (unshare -m)",
     )
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="only time Ray Data's own batch conversion against ColumnCollate (trainer and data side), and exit",
+    )
     args = parser.parse_args(argv)
+    if args.ray:
+        from ._bench_ray import format_ray, run_ray
+
+        m = machine()
+        print(
+            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
+        )
+        report = run_ray(args.quick, not args.no_progress)
+        print(format_ray(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": m, "ray": report}, f, indent=2)
+        return 0
     if args.small_shm:
         from ._bench_shm import format_small_shm, run_small_shm
 

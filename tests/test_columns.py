@@ -1,0 +1,127 @@
+"""Columnar batches (pincollate/_columns.py): a dict of arrays, as Ray Data hands one, into one buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad
+from samples import assert_one_buffer
+
+
+def _objects(*values):
+    column = np.empty(len(values), dtype=object)
+    column[:] = list(values)
+    return column
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False  # what an object store hands out
+    return array
+
+
+DENSE = {
+    "float32": np.arange(12, dtype=np.float32).reshape(4, 3),
+    "float64": np.linspace(0, 1, 4),
+    "int64": np.arange(4, dtype=np.int64),
+    "int8": np.arange(4, dtype=np.int8),
+    "uint8-image": np.arange(4 * 3 * 2 * 2, dtype=np.uint8).reshape(4, 3, 2, 2),
+    "bool": np.array([True, False, True, True]),
+    "float16": np.arange(4, dtype=np.float16),
+    "complex64": np.arange(4, dtype=np.complex64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DENSE))
+def test_a_dense_column_is_one_tensor_with_its_values(name):
+    column = _read_only(DENSE[name].copy())
+    batch = ColumnCollate(pin_memory=False)({"x": column, "y": np.arange(4)})
+    assert torch.equal(batch["x"], torch.from_numpy(column.copy()))
+    assert batch["x"].dtype == torch.from_numpy(column.copy()).dtype
+    assert batch.layout is not None
+    assert_one_buffer(batch)
+
+
+def test_strings_stay_lists_of_str_and_ints_of_an_object_column_stack():
+    batch = ColumnCollate(pin_memory=False)(
+        {"u": np.array(["a", "bb"]), "o": _objects("x", "yy"), "n": _objects(1, 2), "x": np.zeros((2, 2))}
+    )
+    assert batch["u"] == ["a", "bb"] and batch["o"] == ["x", "yy"]
+    assert batch["n"].tolist() == [1, 2]
+    assert all(type(s) is str for s in batch["u"])
+
+
+def test_datetime_columns_are_refused_naming_the_column():
+    with pytest.raises(CollateError, match="datetime64") as info:
+        ColumnCollate(pin_memory=False)({"t": np.array(["2026-01-01", "2026-01-02"], dtype="datetime64[D]")})
+    assert info.value.path == ("t",)
+
+
+def _ragged():
+    return _read_only(_objects(np.array([1, 2, 3]), np.array([4]), np.array([5, 6])))
+
+
+@pytest.mark.parametrize(
+    "policy, check",
+    [
+        (
+            Pad(),
+            lambda b: b["ids"].tolist() == [[1, 2, 3], [4, 0, 0], [5, 6, 0]] and b["ids_lengths"].tolist() == [3, 1, 2],
+        ),
+        (Concat(), lambda b: b["ids"].tolist() == [1, 2, 3, 4, 5, 6] and b["ids_offsets"].tolist() == [0, 3, 4, 6]),
+        (Jagged(), lambda b: [t.tolist() for t in b["ids"].unbind()] == [[1, 2, 3], [4], [5, 6]]),
+        (AsList(), lambda b: [t.tolist() for t in b["ids"]] == [[1, 2, 3], [4], [5, 6]]),
+        (None, lambda b: [t.tolist() for t in b["ids"]] == [[1, 2, 3], [4], [5, 6]]),
+    ],
+    ids=["pad", "concat", "jagged", "aslist", "none"],
+)
+def test_a_ragged_column_takes_the_policies_of_samples(policy, check):
+    collate = ColumnCollate(pin_memory=False, fields={"ids": policy} if policy else None)
+    batch = collate({"ids": _ragged(), "label": np.arange(3)})
+    assert check(batch)
+    assert_one_buffer(batch)
+
+
+def test_ragged_rows_name_the_row_and_column_of_a_bad_value():
+    with pytest.raises(CollateError) as info:
+        ColumnCollate(pin_memory=False, fields={"ids": Pad()})({"ids": _objects(np.arange(2), "oops")})
+    assert info.value.sample == 1 and info.value.path == ("ids",)
+
+
+def test_a_rename_and_policy_extras_are_columns_of_the_batch():
+    collate = ColumnCollate(
+        pin_memory=False, fields={"ids": Pad(mask_key="attention_mask")}, rename={"label": "labels"}
+    )
+    batch = collate({"ids": _ragged(), "label": np.arange(3)})
+    assert list(batch) == ["ids", "ids_lengths", "attention_mask", "labels"]
+
+
+def test_columns_of_different_lengths_are_an_error():
+    with pytest.raises(CollateError, match="rows") as info:
+        ColumnCollate(pin_memory=False)({"a": np.arange(3), "b": np.arange(2)})
+    assert info.value.path == ("b",)
+
+
+def test_pack_then_unpack_gives_the_batch_back_as_one_writable_buffer():
+    collate = ColumnCollate(pin_memory=False, fields={"ids": Pad()})
+    columns = {"image": np.ones((3, 2, 2), np.float32), "ids": _ragged(), "name": np.array(["a", "b", "c"])}
+    expected = collate(columns)
+    row = collate.pack(columns)
+    assert set(row) == {"pincollate_buffer", "pincollate_layout"} and len(row["pincollate_buffer"]) == 1
+    for key in row:
+        _read_only(row[key])
+    batch = collate.unpack(row)
+    assert batch.layout == expected.layout and batch["name"] == ["a", "b", "c"]
+    for key in ("image", "ids", "ids_lengths", "ids_mask"):
+        assert torch.equal(batch[key], expected[key])
+    batch["image"] += 1  # the user's copy, not the store's read-only memory
+    assert_one_buffer(batch)
+
+
+def test_unpack_takes_one_packed_batch_at_a_time():
+    collate = ColumnCollate(pin_memory=False)
+    row = collate.pack({"x": np.arange(3)})
+    two = {key: np.concatenate([value, value]) for key, value in row.items()}
+    with pytest.raises(CollateError, match="batch_size=1"):
+        collate.unpack(two)

@@ -1,0 +1,117 @@
+"""Ray Data and Ray Train on a real local cluster (2 CPUs): parity, policies, the data-side path, a fit."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.train")
+
+import pincollate  # noqa: E402
+from samples import assert_one_buffer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = str(pathlib.Path(__file__).parent.parent / "examples")
+sys.path.insert(0, EXAMPLES)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # The training function lives in examples/ray_train.py: Ray's workers import it by name.
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {"PYTHONPATH": EXAMPLES}},
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def _items(n: int = 12) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "image": rng.random((3, 4, 4)).astype(np.float32),
+            "count": i,
+            "score": float(i) / 3,
+            "flag": bool(i % 2),
+            "ids": np.arange(i % 4 + 1) + i,
+            "name": f"sample {i}",
+        }
+        for i in range(n)
+    ]
+
+
+def test_dense_columns_equal_rays_own_conversion(cluster):
+    ds = ray.data.from_items([{k: v for k, v in item.items() if k not in ("ids", "name")} for item in _items()])
+    theirs = list(ds.iter_torch_batches(batch_size=5, device="cpu"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = list(ds.iter_torch_batches(batch_size=5, collate_fn=pincollate.ColumnCollate().for_ray(), device="cpu"))
+    # Neither Ray's deprecation of plain collate functions nor torch's read-only array warning.
+    assert not [str(w.message) for w in caught if "collate_fn" in str(w.message) or "writable" in str(w.message)]
+    assert len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs, strict=True):
+        assert list(a) == list(b)
+        for key in b:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert_one_buffer(a)
+
+
+def test_ragged_and_string_columns_through_rays_iterator(cluster):
+    ds = ray.data.from_items(_items())
+    collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad(mask_key="mask")})
+    batches = list(ds.iter_torch_batches(batch_size=4, collate_fn=collate.for_ray(), device="cpu"))
+    names = [name for batch in batches for name in batch["name"]]
+    assert names == [f"sample {i}" for i in range(12)]
+    first = batches[0]
+    assert first["ids"].tolist() == [[0, 0, 0, 0], [1, 2, 0, 0], [2, 3, 4, 0], [3, 4, 5, 6]]
+    assert first["mask"].sum(1).tolist() == [1, 2, 3, 4]
+    assert first.layout is not None
+    assert_one_buffer(first)
+
+
+def test_collated_on_the_data_side_arrives_as_one_buffer(cluster):
+    collate = pincollate.ColumnCollate(fields={"ids": pincollate.Concat()})
+    packed = ray.data.from_items(_items()).map_batches(collate.pack, batch_size=4)
+    trainer_side = list(packed.iter_torch_batches(batch_size=1, collate_fn=collate.for_ray(unpack=True), device="cpu"))
+    local = [
+        collate({key: _column([item[key] for item in _items()[i : i + 4]]) for key in _items()[0]}) for i in (0, 4, 8)
+    ]
+    assert len(trainer_side) == 3
+    trainer_side.sort(key=lambda batch: int(batch["count"][0]))  # Ray Data may reorder blocks
+    for ours, expected in zip(trainer_side, local, strict=True):
+        assert ours.layout == expected.layout and ours["name"] == expected["name"]
+        for key in ("image", "count", "ids", "ids_offsets"):
+            assert torch.equal(ours[key], expected[key]), key
+        assert_one_buffer(ours)
+
+
+def _column(values: list) -> np.ndarray:
+    if isinstance(values[0], np.ndarray) and len({v.shape for v in values}) > 1:
+        column = np.empty(len(values), dtype=object)
+        column[:] = values
+        return column
+    return np.array(values)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["trainer-side", "data-side"])
+def test_torch_trainer_fits_with_two_workers(cluster, pack):
+    from ray_train import fit
+
+    rows = fit(epochs=3, pack=pack, count=128)
+    assert sorted({row["rank"] for row in rows}) == [0, 1]
+    assert all(row["batches"] == 4 for row in rows)  # 128 samples, 2 ranks, 16 a batch
+    first = [row["loss"] for row in rows if row["epoch"] == 0]
+    last = [row["loss"] for row in rows if row["epoch"] == 2]
+    assert max(last) < min(first)
