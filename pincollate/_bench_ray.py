@@ -103,8 +103,8 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     import ray
     from tqdm.auto import tqdm
 
-    rounds = 3 if quick else 5
-    batches = 16 if quick else 48
+    rounds = 2 if quick else 5
+    batches = 8 if quick else 48
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: dict[str, Any] = {}

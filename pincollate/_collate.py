@@ -20,7 +20,7 @@ from ._errors import CollateError
 from ._fill import Mismatch
 from ._layout import Layout
 from ._leaves import type_name
-from ._patterns import FieldRules, Renames
+from ._patterns import FieldRules, Renames, Settings
 from ._planner import Planner
 from ._plans import Plan, Plans
 from ._policies import Policy
@@ -129,8 +129,9 @@ class MMCollate:
         self._renames = Renames(self.rename)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
-        self._planner = Planner(self._rules, ragged, missing == "none", sequences == "items", self._renames)
-        self._plans = Plans(self._rules, missing == "none", sequences == "items", ragged, self._renames)
+        settings = Settings(self._rules, self._renames, ragged, missing == "none", sequences == "items")
+        self._planner = Planner(settings)
+        self._plans = Plans(settings)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _SETTINGS}

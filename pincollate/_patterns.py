@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Hashable, Mapping
 
 from ._errors import CollateError
 from ._policies import Policy
 
-__all__ = ["ITEMS", "FieldRules", "Renames"]
+__all__ = ["ITEMS", "FieldRules", "Renames", "Settings"]
 
 #: The key path entry of a sample's items (a list under item semantics): every item,
 #: matched by ``*`` in a pattern, never by an index.
@@ -116,3 +117,22 @@ class Renames:
                 self.matched.add(dotted)
                 return name
         return path[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one collate plans by: the same object for its cached plans and its careful planner.
+
+    Attributes:
+        rules: the policies by key-path pattern.
+        renames: the output names by key path.
+        default: the policy for tensor fields no pattern names (``ragged=``).
+        missing: whether absent keys are taken as ``None``.
+        items: whether lists are each sample's items (``sequences="items"``).
+    """
+
+    rules: FieldRules
+    renames: Renames
+    default: Policy | None = None
+    missing: bool = False
+    items: bool = False

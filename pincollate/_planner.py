@@ -28,7 +28,7 @@ from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Spec
 from ._leaves import LeafHandler, lookup, torch_dtype, type_name
 from ._ops import fits_int64
-from ._patterns import ITEMS, Renames
+from ._patterns import ITEMS, Renames, Settings
 from ._policies import AsList, Column, PerSample, Policy, Stack, stack_or_list
 from ._specs import (
     DataclassSpec,
@@ -107,14 +107,12 @@ def _dataclass_maker(cls: type, names: list[str]) -> Callable[[list[Spec]], Spec
 class Planner:
     """Plans one field's column carefully. One per :class:`~pincollate.MMCollate`."""
 
-    def __init__(
-        self, rules: FieldRules, default: Policy | None, missing: bool, items: bool, renames: Renames | None = None
-    ):
-        self.rules: FieldRules = rules
-        self.renames: Renames = renames if renames is not None else Renames(None)
-        self.default: Policy | None = default
-        self.missing: bool = missing
-        self.items: bool = items
+    def __init__(self, settings: Settings):
+        self.rules: FieldRules = settings.rules
+        self.renames: Renames = settings.renames
+        self.default: Policy | None = settings.default
+        self.missing: bool = settings.missing
+        self.items: bool = settings.items
 
     def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
         """Plan the column ``values`` (one per sample) found at ``path``."""

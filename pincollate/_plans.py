@@ -41,7 +41,7 @@ from ._ops import (
     ValueOp,
     fits_int64,
 )
-from ._patterns import Renames
+from ._patterns import Renames, Settings
 from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
 from ._ragged import recipe_for
 from ._specs import (
@@ -319,20 +319,12 @@ class Plans:
     ``planned`` counts the plans made, so tests can tell the cache is used.
     """
 
-    def __init__(
-        self,
-        rules: FieldRules,
-        missing: bool,
-        items: bool,
-        default: Policy | None = None,
-        renames: Renames | None = None,
-        capacity: int = 64,
-    ):
-        self.rules: FieldRules = rules
-        self.renames: Renames = renames if renames is not None else Renames(None)
-        self.default: Policy | None = default
-        self.missing: bool = missing
-        self.items: bool = items
+    def __init__(self, settings: Settings, capacity: int = 64):
+        self.rules: FieldRules = settings.rules
+        self.renames: Renames = settings.renames
+        self.default: Policy | None = settings.default
+        self.missing: bool = settings.missing
+        self.items: bool = settings.items
         self.capacity: int = capacity
         self.careful: set[Path] = set()
         self.planned = 0

@@ -105,11 +105,11 @@ def _column(values: list) -> np.ndarray:
     return np.array(values)
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["trainer-side", "data-side"])
-def test_torch_trainer_fits_with_two_workers(cluster, pack):
+def test_torch_trainer_fits_with_two_workers(cluster):
+    # The README's recipe (trainer side); the data side's path is checked above, without a fit.
     from ray_train import fit
 
-    rows = fit(epochs=3, pack=pack, count=128)
+    rows = fit(epochs=3, pack=False, count=128)
     assert sorted({row["rank"] for row in rows}) == [0, 1]
     assert all(row["batches"] == 4 for row in rows)  # 128 samples, 2 ranks, 16 a batch
     first = [row["loss"] for row in rows if row["epoch"] == 0]
