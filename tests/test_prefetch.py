@@ -110,15 +110,17 @@ def test_loader_errors_surface_with_their_message(fake_pinned, workers):
 
 
 def test_early_break_and_garbage_collection_release_the_thread(fake_pinned):
+    # Only this prefetcher's thread: another test's may still be shutting its workers down.
+    before = set(threading.enumerate())
     prefetcher = Prefetcher(_loader(64), device="cpu", pin_memory=True, depth=3)
     for i, _ in enumerate(prefetcher):
         if i == 1:
+            ours = [t for t in threading.enumerate() if t.name == "pincollate-prefetch" and t not in before]
             break
+    assert len(ours) == 1
     gc.collect()
-    deadline = time.monotonic() + 10
-    while _pin_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _pin_threads() == 0
+    ours[0].join(timeout=10)
+    assert not ours[0].is_alive()
     assert len(list(prefetcher)) == 32
 
 
