@@ -1,14 +1,16 @@
 """Ragged fields planned once: per batch, only the sizes are read.
 
-A field planned anew for each batch (ragged, or under a policy) is walked value by
-value by the careful planner the first time. When its column is plain tensors of
-one dtype and one rank (token ids, waveforms, boxes: what ragged data almost always
-is), the plan also keeps a *recipe*: the field's policy, dtype, rank and output
-names, settled once. For each later batch the recipe checks the column at C speed
+A field planned anew for each batch (ragged, or under a policy) used to be walked
+value by value by the careful planner for every batch. When the first batch of a
+structure shows the field as plain tensors of one dtype and one rank (token ids,
+waveforms, boxes, image patches: what ragged data almost always is), its plan keeps
+a *recipe* instead: the field's policy, dtype, rank and output names, settled once
+and used from that batch on. For each batch the recipe checks the column at C speed
 (one ``map`` per property: class, dtype, layout, device, shape), reads the sizes,
 computes the offsets and queues one copy per field: ``Pad`` as one masked scatter
-(or one copy per row for large values), a per-sample list as one ``torch.cat`` into
-a region whose views are made by one ``split``.
+(or one copy per row for large values), ``Concat`` as one ``torch.cat``, a
+per-sample list as one ``torch.cat`` into a region whose views are made by one
+``split``.
 
 A batch the recipe does not describe (another dtype, a value that is too long for
 ``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives
