@@ -164,17 +164,3 @@ def test_small_shm_report_reads_as_a_table():
     text = format_small_shm(report)
     assert "default_collate     23 MiB      40.00 fails: x" in text
     assert "mm_collate          23 MiB     135.00      89.00        0.66x" in text
-
-
-@pytest.mark.slow
-def test_the_ray_rows_run_on_a_local_cluster(capsys, tmp_path):
-    pytest.importorskip("ray")
-    out = tmp_path / "ray.json"
-    assert bench.main(["--ray", "--quick", "--no-progress", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())["ray"]["results"]
-    for scenario in ("manyleaf", "vlm"):
-        rows = report[scenario]
-        assert set(rows) == {"Ray's own conversion", "ColumnCollate, trainer side", "ColumnCollate, data side"}
-        assert rows["Ray's own conversion"]["ratio"] == 1.0
-        assert all(row["batches_per_s"] > 0 for row in rows.values())
-    assert "x Ray" in capsys.readouterr().out
