@@ -198,6 +198,11 @@ class _Staging:
                     return
                 self.queue.put(self.work(host))
         except BaseException as error:  # re-raised in the consumer
+            # The error's traceback holds the loader's iterator (and so its worker
+            # processes) for as long as the consumer keeps the error: end them now.
+            shutdown = getattr(self.source, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             self.queue.put(_Failure(error))
         finally:
             # Drop the loader's iterator here, on this thread: a DataLoader
@@ -246,8 +251,15 @@ class _Ahead(Iterator[Any]):
         state.permits.release()  # the next batch is staged while this one is used
         return item if self._hand is None else self._hand(item)
 
-    def close(self) -> None:
-        """Stop the thread and release what it holds; safe to call twice."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread and release what it holds; safe to call twice.
+
+        With ``wait`` (an explicit close, the end of the loader) this waits, up to 10 s,
+        for the thread to let the loader go. The garbage collector's close does not
+        wait: it may run on the training thread while the staging thread is still
+        inside the loader (a worker's slow batch), and it must not stall that thread.
+        The staging thread stops at its next check either way.
+        """
         self._done = True
         state = self._state
         state.stop.set()
@@ -256,12 +268,12 @@ class _Ahead(Iterator[Any]):
                 state.queue.get_nowait()
             except queue.Empty:
                 break
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
     def __del__(self) -> None:
         if not self._done:
-            self.close()
+            self.close(wait=False)
 
 
 def _pinned(batch: Any) -> Any:

@@ -109,6 +109,20 @@ def test_loader_errors_surface_with_their_message(fake_pinned, workers):
     assert _pin_threads() == 0
 
 
+def test_a_loader_error_ends_the_loaders_workers_while_the_error_is_held(fake_pinned):
+    # The error's traceback holds the DataLoader iterator: its workers must not wait for the
+    # error to be collected (they did, and a later garbage collection then stalled 10 s).
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    loader = DataLoader(_Exploding(), batch_size=2, collate_fn=mm_collate, num_workers=2, timeout=60)
+    with pytest.raises(ValueError, match="bad record 5") as raised:
+        for _ in Prefetcher(loader, device="cpu", pin_memory=True):
+            pass
+    assert raised.value.__traceback__ is not None  # still held here
+    assert set(multiprocessing.active_children()) - before == set()
+
+
 def test_early_break_and_garbage_collection_release_the_thread(fake_pinned):
     # Only this prefetcher's thread: another test's may still be shutting its workers down.
     before = set(threading.enumerate())
