@@ -187,7 +187,10 @@ def test_pin_thread_copies_each_batch_once_and_frees_its_slot(
 
 def test_worker_killed_mid_epoch_leaves_nothing(clean):
     kept = []
-    iterator = iter(loader(Numbered(400)))
+    # No loader timeout: with one, torch checks its workers only once the whole timeout
+    # has passed (60 s here whenever the dead worker's batch was the next one due);
+    # without, it checks them every few seconds and reports the death.
+    iterator = iter(loader(Numbered(400), timeout=0))
     try:
         # torch raises RuntimeError, or (a descriptor or message in flight when the worker
         # died) ConnectionResetError or EOFError, with default_collate as with this one.
