@@ -30,7 +30,7 @@ from ._collate import MMCollate
 from ._errors import CollateError
 from ._fill import Fill, Node, Segment, Slot, Value
 from ._layout import Layout
-from ._leaves import torch_dtype, type_name
+from ._leaves import fill_numbers, torch_dtype, type_name
 from ._policies import Policy, Stack
 from ._specs import MappingSpec
 
@@ -39,11 +39,6 @@ __all__ = ["ColumnCollate"]
 #: The columns a packed batch travels in: its bytes, and its layout and values pickled.
 BUFFER, LAYOUT = "pincollate_buffer", "pincollate_layout"
 _NUMERIC = frozenset("biufc")
-
-
-def _copy_column(region: torch.Tensor, column: np.ndarray) -> None:
-    # numpy reads read-only arrays (an object store's) without torch's warning.
-    region.numpy()[...] = column
 
 
 class ColumnCollate:
@@ -153,7 +148,8 @@ class ColumnCollate:
                 if column.ndim == 0:
                     raise CollateError("a column must have one row per sample, got a 0-d array", path=path)
                 shape = tuple(column.shape)
-                return Slot(dtype, shape, [Segment(0, shape, _copy_column, column)]), {}
+                # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
+                return Slot(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
         # Rows as samples: variable shapes (object arrays), policies, strings, None.
         values = list(column)
         if not values:

@@ -31,6 +31,8 @@ class Recipe(Protocol):
 
 
 __all__ = [
+    "TENSOR_DTYPE",
+    "TENSOR_SHAPE",
     "BlockOp",
     "CarefulOp",
     "DataclassOp",
@@ -47,6 +49,7 @@ Path = tuple[Hashable, ...]
 
 #: The dtype getters, called at C speed by ``map``.
 TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
+TENSOR_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
 ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
 
 

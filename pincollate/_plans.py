@@ -30,6 +30,7 @@ from ._fill import Fill, Mismatch
 from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align, pitch
 from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
+    TENSOR_SHAPE,
     BlockOp,
     CarefulOp,
     DataclassOp,
@@ -364,13 +365,10 @@ class Plans:
         return plan, commit
 
 
-_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
-
-
 def _shapes_differ(column: Sequence[Any]) -> bool:
     """Whether a column of tensors holds more than one shape (read at C speed)."""
     try:
-        return len(set(map(_SHAPE, column))) > 1
+        return len(set(map(TENSOR_SHAPE, column))) > 1
     except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
         return False
 

@@ -23,7 +23,7 @@ import torch
 from ._errors import CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._layout import Wrap
-from ._leaves import LeafHandler, lookup, type_name
+from ._leaves import LeafHandler, fill_numbers, lookup, type_name
 from ._specs import ListSpec
 
 __all__ = [
@@ -282,11 +282,7 @@ def fits(value: float | bool, dtype: torch.dtype) -> bool:
 def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> Slot:
     """A small integer tensor (lengths, counts, offsets) computed while planning."""
     shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
-    return Slot(dtype, shape, [Segment(0, shape, _fill_array_like, values)])
-
-
-def _fill_array_like(region: torch.Tensor, payload: Any) -> None:
-    region.numpy()[...] = payload
+    return Slot(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
 class Pad(Policy):

@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
-from ._fill import Fill
+from ._fill import Fill, Filler
 from ._layout import ALIGN, Part, TensorSpec, align, pitch
+from ._leaves import fill_numbers, lookup
+from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
 from ._packing import INT32_MAX, Concat
 from ._policies import AsList, Pad, PerSample, Policy, fill_mask_1d, fits, valid_1d
 from ._specs import SplitSpec
@@ -43,10 +45,18 @@ _TYPE = frozenset((torch.Tensor,))
 _STRIDED = frozenset((torch.strided,))
 _TRUE = frozenset((True,))
 _FIRST = operator.itemgetter(0)
+
+
+def _tensor_fills() -> tuple[Filler, Filler]:
+    """Plain tensors' stack and concatenation, from the leaf registry."""
+    handler = lookup(torch.Tensor)
+    assert handler is not None and handler.fill is not None and handler.concat is not None
+    return handler.fill, handler.concat
+
+
+_STACK, _CONCAT = _tensor_fills()
 _LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
 _IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
-_DTYPE: Any = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
-_SHAPE: Any = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
 #: Above this many bytes a padded field is copied row by row (one copy of each value);
 #: below it one ``masked_scatter_`` over a concatenation (two copies, one call each).
 _SCATTER_BYTES = 1 << 18
@@ -77,12 +87,12 @@ class Recipe:
         try:
             if (
                 set(map(type, values)) != _TYPE
-                or set(map(_DTYPE, values)) != self.dtypes
+                or set(map(TENSOR_DTYPE, values)) != self.dtypes
                 or set(map(_LAYOUT, values)) != _STRIDED
                 or set(map(_IS_CPU, values)) != _TRUE
             ):
                 return None
-            shapes = list(map(_SHAPE, values))  # a nested tensor has no shape: it raises
+            shapes = list(map(TENSOR_SHAPE, values))  # a nested tensor has no shape: it raises
         except (TypeError, AttributeError, RuntimeError):
             return None
         return shapes if set(map(len, shapes)) == {self.ndim} else None
@@ -158,17 +168,13 @@ class PadRecipe(Recipe):
         lengths_spec = None
         if self.lengths_name is not None:
             lengths_spec = _place(fill, torch.int64, (n,))
-            fill.tasks.append((_fill_list, lengths_spec, lengths, None))
+            fill.tasks.append((fill_numbers, lengths_spec, lengths, None))
             extras.append((self.lengths_name, lengths_spec))
         if self.mask_name is not None:
             mask = _place(fill, torch.bool, (n, sizes[dim]))
             fill.tasks.append((functools.partial(fill_mask_1d, left=self.left), mask, lengths, None))
             extras.append((self.mask_name, mask))
         return Part(node, tuple(extras))
-
-
-def _fill_list(region: torch.Tensor, values: list[int]) -> None:
-    region.numpy()[...] = values
 
 
 def _fill_padded(
@@ -207,7 +213,7 @@ class ListRecipe(Recipe):
         first = shapes[0]
         if self.stacks and all(shape == first for shape in shapes):
             stacked = _place(fill, dtype, (len(shapes), *first))
-            fill.tasks.append((_stack, stacked, column, None))
+            fill.tasks.append((_STACK, stacked, column, None))
             return Part(stacked)
         trailing: tuple[int, ...] = tuple(first[1:])
         itemsize = dtype.itemsize
@@ -230,7 +236,7 @@ class ListRecipe(Recipe):
             zeros = _zeros(dtype, trailing, step)
             pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
         region = _place(fill, dtype, (sum(split), *trailing))
-        fill.tasks.append((_concat, region, pieces, None))
+        fill.tasks.append((_CONCAT, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out))
 
 
@@ -277,7 +283,7 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX:
             return False
         node = _place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((_concat, node, values, None))
+        fill.tasks.append((_CONCAT, node, values, None))
         extras: list[tuple[str, TensorSpec]] = []
         per_sample = rows if counts is None else _grouped(rows, counts)
         self._extra(fill, extras, self.offsets_name, [0, *itertools.accumulate(per_sample)], torch.int32)
@@ -293,7 +299,7 @@ class ConcatRecipe(Recipe):
     ) -> None:
         if name is not None:
             spec = _place(fill, dtype, (len(values),))
-            fill.tasks.append((_fill_list, spec, values, None))
+            fill.tasks.append((fill_numbers, spec, values, None))
             extras.append((name, spec))
 
 
@@ -311,14 +317,6 @@ def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[to
     return tuple(zeros[:gap] for gap in range(step))
 
 
-def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
-    torch.stack(values, out=region)  # type: ignore[arg-type]
-
-
-def _concat(region: torch.Tensor, values: list[torch.Tensor]) -> None:
-    torch.cat(values, out=region)
-
-
 def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> Recipe | None:
     """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
 
@@ -332,7 +330,7 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> 
     if not column or set(map(type, column)) != _TYPE:
         return None
     try:
-        dtypes = set(map(_DTYPE, column))
+        dtypes = set(map(TENSOR_DTYPE, column))
         ranks = {value.dim() for value in column}
         if len(dtypes) != 1 or len(ranks) != 1 or any(v.is_nested or v.layout != torch.strided for v in column):
             return None
