@@ -130,7 +130,7 @@ class _Template:
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH:
             policy = self.rules.lookup(path) if self.rules else None
-            name = self.renames.key(path) if self.renames else (path[-1] if path else None)
+            name = self.renames.key(path)
             recipe = recipe_for(column, policy if policy is not None else self.default, name)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
