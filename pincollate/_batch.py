@@ -37,7 +37,7 @@ from torch.utils.data import get_worker_info
 from . import _ring, _shm
 from ._arena import Kind, PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
 from ._errors import CollateError
-from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Views, Wrap
+from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
 from ._spans import pin_spans
 from ._specs import (
     DataclassSpec,
@@ -52,6 +52,7 @@ from ._specs import (
     new_dataclass,
 )
 from ._trees import map_tensors
+from ._views import Views
 
 __all__ = [
     "Batch",
@@ -82,19 +83,20 @@ def carried(batch: Any) -> Carried | None:
 class _Check:
     """Walks a layout beside a batch: is every tensor still the view the layout says?
 
-    What makes two batches the same values is compared: storage and offset, dtype,
-    shape and strides, the conjugate and negative bits, and the exact class of every
-    tensor and container (a tuple put where a list was, or a tensor subclass view,
-    would otherwise come back as the layout's type after pickling or moving). The
-    batch's own class (``top``) is its carrier class, not the layout's.
+    What makes two batches the same values is compared: the address in the buffer,
+    dtype, shape and strides, the conjugate and negative bits, and the exact class of
+    every tensor and container (a tuple put where a list was, or a tensor subclass
+    view, would otherwise come back as the layout's type after pickling or moving).
+    The batch's own class (``top``) is its carrier class, not the layout's.
+
+    By address: on the CPU each tensor has a storage of its own over its bytes of the
+    buffer, and a tensor whose storage moved away (``share_memory_``) no longer reads
+    the buffer, which its address then says. A tensor with no elements matches any
+    address.
     """
 
     def __init__(self, buffer: torch.Tensor, values: list[Any], parts: tuple[Part, ...]):
-        # By storage and offset, not address: share_memory_ (which torch also calls when
-        # another thread pickles the batch for a queue) moves a storage's memory in place,
-        # and an address read before the move would not match one read after it.
-        self.storage = buffer.untyped_storage()
-        self.base = buffer.storage_offset()
+        self.base = buffer.data_ptr()
         self.values = values
         self.parts = parts
 
@@ -104,8 +106,7 @@ class _Check:
             wrap = spec.wrap  # type: ignore[attr-defined]
             return (
                 type(obj) is (torch.Tensor if wrap is None else wrap.cls)
-                and obj.untyped_storage() is self.storage
-                and obj.storage_offset() * obj.dtype.itemsize == self.base + spec.offset  # type: ignore[attr-defined]
+                and (obj.data_ptr() == self.base + spec.offset or not obj.numel())  # type: ignore[attr-defined]
                 and obj.dtype == spec.dtype  # type: ignore[attr-defined]
                 and obj.shape == spec.shape  # type: ignore[attr-defined]
                 and obj.stride() == spec._strides  # type: ignore[attr-defined]
@@ -144,9 +145,8 @@ class _Check:
         for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
             if not (
                 isinstance(tensor, torch.Tensor)
-                and tensor.untyped_storage() is self.storage
+                and (tensor.data_ptr() == self.base + offset or not tensor.numel())
                 and tensor.dtype == dtype
-                and tensor.storage_offset() * dtype.itemsize == self.base + offset
                 and tensor.shape == shape
                 and tensor.is_contiguous()
             ):
@@ -278,6 +278,11 @@ def _reduce_across(batch: Any) -> Any:
         # would lose the batch without a word (the loader would wait for it until its timeout).
         data = buffer[: layout.nbytes].numpy().tobytes()
         return (_from_pipe, (layout, data, values, pin, _shm.take_notice()))
+    if buffer.device.type == "cpu" and layout.nbytes and not buffer.untyped_storage().is_shared():
+        # A storage of its own over the same bytes: a multiprocessing queue moves what it
+        # sends into shared memory (share_memory_), and it moves this one, not the buffer
+        # the batch's fields read: the batch stays whole where it is.
+        buffer = torch.frombuffer(buffer[: layout.nbytes].detach().numpy(), dtype=torch.uint8)
     return (_rebuild, (layout, buffer, values))
 
 

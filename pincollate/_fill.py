@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import torch
 
 from ._errors import CollateError
-from ._layout import Part, Spec, TensorSpec, ValueSpec, Views, Wrap, align
+from ._layout import Part, Spec, TensorSpec, ValueSpec, Wrap
+from ._views import Views, align
 
 __all__ = ["ColumnPlanner", "Fill", "Filler", "Mismatch", "Node", "Owner", "Segment", "Slot", "Tree", "Value"]
 

@@ -17,48 +17,16 @@ those parts. The container specs live in :mod:`._specs`.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["ALIGN", "Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Views", "Wrap", "align", "pitch"]
+from ._views import Views, align, carve, contiguous_strides, numpy_dtype
 
-#: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
-#: ``view`` to be legal.
-ALIGN = 64
-
-
-def align(nbytes: int) -> int:
-    """``nbytes`` rounded up to :data:`ALIGN`."""
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
-
-
-def pitch(rows: int, row_bytes: int) -> int:
-    """The fewest rows, at least ``rows``, whose bytes are a multiple of :data:`ALIGN`.
-
-    Fields stacked as one block each take this many rows, so each starts aligned.
-
-    Example:
-        >>> pitch(8, 12), pitch(32, 4), pitch(3, 0)
-        (16, 32, 3)
-    """
-    if row_bytes == 0:
-        return rows
-    step = ALIGN // math.gcd(row_bytes, ALIGN)
-    return -(-rows // step) * step
-
-
-@functools.lru_cache(maxsize=4096)
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
+__all__ = ["Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Wrap"]
 
 
 class Wrap:
@@ -92,30 +60,6 @@ class Wrap:
         return f"Wrap({self.cls.__name__}{', ' if self.meta else ''}{', '.join(f'{k}={v!r}' for k, v in self.meta)})"
 
 
-class Views:
-    """What building needs: typed flat views of the buffer, the values and the parts.
-
-    ``made`` holds views already made while filling, by spec id, so a filled
-    tensor's view is made once.
-    """
-
-    __slots__ = ("buffer", "made", "parts", "typed", "unbound", "values")
-
-    def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Part, ...] = ()):
-        self.buffer: torch.Tensor = buffer
-        self.values: Sequence[Any] = values
-        self.parts: tuple[Part, ...] = parts
-        self.typed: dict[torch.dtype, torch.Tensor] = {}
-        self.made: dict[int, torch.Tensor] = {}
-        self.unbound: dict[int, tuple[torch.Tensor, ...]] = {}
-
-    def flat(self, dtype: torch.dtype) -> torch.Tensor:
-        flat = self.typed.get(dtype)
-        if flat is None:
-            flat = self.typed[dtype] = self.buffer.view(dtype)
-        return flat
-
-
 class Spec:
     """A node of a Layout. Subclasses list their fields in ``_fields``."""
 
@@ -147,36 +91,24 @@ class Spec:
 class TensorSpec(Spec):
     """A contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer.
 
-    ``block``, when set, is a tensor spec holding this one and others of its shape
-    (several fields stacked by one call); this is field ``index`` of it, and all of
-    them are viewed by one ``unbind``. Each field of a block takes ``pitch`` rows of
-    it (``None``: exactly its own), so that every field starts on a 64-byte boundary.
+    Fields stacked by one call (a block) are each a spec at their own aligned offset;
+    the block's op fills them all through one spec covering the block.
     """
 
-    __slots__ = ("_at", "_strides", "block", "dtype", "index", "offset", "pitch", "shape", "wrap")
-    _fields = ("dtype", "shape", "offset", "wrap", "block", "index", "pitch")
+    __slots__ = ("_at", "_numpy", "_strides", "dtype", "offset", "shape", "wrap")
+    _fields = ("dtype", "shape", "offset", "wrap")
 
-    def __init__(
-        self,
-        dtype: torch.dtype,
-        shape: tuple[int, ...],
-        offset: int,
-        wrap: Wrap | None = None,
-        block: TensorSpec | None = None,
-        index: int = 0,
-        pitch: int | None = None,
-    ):
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, wrap: Wrap | None = None):
         if offset % dtype.itemsize:
             raise ValueError(f"offset {offset} is not aligned for {dtype}")
         self.dtype: torch.dtype = dtype
         self.shape: tuple[int, ...] = tuple(shape)
         self.offset: int = offset
         self.wrap: Wrap | None = wrap
-        self.block: TensorSpec | None = block
-        self.index: int = index
-        self.pitch: int | None = pitch
-        self._strides: tuple[int, ...] = _contiguous_strides(self.shape)
+        self._strides: tuple[int, ...] = contiguous_strides(self.shape)
         self._at: int = offset // dtype.itemsize
+        # Where the fast path applies: bytes to read, in a dtype numpy has.
+        self._numpy: np.dtype[Any] | None = numpy_dtype(dtype) if math.prod(self.shape) else None
 
     @property
     def nbytes(self) -> int:
@@ -187,29 +119,23 @@ class TensorSpec(Spec):
         return buffer.view(self.dtype).as_strided(self.shape, self._strides, self._at)
 
     def region(self, views: Views) -> torch.Tensor:
-        """The plain view, made once per batch."""
-        view = views.made.get(id(self))
-        if view is None:
-            # as_strided on a typed flat view is the cheapest way to make a view.
-            view = views.made[id(self)] = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
-        return view
+        """The plain tensor, made once per batch."""
+        made = views.made.get(id(self))
+        if made is None:
+            made = views.made[id(self)] = self._make(views)
+        return made
 
     def build(self, views: Views) -> Any:
-        view = views.made.get(id(self))
-        if view is None:
-            block = self.block
-            if block is not None:
-                fields = views.unbound.get(id(block))
-                if fields is None:
-                    rows = self.shape[0] if self.pitch is None else self.pitch
-                    whole = block.region(views).view(block.shape[0] // rows, rows, *self.shape[1:])
-                    if rows != self.shape[0]:
-                        whole = whole[:, : self.shape[0]]  # each field's own rows, at its aligned start
-                    fields = views.unbound[id(block)] = whole.unbind(0)
-                view = fields[self.index]
-            else:
-                view = views.flat(self.dtype).as_strided(self.shape, self._strides, self._at)
-        return view if self.wrap is None else self.wrap(view)
+        made = views.made.get(id(self))
+        if made is None:
+            made = self._make(views)
+        return made if self.wrap is None else self.wrap(made)
+
+    def _make(self, views: Views) -> torch.Tensor:
+        source = views.source
+        if source is None or self._numpy is None:
+            return views.tensor(self.dtype, self.shape, self.offset, self._strides)
+        return carve(source, self._numpy, self.shape, self.offset)  # Views.tensor's common case
 
 
 class ValueSpec(Spec):
@@ -295,8 +221,10 @@ class Layout:
         >>> out = layout.build(buffer, [["a", "b"]])
         >>> out["x"].shape, out["name"]
         (torch.Size([2, 3]), ['a', 'b'])
-        >>> out["x"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+        >>> out["x"].data_ptr() == buffer.data_ptr()  # the first field, at offset 0
         True
+        >>> out["x"].untyped_storage().nbytes()  # a storage over its own 24 bytes
+        24
     """
 
     __slots__ = ("nbytes", "parts", "root")
@@ -307,7 +235,7 @@ class Layout:
         self.parts: tuple[Part, ...] = tuple(parts)
 
     def build(self, buffer: torch.Tensor, values: Sequence[Any] = (), views: Views | None = None) -> Any:
-        """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor a view of it.
+        """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor in it.
 
         ``views`` are those the fill made already, if it made any.
         """

@@ -13,7 +13,11 @@ contract, so the rule is written from what can hold that memory:
    storage object (``untyped_storage()``, ``storage()``), numpy array, memoryview of
    one, and DLPack capsule made from the batch holds that storage, so its death means
    none of them is left. torch keeps a storage's Python object for as long as the
-   storage lives, so a finalizer on that object tells when it dies.
+   storage lives, so a finalizer on that object tells when it dies. On the CPU each
+   tensor of a batch has a storage of its own over its bytes (so one field saves
+   alone); each such storage's Python object holds the lease's storage for as long as
+   it lives (:class:`._layout.Views`), whether or not it still holds the bytes, so the
+   lease's storage outlives every one of them.
 2. *a storage that moved*: ``share_memory_()`` (which torch also runs when a tensor is
    sent to another process through a queue, a pipe or a spawned process's arguments)
    copies a storage that is not yet shared into fresh shared memory and swaps its
@@ -54,12 +58,13 @@ Done = Callable[[bool], None]
 class Lease:
     """One hand-out of recycled memory: what decides when, and whether, it comes back."""
 
-    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared")
+    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared", "span")
 
-    def __init__(self, done: Done, shared: bool, keep: Any):
+    def __init__(self, done: Done, shared: bool, keep: Any, span: tuple[int, int] = (0, 0)):
         self.done: Done | None = done
         self.shared = shared  # shared memory: a fork child would map it too
         self.keep = keep  # what must stay alive (a mapping) while anything can read the memory
+        self.span = span  # the leased addresses, [start, end)
         self.pid = os.getpid()
         self.alive = True  # the lease's storage lives
         self.exported = True  # the storage still holds this memory (it has not moved)
@@ -135,7 +140,7 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
     """
     memory = (ctypes.c_uint8 * nbytes).from_address(ptr)
     buffer = torch.frombuffer(memory, dtype=torch.uint8)
-    lease = Lease(done, shared, keep)
+    lease = Lease(done, shared, keep, (ptr, ptr + nbytes))
     _live[id(lease)] = lease
     # The storage holds ``memory`` (the buffer it was made from) for exactly as long as it
     # holds these bytes: until it dies, or until share_memory_ swaps its pointer.
@@ -147,6 +152,15 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
 def live() -> int:
     """How many leases of this process are not over yet (for tests and leak checks)."""
     return sum(1 for lease in list(_live.values()) if lease.pid == os.getpid())
+
+
+def leased_at(address: int) -> tuple[int, int] | None:
+    """The span of this process's live lease holding ``address``, if one does (for tests)."""
+    for lease in list(_live.values()):
+        start, end = lease.span
+        if lease.pid == os.getpid() and start <= address < end:
+            return lease.span
+    return None
 
 
 def _before_fork() -> None:

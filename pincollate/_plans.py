@@ -27,7 +27,7 @@ import torch
 
 from ._errors import Attr, CollateError
 from ._fill import Fill, Mismatch
-from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec, align, pitch
+from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
     TENSOR_SHAPE,
@@ -53,6 +53,7 @@ from ._specs import (
     is_namedtuple,
     is_sequence,
 )
+from ._views import align, pitch
 
 if TYPE_CHECKING:
     from ._patterns import FieldRules
@@ -269,14 +270,7 @@ class _Template:
             field = rows * math.prod(shape) * dtype.itemsize
             block = TensorSpec(dtype, (len(members) * rows, *shape), self.take(len(members) * field))
             for k, j in enumerate(members):
-                specs[j] = TensorSpec(
-                    dtype,
-                    (n, *shape),
-                    block.offset + k * field,
-                    block=block,
-                    index=k,
-                    pitch=rows if rows != n else None,
-                )
+                specs[j] = TensorSpec(dtype, (n, *shape), block.offset + k * field)
             blocks.append(BlockOp(path, [(*path, names[j]) for j in members], members, block, dtype, shape, rows - n))
         return specs, singles, blocks  # type: ignore[return-value]
 
@@ -305,9 +299,7 @@ class _Template:
             rows = pitch(n, dtype.itemsize)  # each field's row starts aligned
             block = TensorSpec(dtype, (len(group) * rows,), self.take(len(group) * rows * dtype.itemsize))
             for j, key in enumerate(group):
-                children[key] = TensorSpec(
-                    dtype, (n,), block.offset + j * rows * dtype.itemsize, block=block, index=j, pitch=rows
-                )
+                children[key] = TensorSpec(dtype, (n,), block.offset + j * rows * dtype.itemsize)
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops)

@@ -30,12 +30,13 @@ from typing import Any
 import torch
 
 from ._fill import Fill, Filler
-from ._layout import ALIGN, Part, TensorSpec, align, pitch
+from ._layout import Part, TensorSpec
 from ._leaves import fill_numbers, lookup
 from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
 from ._packing import INT32_MAX, Concat
 from ._policies import AsList, Pad, PerSample, Policy, fill_mask_1d, fits, valid_1d
 from ._specs import SplitSpec
+from ._views import ALIGN, align, pitch
 
 __all__ = ["Recipe", "recipe_for"]
 

@@ -2,7 +2,9 @@
 
 Leaves that view one storage are copied once (only the byte span they use) and
 rebuilt on the copy with their own dtype, sizes, strides and offset. A storage much
-larger than what its leaves use is copied leaf by leaf instead.
+larger than what its leaves use is copied leaf by leaf instead. A batch's fields on
+the CPU each have a storage of their own inside the batch's buffer; they count as
+views of that buffer (a plain dict of a batch's fields moves in one copy too).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import TypeVar
 import torch
 
 from ._arena import copy_to_device, is_pinned, pinned_allocator
-from ._layout import ALIGN
 from ._specs import jagged
 from ._trees import map_tensors, nested_parts
+from ._views import ALIGN
 
 __all__ = ["pin_spans", "spans_to_device"]
 
@@ -26,26 +28,45 @@ T = TypeVar("T")
 SPARSE_SPAN_RATIO = 2.0
 
 
-def _span(leaves: list[torch.Tensor]) -> tuple[int, int, int]:
-    """(start, end, used) in bytes of the part of the storage the leaves view."""
+def _home(leaf: torch.Tensor) -> tuple[torch.UntypedStorage, int]:
+    """The storage whose span to copy for ``leaf``, and the leaf's byte offset in it.
+
+    A batch's field (or a view of one) is placed in the batch's buffer, where its bytes
+    still lie there (a storage moved by ``share_memory_`` lies elsewhere).
+    """
+    storage = leaf.untyped_storage()
+    source = getattr(storage, "_pincollate_buffer", None)
+    if source is not None:
+        buffer = source.base.untyped_storage()
+        at = leaf.data_ptr() - buffer.data_ptr()
+        if at >= 0 and at + _extent(leaf) <= buffer.nbytes():
+            return buffer, at
+    return storage, int(leaf.storage_offset()) * leaf.dtype.itemsize
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from ``t``'s first element to just past its last."""
+    if not t.numel():
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0)) * t.dtype.itemsize
+
+
+def _span(leaves: list[tuple[torch.Tensor, int]]) -> tuple[int, int, int]:
+    """(start, end, used) in bytes of the part of the storage the leaves, at their offsets, view."""
     start: int | None = None
     end = used = 0
-    for t in leaves:
-        size = t.dtype.itemsize
-        lo = int(t.storage_offset()) * size
-        extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if n > 0) if t.numel() else 0
-        hi = lo + extent * size
+    for t, lo in leaves:
         start = lo if start is None else min(start, lo)
-        end = max(end, hi)
-        used += t.numel() * size
+        end = max(end, lo + _extent(t))
+        used += t.numel() * t.dtype.itemsize
     start = 0 if start is None else start // ALIGN * ALIGN
     return start, end, used
 
 
-def _rebuild(t: torch.Tensor, storage: torch.UntypedStorage, base: int, device: torch.device) -> torch.Tensor:
-    offset = t.storage_offset() * t.dtype.itemsize - base
+def _rebuild(t: torch.Tensor, at: int, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """``t`` again, over ``storage`` at byte ``at``."""
     out = torch.empty(0, dtype=t.dtype, device=device)
-    out.set_(storage, offset // t.dtype.itemsize, t.size(), t.stride())
+    out.set_(storage, at // t.dtype.itemsize, t.size(), t.stride())
     if type(t) is not torch.Tensor:
         out = _rewrap(out, t)
     return out
@@ -69,30 +90,29 @@ def _move(
     keep: Callable[[torch.UntypedStorage], bool],
 ) -> T:
     parts: dict[int, list[torch.Tensor]] = {}
-    groups: dict[int, list[torch.Tensor]] = {}
+    groups: dict[int, tuple[torch.UntypedStorage, list[tuple[torch.Tensor, int]]]] = {}
 
     def collect(t: torch.Tensor) -> torch.Tensor:
         leaves = parts.setdefault(id(t), nested_parts(t) if t.is_nested else [t])
         for leaf in leaves:
-            storage = leaf.untyped_storage()
+            storage, at = _home(leaf)
             # By storage, not address: two storages can start at one address (numpy views).
-            groups.setdefault(storage._cdata, []).append(leaf)
+            groups.setdefault(storage._cdata, (storage, []))[1].append((leaf, at))
         return t
 
     map_tensors(tree, collect)
     moved: dict[int, torch.Tensor] = {}
-    for leaves in groups.values():
-        storage = leaves[0].untyped_storage()
+    for storage, leaves in groups.values():
         if keep(storage):
-            moved.update((id(t), t) for t in leaves)
+            moved.update((id(t), t) for t, _ in leaves)
             continue
         start, end, used = _span(leaves)
         if end - start > SPARSE_SPAN_RATIO * used + ALIGN:
-            moved.update((id(t), per_leaf(t)) for t in leaves)
+            moved.update((id(t), per_leaf(t)) for t, _ in leaves)
             continue
         flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (end - start,), (1,))
         target = copy_span(flat).untyped_storage()
-        moved.update((id(t), _rebuild(t, target, start, device)) for t in leaves)
+        moved.update((id(t), _rebuild(t, at - start, target, device)) for t, at in leaves)
 
     def swap(t: torch.Tensor) -> torch.Tensor:
         leaves = parts[id(t)]

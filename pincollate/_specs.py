@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ._layout import PartSpec, Spec, TensorSpec, Views
+from ._layout import PartSpec, Spec, TensorSpec
+from ._views import Views, carve, numpy_dtype
 
 __all__ = [
     "DataclassSpec",
@@ -184,7 +185,7 @@ class SplitSpec(Spec):
 
     ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
     it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
-    rows are the values' rows. One ``split`` makes every view.
+    rows are the values' rows.
     """
 
     __slots__ = ("region", "shapes", "sizes")
@@ -199,10 +200,16 @@ class SplitSpec(Spec):
         return (self.region,)
 
     def build(self, views: Views) -> Any:
-        pieces = self.region.build(views).split(self.sizes)[::2]
-        if self.shapes is None:
-            return list(pieces)
-        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes, strict=True)]
+        dtype = self.region.dtype
+        as_numpy = numpy_dtype(dtype)
+        source = views.source
+        if source is None or as_numpy is None:
+            return [views.tensor(dtype, shape, offset) for offset, shape in self.places()]
+        # Views.tensor, less its checks: a detection batch makes two such lists, a tensor per image.
+        return [
+            torch.empty(shape, dtype=dtype) if 0 in shape else carve(source, as_numpy, shape, offset)
+            for offset, shape in self.places()
+        ]
 
     def places(self) -> list[tuple[int, tuple[int, ...]]]:
         """Each value's byte offset in the buffer and its shape."""

@@ -1,3 +1,5 @@
+import weakref
+
 import pytest
 import torch
 from torch.multiprocessing import reductions
@@ -24,16 +26,20 @@ def fake_pinned(monkeypatch):
     from pincollate import _arena as arena
 
     calls: list[int] = []
-    pinned: set[int] = set()
+    pinned: list[tuple[int, int, weakref.ref[torch.UntypedStorage]]] = []
 
     def allocate(nbytes: int) -> torch.Tensor:
         calls.append(nbytes)
         buffer = torch.empty(nbytes, dtype=torch.uint8)
-        pinned.add(buffer.untyped_storage().data_ptr())
+        storage = buffer.untyped_storage()
+        pinned.append((storage.data_ptr(), storage.data_ptr() + nbytes, weakref.ref(storage)))
         return buffer
 
     def is_pinned(tensor: torch.Tensor) -> bool:
-        return tensor.untyped_storage().data_ptr() in pinned
+        # As the driver answers: by address, anywhere inside a live pinned allocation
+        # (a batch's tensors each have a storage of their own inside its buffer).
+        at = tensor.untyped_storage().data_ptr()
+        return any(start <= at < end and alive() is not None for start, end, alive in pinned)
 
     previous = arena.set_pinned_allocator(allocate, is_pinned)
     yield calls

@@ -104,11 +104,22 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy().view(np.uint8).reshape(-1)
 
 
-def _batch_bytes(batch: Any) -> np.ndarray:
+def _offsets(batch: Any) -> dict[str, int]:
+    """Where each field of a fresh batch lies in its buffer (each has a storage of its own)."""
     buffer = batch.buffer
     if buffer is None:
         raise FuzzError("a batch lost its layout although nothing changed it")
-    return buffer[: batch.layout.nbytes].numpy()
+    base = buffer.data_ptr()
+    return {key: t.data_ptr() - base for key, t in batch.items() if isinstance(t, torch.Tensor) and t.numel()}
+
+
+def _batch_bytes(batch: Any, offsets: dict[str, int], nbytes: int) -> np.ndarray:
+    """What a batch's fields read, each at its offset in the buffer it came in (gaps zero)."""
+    out = np.zeros(nbytes, dtype=np.uint8)
+    for key, at in offsets.items():
+        data = _bytes(batch[key])
+        out[at : at + data.size] = data
+    return out
 
 
 _kept_in_worker: list[tuple[Callable[[], np.ndarray], np.ndarray, str]] = []
@@ -154,26 +165,26 @@ class FuzzCollate:
 # --- the consumer process ------------------------------------------------------------------------
 
 
-def _read_sent(obj: Any) -> np.ndarray:
-    return _bytes(obj) if isinstance(obj, torch.Tensor) else _batch_bytes(obj)
+def _read_sent(obj: Any, offsets: dict[str, int] | None, nbytes: int) -> np.ndarray:
+    return _bytes(obj) if offsets is None else _batch_bytes(obj, offsets, nbytes)
 
 
 def consumer(inbox: Any, outbox: Any) -> None:
     """Keeps what it is sent and checks all of it whenever asked."""
-    kept: dict[int, tuple[Any, np.ndarray]] = {}
+    kept: dict[int, tuple[Any, np.ndarray, dict[str, int] | None]] = {}
     bad: list[str] = []
     while True:
         message = inbox.get()
         if message[0] == "keep":
-            _, key, obj, expected = message
-            kept[key] = (obj, expected)
-            if not np.array_equal(_read_sent(obj), expected):
+            _, key, obj, expected, offsets = message
+            kept[key] = (obj, expected, offsets)
+            if not np.array_equal(_read_sent(obj, offsets, expected.size), expected):
                 bad.append(f"item {key} arrived changed")
         elif message[0] == "drop":
             kept.pop(message[1], None)
         else:
-            for key, (obj, expected) in kept.items():
-                if not np.array_equal(_read_sent(obj), expected):
+            for key, (obj, expected, offsets) in kept.items():
+                if not np.array_equal(_read_sent(obj, offsets, expected.size), expected):
                     bad.append(f"item {key} changed in the consumer")
             outbox.put(list(bad))
             if message[0] == "stop":
@@ -190,6 +201,7 @@ class Group:
     name: str
     expected: np.ndarray
     frozen: bool = False  # shared with another process, or moved: no more writes
+    offsets: dict[str, int] = dataclasses.field(default_factory=dict)  # a batch's fields in its buffer
 
 
 @dataclasses.dataclass
@@ -284,27 +296,28 @@ class Program:
         return self.step + self.rng.randint(0, 60 if roll < 0.5 else 5)
 
     def take(self, batch: Any, extras: list[torch.Tensor], viewed: bool) -> None:
-        group = Group(f"the batch of sample {int(batch['i'][0])}", _batch_bytes(batch).copy(), frozen=viewed)
-        nbytes = len(group.expected)
+        offsets, nbytes = _offsets(batch), batch.layout.nbytes
+        expected = _batch_bytes(batch, offsets, nbytes)
+        group = Group(f"the batch of sample {int(batch['i'][0])}", expected, frozen=viewed, offsets=offsets)
         if self.rng.random() < 0.4:
-            self.hold("batch", batch, lambda b=batch: _batch_bytes(b), group, 0, nbytes)
-        storage = batch.buffer.untyped_storage().data_ptr()
+            self.hold("batch", batch, lambda b=batch: _batch_bytes(b, offsets, nbytes), group, 0, nbytes)
+        base = batch.buffer.data_ptr()
         for extra in extras:
             if self.rng.random() < 0.7:
                 kind, read = "tensor returned beside a batch", lambda t=extra: _bytes(t)
-                if extra.untyped_storage().data_ptr() == storage:  # still a view of the batch
-                    at = extra.storage_offset() * extra.element_size()
+                at = extra.data_ptr() - base
+                if 0 <= at < nbytes:  # in the batch's buffer (made in this process)
                     self.hold(kind, extra, read, group, at, at + extra.nbytes)
                 else:  # a copy of its own, made as it left the worker
                     alone = Group(f"a tensor returned beside {group.name}", _bytes(extra).copy())
                     self.hold(kind, extra, read, alone, 0, len(alone.expected))
         roll = self.rng.random()
         leaf = batch["x"] if self.rng.random() < 0.6 else batch["y"]
-        start = leaf.storage_offset() * leaf.element_size()
+        start = leaf.data_ptr() - base
         # Raw views are the ones a reuse would hurt: they are kept longer.
         if roll < 0.15:
             rows = leaf[self.rng.randint(0, leaf.shape[0] - 1) :]
-            at = rows.storage_offset() * rows.element_size()
+            at = rows.data_ptr() - base
             self.hold("slice", rows, lambda r=rows: _bytes(r), group, at, at + rows.nbytes)
         elif roll < 0.3:
             array = leaf.numpy()
@@ -337,10 +350,13 @@ class Program:
             storage = leaf.untyped_storage()
             size = min(storage.nbytes(), nbytes)
             read = lambda s=storage, n=size: torch.empty(0, dtype=torch.uint8).set_(s)[:n].numpy()  # noqa: E731
-            self.hold("storage", storage, read, group, 0, size, 40)
+            self.hold("storage", storage, read, group, start, start + size, 40)
         roll = self.rng.random()
         if roll < 0.08:
-            self.send(batch if self.rng.random() < 0.6 else leaf, group)
+            if self.rng.random() < 0.6:
+                self.send(batch, group)
+            else:
+                self.send(leaf, group, start, start + leaf.nbytes)
         elif roll < 0.13:
             leaf.share_memory_()
             group.frozen = True  # views made before now keep the old memory
@@ -363,7 +379,7 @@ class Program:
             if x.numel():
                 value = np.float32(-1 - self.step)
                 x.view(-1)[0] = float(value)
-                at = x.storage_offset() * 4
+                at = holder.group.offsets["x"]
                 holder.group.expected[at : at + 4] = np.frombuffer(value.tobytes(), dtype=np.uint8)
                 self.count("write")
         if batches_held and rng.random() < 0.02:
@@ -412,12 +428,10 @@ class Program:
 
     def send(self, obj: Any, group: Group, start: int | None = None, stop: int | None = None) -> None:
         key = self.rng.getrandbits(48)
-        if isinstance(obj, torch.Tensor) and start is None:
-            start = obj.storage_offset() * obj.element_size()
-            stop = start + obj.nbytes
-        expected = group.expected[start:stop] if start is not None else group.expected
+        tensor = isinstance(obj, torch.Tensor)
+        expected = group.expected[start:stop] if tensor else group.expected
         group.frozen = True  # it shares memory with the consumer from now on
-        self.inbox.put(("keep", key, obj, expected.copy()))
+        self.inbox.put(("keep", key, obj, expected.copy(), None if tensor else group.offsets))
         self.sent[key] = int(min(self.due(), self.step + 200))
         self.count("sent")
 

@@ -170,18 +170,39 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
 
 
 def assert_one_buffer(tree: Any) -> None:
-    """Every tensor of ``tree`` views one storage (and there is one, if there are tensors)."""
+    """Every tensor of the batch ``tree`` lies in its one buffer (and there is one, if there are tensors)."""
     from pincollate._trees import tensors
 
-    expected = 1 if any(True for _ in tensors(tree)) else 0
+    expected = 1 if any(t.numel() for t in tensors(tree)) else 0
     assert len(storages(tree)) == expected, f"{len(storages(tree))} storages, expected {expected}"
 
 
 def storages(tree: Any) -> set[int]:
-    """The data pointers of the storages behind every tensor of ``tree``."""
+    """The memory behind every tensor of ``tree``: a batch's buffer counts once.
+
+    A batch's tensors each have a storage of their own over their bytes of the batch's
+    one buffer; those count as the buffer's address (the carried buffer's, or for an
+    output that carries none, the live lease's holding it). Any other tensor counts as
+    its storage's address; a tensor with no elements counts as none.
+    """
+    from pincollate._ownership import leased_at
     from pincollate._trees import tensors
 
-    return {t.untyped_storage().data_ptr() for t in tensors(tree)}
+    buffer = getattr(tree, "buffer", None)
+    span = None
+    if isinstance(buffer, torch.Tensor):
+        span = (buffer.data_ptr(), buffer.data_ptr() + buffer.numel())
+    found = set()
+    for t in tensors(tree):
+        if not t.numel():
+            continue
+        at = t.untyped_storage().data_ptr()
+        holder = span if buffer is not None else leased_at(at)
+        if holder is not None and holder[0] <= at and at + t.untyped_storage().nbytes() <= holder[1]:
+            found.add(holder[0])
+        else:
+            found.add(at)
+    return found
 
 
 # --- structures that mutate from batch to batch (a long-lived collate's cache) --------------

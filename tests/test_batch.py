@@ -13,6 +13,7 @@ from torch.utils.data import default_collate
 
 from pincollate import Batch, BatchList, MMCollate, mm_collate, to_device
 from pincollate._batch import carried
+from pincollate._trees import tensors
 from samples import PARITY, RAGGED, Point, Record, assert_same, storages
 
 #: One sample tree per batch type.
@@ -30,7 +31,7 @@ def _batch(kind: str):
 
 
 def _one_buffer(batch) -> None:
-    assert storages(batch) == {batch.buffer.untyped_storage().data_ptr()}
+    assert storages(batch) == {batch.buffer.data_ptr()}
 
 
 @pytest.mark.parametrize("kind", sorted(BATCH_TYPES))
@@ -235,20 +236,117 @@ def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monke
     )
 
 
-def test_a_batch_keeps_its_layout_while_another_thread_moves_its_memory():
-    """The check must not read addresses: a queue's feeder thread may move the storage under it.
+# --- saving part of a batch: each field writes its own bytes -----------------------------------
 
-    Here the move happens between the check's start and its walk of the tensors, as it did
-    when the lifetime fuzzer sent a held batch to a consumer while checking it.
+
+def _written(obj, how: str) -> bytes:
+    if how == "pickle":
+        return pickle.dumps(obj)
+    stream = io.BytesIO()
+    torch.save(obj, stream)
+    return stream.getvalue()
+
+
+def _read(data: bytes, how: str):
+    return pickle.loads(data) if how == "pickle" else torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _framing(how: str) -> int:
+    """What the format writes around one tensor: an empty tensor saved alone."""
+    return len(_written(torch.empty(0), how))
+
+
+def _own_bytes_bound(obj, how: str) -> int:
+    """What saving ``obj`` may write: the format's framing, then 2x each tensor's bytes plus 1 KiB."""
+    return _framing(how) + sum(2 * t.nbytes + 1024 for t in tensors(obj))
+
+
+def _all_saving_samples():
+    return sorted(PARITY) + sorted(RAGGED)
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+@pytest.mark.parametrize("name", _all_saving_samples())
+def test_each_field_saves_alone_with_its_own_bytes(name, how):
+    batch = mm_collate((PARITY.get(name) or RAGGED[name])())
+    for t in tensors(batch):
+        data = _written(t, how)
+        assert len(data) <= _own_bytes_bound(t, how), (name, tuple(t.shape), t.dtype, len(data))
+        assert_same(_read(data, how), t)
+
+
+@pytest.mark.parametrize("how", ["torch.save", "pickle"])
+@pytest.mark.parametrize(
+    "part",
+    ["dict(batch)", "{**batch}", "batch | {...}", "some fields", "key added", "key removed"],
+)
+def test_any_dict_of_fields_saves_with_their_own_bytes(part, how):
+    batch = mm_collate(PARITY["multimodal-dict"]())  # float, int64, uint8 and bool fields
+    assert len({t.dtype for t in tensors(batch)}) >= 3
+    if part == "dict(batch)":
+        obj = dict(batch)
+    elif part == "{**batch}":
+        obj = {**batch}
+    elif part == "batch | {...}":
+        obj = batch | {"extra": torch.arange(3)}
+    elif part == "some fields":
+        obj = {key: value for key, value in list(batch.items())[1:3]}
+    elif part == "key added":
+        obj = batch
+        obj["extra"] = torch.arange(3)
+    else:
+        obj = batch
+        del obj[next(iter(obj))]
+    expected = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in obj.items()}
+    data = _written(obj, how)
+    assert len(data) <= _own_bytes_bound(obj, how), (len(data), _own_bytes_bound(obj, how))
+    assert_same(dict(_read(data, how)), expected)
+
+
+class _SavesAField(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": torch.full((3, 32, 32), float(i)), "label": i, "mask": torch.ones(4, dtype=torch.bool)}
+
+
+def _save_in_worker(samples):
+    batch = mm_collate(samples)
+    return batch, _written(batch["label"], "torch.save"), _written(dict(batch), "torch.save")
+
+
+@pytest.mark.slow
+def test_a_worker_saves_one_field_or_a_dict_with_their_own_bytes():
+    loader = torch.utils.data.DataLoader(
+        _SavesAField(), batch_size=4, collate_fn=_save_in_worker, num_workers=1, timeout=60
+    )
+    for batch, label, fields in loader:
+        assert len(label) <= _own_bytes_bound(batch["label"], "torch.save")
+        assert torch.equal(torch.load(io.BytesIO(label)), batch["label"])
+        assert len(fields) <= _own_bytes_bound(batch, "torch.save")
+        assert_same(torch.load(io.BytesIO(fields)), dict(batch))
+
+
+@pytest.mark.parametrize("moved", ["field", "buffer"])
+def test_memory_moved_away_by_share_memory_leaves_the_buffer_and_saves_what_it_reads(moved):
+    """``share_memory_`` (which a queue's feeder thread runs as it pickles) moves one storage.
+
+    A field's storage moved: that field no longer reads the buffer. The buffer's moved:
+    no field reads it. Either way the batch is no longer one buffer, says so, and saves
+    and pickles the values its fields read.
     """
-    from pincollate._batch import _Check
-
     batch = mm_collate([{"x": torch.ones(4), "y": 1, "s": "a"}, {"x": torch.zeros(4), "y": 2, "s": "b"}])
-    layout, buffer, values = batch._pincollate
-    check = _Check(buffer, values, layout.parts)
-    batch["x"].share_memory_()  # what torch's reduction does to a storage that is not shared
-    assert check.matches(layout.root, batch, top=True)
-    assert batch.layout is layout and batch.buffer.is_shared()
+    expected = {"x": batch["x"].clone(), "y": batch["y"].clone(), "s": ["a", "b"]}
+    if moved == "field":
+        batch["x"].share_memory_()  # what torch's reduction does to a storage that is not shared
+    else:
+        batch._pincollate[1].share_memory_()
+    assert batch.layout is None and batch.buffer is None
+    batch["x"] += 1  # written where the field now lives
+    expected["x"] += 1
+    assert_same(_saved_and_loaded(batch), expected)
+    assert_same(pickle.loads(pickle.dumps(batch)), expected)
 
 
 # --- what makes a batch the same values: the consistency check ------------------------------

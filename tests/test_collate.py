@@ -38,7 +38,7 @@ def test_top_level_containers_know_their_buffer():
     batch = mm_collate(PARITY["multimodal-dict"]())
     assert type(batch) is Batch and isinstance(batch, dict)
     assert batch.buffer.dtype == torch.uint8
-    assert storages(batch) == {batch.buffer.untyped_storage().data_ptr()}
+    assert storages(batch) == {batch.buffer.data_ptr()}
     listed = mm_collate(PARITY["tuple-samples"]())
     assert type(listed) is BatchList and listed.buffer is not None
 

@@ -52,7 +52,7 @@ def test_worker_batches_share_one_storage(context, slots):
         if slots:
             assert _ring.leased(batch["image"])  # a view of a worker slot this process maps
         else:
-            assert batch["image"].untyped_storage().is_shared()
+            assert batch.buffer.untyped_storage().is_shared()
 
 
 @pytest.mark.parametrize("name", ["unequal-lists", "mixed-dtypes", "ragged-boxes"])

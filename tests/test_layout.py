@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from pincollate import Layout, MMCollate
-from pincollate._layout import ALIGN, TensorSpec, ValueSpec
+from pincollate._layout import TensorSpec, ValueSpec
 from pincollate._specs import MappingSpec
 from pincollate._trees import tensors
+from pincollate._views import ALIGN
 from pincollate.bench import methods
 from pincollate.datasets import SCENARIOS
 from samples import PARITY

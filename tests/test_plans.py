@@ -86,10 +86,14 @@ def test_a_cached_plan_gives_default_collate_values_for_new_samples():
 
 
 def test_fields_of_one_dtype_and_shape_share_one_block():
-    layout = MMCollate().plan([_nested(i) for i in range(4)])
+    collate = MMCollate()
+    samples = [_nested(i) for i in range(4)]
+    layout = collate.plan(samples)
+    collate(samples)
     feats = layout.root.children[layout.root.keys.index("feats")]
-    blocks = {spec.block for spec in feats.children}
-    assert len(blocks) == 1 and None not in blocks
+    (holder,) = [single[1] for single in collate._plans.last.op.singles if single[1].path == ("feats",)]
+    (block,) = holder.blocks  # one stack fills every field of "feats"
+    assert list(block.paths) == [("feats", key) for key in feats.keys]
     offsets = [spec.offset for spec in feats.children]
     # 4 samples of 2 float32 take 32 bytes; each field of the block starts on 64.
     assert offsets == sorted(offsets) and offsets[1] - offsets[0] == 64

@@ -12,9 +12,9 @@ import torch
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
 from pincollate import _plans as plans_module
-from pincollate._layout import ALIGN
 from pincollate._planner import Planner
 from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
+from pincollate._views import ALIGN
 from samples import assert_identical, assert_one_buffer
 
 

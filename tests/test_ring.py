@@ -280,7 +280,7 @@ def test_no_slots_means_a_fresh_buffer_per_batch(clean, storages_received):
     batches = list(loader(Numbered(40), collate=collate))
     for batch in batches:
         check(batch)
-        assert batch["x"].untyped_storage().is_shared()
+        assert batch.buffer.untyped_storage().is_shared()
     assert storages_received[0] == len(batches) == 10
     del batches, batch
 
@@ -296,13 +296,14 @@ def test_pin_slots_without_cuda_changes_nothing(clean):
 # --- batches leaving the path ----------------------------------------------------------------
 
 
-def test_batch_sent_on_to_another_process_is_copied_out_of_its_slot(clean):
+def test_batch_sent_on_to_another_process_sends_a_copy_out_of_its_slot(clean):
     iterator = iter(loader(Numbered(400)))
     first = next(iterator)
     assert _ring.leased(first["x"])
     sent = ForkingPickler.dumps(first)  # what a multiprocessing queue would send
-    assert not _ring.leased(first["x"])  # moved to fresh shared memory; the slot is free
-    for batch in iterator:  # the slots are reused many times over
+    # The sent copy is in fresh shared memory; the batch kept here stays whole, in its slot.
+    assert _ring.leased(first["x"]) and first.layout is not None
+    for batch in iterator:  # the other slots are reused many times over
         check(batch)
     received = pickle.loads(sent)
     check(first)

@@ -29,14 +29,14 @@ def test_pin_makes_one_allocation_per_batch_and_keeps_views(fake_pinned, name):
 
 
 def batch_nbytes(batch) -> int:
-    return next(iter(tensors(batch))).untyped_storage().nbytes()
+    return int(batch.buffer.numel())
 
 
 def test_batch_pin_memory_returns_itself_when_pinned(fake_pinned):
     batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
     pinned = batch.pin_memory()
     assert type(pinned) is Batch and len(fake_pinned) == 1
-    assert pinned.buffer.untyped_storage().data_ptr() == next(iter(storages(pinned)))
+    assert storages(pinned) == {pinned.buffer.data_ptr()}
     assert pinned.pin_memory() is pinned and len(fake_pinned) == 1
 
 
@@ -150,3 +150,22 @@ def test_reachable_tensors_finds_tensors_in_any_object():
     found = list(reachable_tensors(tree))
     assert {id(t) for t in found} >= {id(a), id(b), id(c)} and not any(t is d for t in found)
     assert len(found) == 5  # a, b, c, and the nested tensor's values and offsets
+
+
+def test_a_plain_dict_of_a_batchs_fields_pins_in_one_copy(fake_pinned):
+    """Each field has a storage of its own, yet they lie in one buffer: one span, one copy."""
+    batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
+    fields = dict(batch)
+    pinned = pin(fields)
+    assert len(fake_pinned) == 1 and fake_pinned[0] <= batch.buffer.numel()
+    assert_same(pinned, fields)
+
+
+def test_a_field_moved_out_of_its_buffer_pins_on_its_own(fake_pinned):
+    batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
+    fields = dict(batch)
+    moved = next(t for t in fields.values() if isinstance(t, torch.Tensor) and t.numel())
+    moved.share_memory_()  # its bytes now lie in fresh shared memory, outside the buffer
+    pinned = pin(fields)
+    assert len(fake_pinned) == 2
+    assert_same(pinned, fields)

@@ -1,0 +1,136 @@
+"""Making a batch's tensors over its one buffer: alignment, and a storage of its own per tensor.
+
+Every tensor starts on a 64-byte boundary of the buffer. On the CPU each gets a
+storage of its own over exactly its bytes (:func:`carve`), so one field saves or
+pickles alone; on an accelerator they are views of the buffer's one storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["ALIGN", "Views", "align", "carve", "contiguous_strides", "numpy_dtype", "pitch"]
+
+#: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
+#: ``view`` to be legal.
+ALIGN = 64
+
+
+def align(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALIGN`."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def pitch(rows: int, row_bytes: int) -> int:
+    """The fewest rows, at least ``rows``, whose bytes are a multiple of :data:`ALIGN`.
+
+    Fields stacked as one block each take this many rows, so each starts aligned.
+
+    Example:
+        >>> pitch(8, 12), pitch(32, 4), pitch(3, 0)
+        (16, 32, 3)
+    """
+    if row_bytes == 0:
+        return rows
+    step = ALIGN // math.gcd(row_bytes, ALIGN)
+    return -(-rows // step) * step
+
+
+def _numpy_dtypes() -> dict[torch.dtype, np.dtype[Any]]:
+    """The torch dtypes ``torch.from_numpy`` makes, each with its numpy dtype (this torch's)."""
+    found: dict[torch.dtype, np.dtype[Any]] = {}
+    names = "bool uint8 int8 int16 uint16 int32 uint32 int64 uint64 float16 float32 float64 complex64 complex128"
+    for name in names.split():
+        with contextlib.suppress(TypeError):  # an older torch without this dtype
+            found[torch.from_numpy(np.zeros(1, name)).dtype] = np.dtype(name)
+    return found
+
+
+_NUMPY = _numpy_dtypes()
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
+    """The numpy dtype ``torch.from_numpy`` turns into ``dtype``, where there is one."""
+    return _NUMPY.get(dtype)
+
+
+def carve(source: np.ndarray[Any, Any], as_numpy: np.dtype[Any], shape: tuple[int, ...], offset: int) -> torch.Tensor:
+    """A tensor of ``shape`` at byte ``offset`` of ``source``, with a storage of its own.
+
+    An array over the bytes, shaped, is the cheapest way there (about 0.7 us). The
+    storage's Python object, which torch keeps while the storage lives, holds
+    ``source`` (and so the buffer) even after ``share_memory_`` moves its bytes away.
+    """
+    tensor = torch.from_numpy(np.ndarray(shape, as_numpy, source, offset))
+    tensor.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
+    return tensor
+
+
+@functools.lru_cache(maxsize=4096)
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+class Views:
+    """What building needs: the buffer's tensors, the values and the parts.
+
+    On the CPU every tensor gets a storage of its own over its own bytes of the buffer
+    (``torch.frombuffer``), so saving or pickling one field, or a dict of fields of
+    several dtypes, writes only those fields. Each such storage's Python object keeps
+    the buffer alive for as long as it lives: ``share_memory_`` moves a storage's bytes
+    away (and drops what ``frombuffer`` held) while numpy arrays made from it earlier
+    still read the buffer. On an accelerator the tensors are views of the buffer's one
+    storage. ``made`` holds tensors already made while filling, by spec id, so each is
+    made once.
+    """
+
+    __slots__ = ("buffer", "made", "parts", "source", "typed", "values")
+
+    def __init__(self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Any, ...] = ()):
+        self.buffer: torch.Tensor = buffer
+        self.values: Sequence[Any] = values
+        self.parts: tuple[Any, ...] = parts  # the layout's Parts
+        self.typed: dict[torch.dtype, torch.Tensor] = {}
+        self.made: dict[int, torch.Tensor] = {}
+        # The array holds the buffer tensor, so what holds the array holds the buffer.
+        self.source: Any = buffer.detach().numpy() if buffer.device.type == "cpu" else None
+
+    def tensor(
+        self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, strides: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
+        """The contiguous tensor of ``dtype`` and ``shape`` at byte ``offset`` of the buffer.
+
+        ``strides`` are the contiguous ones of ``shape``, where the caller has them.
+        """
+        source = self.source
+        if source is None:
+            flat = self.typed.get(dtype)
+            if flat is None:
+                flat = self.typed[dtype] = self.buffer.view(dtype)
+            if strides is None:
+                strides = contiguous_strides(shape)
+            return flat.as_strided(shape, strides, offset // dtype.itemsize)
+        count = math.prod(shape)
+        if not count:
+            # No bytes to read: a storage of its own that cannot share an address (and so
+            # a dtype, for torch.save) with the field after it.
+            return torch.empty(shape, dtype=dtype)
+        as_numpy = _NUMPY.get(dtype)
+        if as_numpy is not None:
+            return carve(source, as_numpy, shape, offset)
+        # bfloat16, float8, ...: numpy has no such dtype.
+        tensor = torch.frombuffer(source, dtype=dtype, count=count, offset=offset).view(shape)
+        tensor.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
+        return tensor

@@ -1,0 +1,78 @@
+"""Views: every tensor of a batch over the buffer, each (on the CPU) with a storage of its own."""
+
+from __future__ import annotations
+
+import gc
+import io
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from pincollate._views import ALIGN, Views, carve, numpy_dtype
+
+
+def _buffer(nbytes: int = 4 * ALIGN) -> torch.Tensor:
+    return torch.arange(nbytes, dtype=torch.int64).to(torch.uint8)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.int64, torch.bool, torch.uint8, torch.float16, torch.bfloat16, torch.complex64]
+)
+def test_each_tensor_has_a_storage_over_its_own_bytes(dtype):
+    buffer = _buffer()
+    views = Views(buffer, [])
+    shape = (2, 3)
+    t = views.tensor(dtype, shape, ALIGN)
+    assert t.dtype == dtype and t.shape == shape and t.is_contiguous()
+    assert t.data_ptr() == buffer.data_ptr() + ALIGN
+    assert t.untyped_storage().nbytes() == t.nbytes
+    expected = buffer[ALIGN : ALIGN + t.nbytes].view(dtype).view(shape)
+    assert torch.equal(t.view(torch.uint8), expected.view(torch.uint8))
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t.resize_(64)  # cannot grow over the next tensor
+
+
+def test_bfloat16_has_no_numpy_dtype_and_takes_the_other_path():
+    assert numpy_dtype(torch.bfloat16) is None and numpy_dtype(torch.float32) == np.dtype("float32")
+
+
+def test_a_tensor_with_no_elements_has_an_empty_storage_of_its_own():
+    views = Views(_buffer(), [])
+    empty = views.tensor(torch.float32, (0, 5), ALIGN)
+    assert empty.shape == (0, 5) and empty.untyped_storage().nbytes() == 0
+    stream = io.BytesIO()
+    # Two dtypes at one offset would be refused by torch.save if they shared an address.
+    torch.save({"a": empty, "b": views.tensor(torch.int64, (2,), ALIGN)}, stream)
+
+
+def test_a_moved_storage_keeps_the_buffer_alive_for_arrays_made_before_the_move():
+    buffer = _buffer()
+    died = []
+    weakref.finalize(buffer.untyped_storage(), died.append, True)
+    views = Views(buffer, [])
+    t = views.tensor(torch.int64, (4,), 0)
+    array = t.numpy()  # reads the buffer's bytes
+    t.share_memory_()  # the storage's bytes move to fresh shared memory
+    assert t.data_ptr() != array.ctypes.data
+    del views, buffer, t
+    gc.collect()
+    assert not died  # the storage, kept by the array, still holds the buffer
+    del array
+    gc.collect()
+    assert died
+
+
+def test_on_an_accelerator_the_tensors_are_views_of_one_storage():
+    buffer = torch.empty(4 * ALIGN, dtype=torch.uint8, device="meta")
+    views = Views(buffer, [])
+    t = views.tensor(torch.float32, (2, 3), ALIGN)
+    assert t.device.type == "meta" and t.storage_offset() == ALIGN // 4
+
+
+def test_carve_makes_the_shape_at_the_offset():
+    buffer = _buffer()
+    source = buffer.numpy()
+    t = carve(source, np.dtype("int16"), (2, 2), 2 * ALIGN)
+    assert t.data_ptr() == buffer.data_ptr() + 2 * ALIGN and t.shape == (2, 2)
