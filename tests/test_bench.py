@@ -78,6 +78,16 @@ def test_every_method_agrees_with_the_baseline_on_values(scenario):
                 assert torch.equal(ours[key].to(value.dtype), value), key
             else:
                 assert all(torch.equal(a, b) for a, b in zip(ours[key], value, strict=True))
+    if scenario in ("ragged", "vlm"):  # Hugging Face's collator: the same ids, mask and labels
+        theirs = outputs["HF DataCollatorWithPadding"]
+        ids = "tokens" if scenario == "ragged" else "input_ids"
+        assert torch.equal(theirs["input_ids"], ours[ids])
+        lengths = torch.tensor([len(s[ids]) for s in samples])
+        assert torch.equal(theirs["attention_mask"].bool(), torch.arange(ours[ids].shape[1]) < lengths[:, None])
+        if scenario == "ragged":
+            assert torch.equal(theirs["labels"], ours["label"])
+        else:
+            assert torch.equal(theirs["pixel_values"], ours["pixel_values"])
 
 
 def test_gpu_flag_without_cuda_is_refused(capsys):
