@@ -63,11 +63,17 @@ __all__ = [
     "carried",
     "carrier_class",
     "carries",
+    "is_batch",
     "make_batch",
 ]
 
 T = TypeVar("T")
 Carried = tuple[Layout, torch.Tensor, list[Any]]
+
+
+def is_batch(obj: Any) -> bool:
+    """Whether ``obj`` was made as a batch with a layout (:func:`carried` says if it still matches it)."""
+    return getattr(obj, "_pincollate", None) is not None
 
 
 def carried(batch: Any) -> Carried | None:

@@ -33,10 +33,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from ._arena import accelerator_can_pin, is_pinned, trim_pinned
+from ._arena import accelerator_can_pin, trim_pinned
 from ._errors import CollateError
 from ._transfer import pin, to_device
-from ._trees import reachable_tensors, tensors
+from ._trees import reachable_tensors
 
 __all__ = ["Prefetcher"]
 
@@ -161,7 +161,7 @@ class Prefetcher(Generic[T]):
             staging = _CudaStaging(self)
             return _Ahead(source, self.depth, staging.stage, self.device, staging.hand)
         if self.pin:
-            source = _Ahead(source, self.depth, _pinned, self.device)
+            source = _Ahead(source, self.depth, pin, self.device)
         return _Passthrough(source, self)
 
 
@@ -276,11 +276,6 @@ class _Ahead(Iterator[Any]):
             self.close(wait=False)
 
 
-def _pinned(batch: Any) -> Any:
-    """``batch`` with every tensor in pinned memory (itself when it is)."""
-    return batch if all(is_pinned(t) for t in tensors(batch)) else pin(batch)
-
-
 class _Passthrough(Iterator[Any]):
     """No accelerator: move (a no-op on CPU) and transform, synchronously."""
 
@@ -325,7 +320,7 @@ class _CudaStaging:
     def stage(self, host: Any) -> tuple[Any, Any, Any]:
         owner = self.owner
         if owner.pin:
-            host = _pinned(host)
+            host = pin(host)  # a batch already pinned (DataLoader's pin thread, a registered slot) as it is
         stream = owner._stream
         with torch.cuda.device(owner.device), torch.cuda.stream(stream):
             batch = to_device(host, owner.device, non_blocking=True)

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import torch
 
-from ._batch import batch_pin_memory, batch_to, carried
+from ._batch import batch_pin_memory, batch_to, is_batch
 from ._spans import pin_spans, spans_to_device
 
 __all__ = ["pin", "to_device"]
@@ -25,8 +25,8 @@ def pin(tree: T) -> T:
     Storages already pinned are left as they are, so pinning twice copies nothing.
     A pincollate batch pins itself: one pinned copy of its buffer.
     """
-    if carried(tree) is not None:
-        return batch_pin_memory(tree)
+    if is_batch(tree):
+        return batch_pin_memory(tree)  # checks the batch against its layout, once
     return pin_spans(tree)
 
 
@@ -53,6 +53,6 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
         [[1.0, 1.0], [0.0, 0.0]]
     """
     device = torch.device(device)
-    if carried(tree) is not None:
-        return batch_to(tree, device, non_blocking=non_blocking)
+    if is_batch(tree):
+        return batch_to(tree, device, non_blocking=non_blocking)  # checks the batch against its layout, once
     return spans_to_device(tree, device, non_blocking)

@@ -112,7 +112,7 @@ def hf_padding_collator() -> Any:
     except ImportError:
         return None
     words = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]")  # type: ignore[no-untyped-call]
     return DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
 

@@ -169,3 +169,27 @@ def test_a_field_moved_out_of_its_buffer_pins_on_its_own(fake_pinned):
     pinned = pin(fields)
     assert len(fake_pinned) == 2
     assert_same(pinned, fields)
+
+
+@pytest.mark.parametrize("hop", ["pin", "to_device", "batch.pin_memory", "batch.to"])
+def test_each_hop_checks_the_batch_against_its_layout_once(monkeypatch, fake_pinned, hop):
+    from pincollate import _batch, _transfer
+
+    batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
+    walks = []
+    real = _batch.carried
+
+    def counted(b):
+        walks.append(1)
+        return real(b)
+
+    for module in (_batch, _transfer):  # wherever the walk is looked up
+        monkeypatch.setattr(module, "carried", counted, raising=False)
+    moved = {
+        "pin": lambda: pin(batch),
+        "to_device": lambda: to_device(batch, "cpu", non_blocking=False),
+        "batch.pin_memory": batch.pin_memory,
+        "batch.to": lambda: batch.to("cpu", copy=True),
+    }[hop]()
+    assert len(walks) == 1
+    assert_same(moved, batch)
