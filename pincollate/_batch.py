@@ -23,10 +23,9 @@ matches its layout: it then moves leaf by leaf, correctly, and carries no layout
 
 from __future__ import annotations
 
-import collections.abc as abc
 import dataclasses
 import functools
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any, TypeVar
 
@@ -36,6 +35,7 @@ from torch.utils.data import get_worker_info
 
 from . import _ring, _shm
 from ._arena import Kind, PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
+from ._check import Carried, carried, is_batch
 from ._errors import CollateError
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
 from ._spans import pin_spans
@@ -47,8 +47,6 @@ from ._specs import (
     NamedTupleSpec,
     SequenceSpec,
     SplitSpec,
-    make_mapping,
-    make_sequence,
     new_dataclass,
 )
 from ._trees import map_tensors
@@ -68,149 +66,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Carried = tuple[Layout, torch.Tensor, list[Any]]
-
-
-def is_batch(obj: Any) -> bool:
-    """Whether ``obj`` was made as a batch with a layout (:func:`carried` says if it still matches it)."""
-    return getattr(obj, "_pincollate", None) is not None
-
-
-def carried(batch: Any) -> Carried | None:
-    """``(layout, buffer, values)`` of a batch whose contents still match its layout."""
-    state = getattr(batch, "_pincollate", None)
-    if state is None:
-        return None
-    layout, buffer, values = state
-    views = _Check(buffer, values, layout.parts)
-    return state if views.matches(layout.root, batch, top=True) else None
-
-
-class _Check:
-    """Walks a layout beside a batch: is every tensor still the view the layout says?
-
-    What makes two batches the same values is compared: the address in the buffer,
-    dtype, shape and strides, the conjugate and negative bits, and the exact class of
-    every tensor and container (a tuple put where a list was, or a tensor subclass
-    view, would otherwise come back as the layout's type after pickling or moving).
-    The batch's own class (``top``) is its carrier class, not the layout's.
-
-    By address: on the CPU each tensor has a storage of its own over its bytes of the
-    buffer, and a tensor whose storage moved away (``share_memory_``) no longer reads
-    the buffer, which its address then says. A tensor with no elements matches any
-    address.
-    """
-
-    def __init__(self, buffer: torch.Tensor, values: list[Any], parts: tuple[Part, ...]):
-        self.base = buffer.data_ptr()
-        self.values = values
-        self.parts = parts
-
-    def matches(self, spec: Spec, obj: Any, top: bool = False) -> bool:
-        kind = type(spec)
-        if kind is TensorSpec:
-            wrap = spec.wrap  # type: ignore[attr-defined]
-            return (
-                type(obj) is (torch.Tensor if wrap is None else wrap.cls)
-                and (obj.data_ptr() == self.base + spec.offset or not obj.numel())  # type: ignore[attr-defined]
-                and obj.dtype == spec.dtype  # type: ignore[attr-defined]
-                and obj.shape == spec.shape  # type: ignore[attr-defined]
-                and obj.stride() == spec._strides  # type: ignore[attr-defined]
-                and not obj.is_conj()
-                and not obj.is_neg()
-            )
-        if kind is ValueSpec:
-            return _same_value(obj, self.values[spec.index])  # type: ignore[attr-defined]
-        if kind is PartSpec:
-            return self.matches(self.parts[spec.index].node, obj, top)  # type: ignore[attr-defined]
-        if kind is JaggedSpec:
-            return (
-                isinstance(obj, torch.Tensor)
-                and obj.is_nested
-                and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
-                and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
-            )
-        if kind is SplitSpec:
-            return type(obj) is list and self._split(spec, obj)  # type: ignore[arg-type]
-        if not top and not _built_as(spec, type(obj)):
-            return False
-        if kind is MappingSpec:
-            return self._mapping(spec, obj)  # type: ignore[arg-type]
-        if isinstance(spec, DataclassSpec):
-            return all(
-                self.matches(child, getattr(obj, name, None))
-                for name, child in zip(spec.names, spec.children, strict=True)
-            )
-        children = spec.children  # type: ignore[attr-defined]
-        return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
-
-    def _split(self, spec: SplitSpec, obj: Any) -> bool:
-        if not isinstance(obj, abc.Sequence) or len(obj) != len(spec.sizes) // 2:
-            return False
-        dtype = spec.region.dtype
-        for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
-            if not (
-                isinstance(tensor, torch.Tensor)
-                and (tensor.data_ptr() == self.base + offset or not tensor.numel())
-                and tensor.dtype == dtype
-                and tensor.shape == shape
-                and tensor.is_contiguous()
-            ):
-                return False
-        return True
-
-    def _mapping(self, spec: MappingSpec, obj: Any) -> bool:
-        if not isinstance(obj, abc.Mapping):
-            return False
-        count = 0
-        for key, child in zip(spec.keys, spec.children, strict=True):
-            if key not in obj:
-                return False
-            count += 1
-            if type(child) is PartSpec:
-                part = self.parts[child.index]
-                if not self.matches(part.node, obj[key]):
-                    return False
-                for name, extra in part.extras:
-                    count += 1
-                    if name not in obj or not self.matches(extra, obj[name]):
-                        return False
-            elif not self.matches(child, obj[key]):
-                return False
-        return len(obj) == count
-
-
-def _same_value(obj: Any, value: Any) -> bool:
-    """A non-tensor output still the one the batch was made with: the object, or an equal one.
-
-    Equal counts: ``DataLoader(batch_size=None)`` rebuilds lists of strings as it converts.
-    """
-    if obj is value:
-        return True
-    if type(obj) is not type(value):
-        return False
-    try:
-        return bool(obj == value)
-    except Exception:  # values whose == is elementwise (arrays) or refuses
-        return False
-
-
-def _built_as(spec: Spec, cls: type) -> bool:
-    """Whether a container of class ``cls`` is what ``spec`` builds."""
-    kind = type(spec)
-    if kind is MappingSpec:
-        return cls is _built_class(spec.cls, dict, make_mapping)  # type: ignore[attr-defined]
-    if kind is SequenceSpec:
-        return cls is _built_class(spec.cls, list, make_sequence)  # type: ignore[attr-defined]
-    if kind is ListSpec:
-        return cls is list
-    return cls is spec.cls  # type: ignore[attr-defined]
-
-
-@functools.lru_cache(maxsize=256)
-def _built_class(cls: type | None, plain: type, make: Callable[[type | None, Any], Any]) -> type:
-    """The class ``make`` gives for ``cls``: ``cls`` itself, or ``plain`` where it cannot be built."""
-    return type(make(cls, plain()))
 
 
 def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:
