@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ray.data.collate_fn import NumpyBatchCollateFn
 
-if TYPE_CHECKING:
-    from ._columns import ColumnCollate
-
 __all__ = ["RayCollate"]
+
+
+class Columnar(Protocol):
+    """What ``RayCollate`` calls: a :class:`~pincollate.ColumnCollate`."""
+
+    def __call__(self, batch: dict[str, Any]) -> Any: ...
+
+    def unpack(self, batch: dict[str, Any]) -> Any: ...
 
 
 class RayCollate(NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
     """``ColumnCollate`` for ``iter_torch_batches``: collates (or, with ``unpack``, unpacks) each batch."""
 
-    def __init__(self, collate: ColumnCollate, unpack: bool = False):
+    def __init__(self, collate: Columnar, unpack: bool = False):
         self.collate = collate
         self.unpack = unpack
 
