@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from . import _ring, _shm
+from . import _receiver, _ring, _shm
 from ._arena import Kind, PinMode, allocate, copy_to_device, is_pinned, pinned_allocator, resolve_kind
 from ._check import Carried, carried, is_batch
 from ._errors import CollateError
@@ -157,7 +157,7 @@ def _from_slot(
     notice: tuple[Any, str] | None = None,
 ) -> Any:
     _shm.warn_once(notice)
-    return make_batch(layout, _ring.lease(header, index, generation, storage, layout.nbytes), values)
+    return make_batch(layout, _receiver.lease(header, index, generation, storage, layout.nbytes), values)
 
 
 def _landing(pin: PinMode) -> Kind:

@@ -39,16 +39,12 @@ leased until the copy has finished.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import multiprocessing
 import os
 import secrets
 import threading
 import time
-import warnings
-import weakref
 from typing import Any
 
 import torch
@@ -56,21 +52,7 @@ from torch.utils.data import get_worker_info
 
 from . import _ownership, _shm
 
-__all__ = [
-    "DEFAULT_SLOTS",
-    "Header",
-    "capacity_for",
-    "close_all",
-    "hold_until_copied",
-    "is_registered",
-    "is_slot",
-    "lease",
-    "leased",
-    "open_rings",
-    "send",
-    "take",
-    "wait",
-]
+__all__ = ["DEFAULT_SLOTS", "Header", "capacity_for", "is_slot", "send", "take", "wait", "words"]
 
 #: At most this many slots per worker unless a collate says otherwise.
 DEFAULT_SLOTS = 8
@@ -94,7 +76,7 @@ def _shared(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
 
 
-def _words(storage: torch.UntypedStorage, count: int) -> Any:
+def words(storage: torch.UntypedStorage, count: int) -> Any:
     """``count`` int64 words over ``storage``'s memory, read and written at C speed."""
     return (ctypes.c_int64 * count).from_address(storage.data_ptr())
 
@@ -128,7 +110,7 @@ class _Ring:
         self.token = secrets.randbits(62)
         self.pid = os.getpid()
         self.state_storage = _shared(8 * slots)  # a new shared file reads as zeros: all free
-        self.state = _words(self.state_storage, slots)
+        self.state = words(self.state_storage, slots)
         self.slots: list[_Slot | None] = [None] * slots
         # Reentrant: a lease's end (a finalizer) may run while this thread holds it.
         self.lock = threading.RLock()
@@ -304,265 +286,3 @@ def send(buffer: torch.Tensor) -> tuple[Header, int, int, Any] | None:
             state = ring.state_storage
             ring.state_sent = True
         return (ring.token, ring.pid, state, ring.pin), index, slot.generation, storage
-
-
-# --- the receiver's side ------------------------------------------------------------------
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
-        return None  # exited, not yet reaped
-    return fields[19].decode()
-
-
-def _alive(pid: int, started: str | None) -> bool:
-    if started is not None:
-        return _start_time(pid) == started  # a reused pid has another start time
-    try:  # no /proc (or not readable): the pid is all there is
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class _Mapping:
-    """The receiver's mapping of one slot generation (registered with CUDA, if asked)."""
-
-    __slots__ = ("generation", "ptr", "registered", "storage")
-
-    def __init__(self, storage: torch.UntypedStorage, generation: int, pin: bool):
-        self.storage = storage
-        self.generation = generation
-        self.ptr = storage.data_ptr()
-        self.registered = pin and _register(storage)
-        if self.registered:
-            _registered[self.ptr] = self.ptr + storage.nbytes()
-
-    def __del__(self) -> None:
-        if self.registered:
-            _registered.pop(self.ptr, None)
-            with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone first
-                _unregister(self.ptr)
-
-
-def _cudart() -> Any:
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-
-@functools.cache
-def _runtime() -> Any:
-    """The CUDA runtime library torch loaded (for ``cudaGetLastError``), or ``None``."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
-    except OSError:
-        paths = set()
-    for name in (*sorted(paths), "libcudart.so.12", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)  # the copy already loaded, where it is
-        except OSError:
-            continue
-    return None
-
-
-def _clear_error() -> None:
-    # A failed runtime call stays the runtime's last error until it is read; torch's next
-    # kernel-launch check would read it and raise it as its own, far from here.
-    runtime = _runtime()
-    if runtime is not None:
-        runtime.cudaGetLastError()
-
-
-def _register(storage: torch.UntypedStorage) -> bool:
-    if not torch.cuda.is_available():
-        return False
-    # Portable (flag 1): page-locked for every CUDA context, as torch's own pinned memory.
-    error = int(_cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 1))
-    if error != 0:
-        _clear_error()
-        warnings.warn(
-            f"pincollate: cudaHostRegister failed for a worker slot (error {error}); its batches are pinned by copy",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    return True
-
-
-def _unregister(ptr: int) -> bool:
-    error = int(_cudart().cudaHostUnregister(ptr))
-    if error != 0:
-        _clear_error()
-        warnings.warn(
-            f"pincollate: cudaHostUnregister failed for a worker slot (error {error})", RuntimeWarning, stacklevel=2
-        )
-        return False
-    return True
-
-
-class _Receiver:
-    """The receiving process's view of one worker's ring."""
-
-    def __init__(self, header: Header):
-        token, pid, state_storage, _ = header
-        self.token = token
-        self.pid = pid
-        self.started = _start_time(pid)
-        self.state_storage: torch.UntypedStorage = state_storage
-        self.state = _words(state_storage, state_storage.nbytes() // 8)
-        self.slots: dict[int, _Mapping] = {}
-        self.closed = False
-        self.watched = False  # its worker's Process object closes it (see _watch)
-
-    def release(self, index: int, reusable: bool) -> None:
-        self.state[index] = 0 if reusable else 2
-        # A ring whose Process object is watched closes when that goes; only one sent
-        # by another process's worker is checked here, as its batches are released.
-        if not self.closed and not self.watched and not _alive(self.pid, self.started):
-            _close(self.token)
-
-
-_receivers: dict[int, _Receiver] = {}
-# Reentrant: a lease released by the garbage collector while this thread holds the
-# lock (inside lease()) may close a ring.
-_receiving = threading.RLock()
-
-
-def _close(token: int) -> None:
-    with _receiving:
-        receiver = _receivers.pop(token, None)
-        if receiver is not None:
-            receiver.closed = True
-            receiver.slots.clear()  # leased batches hold their own mapping
-    if receiver is not None and not _alive(receiver.pid, receiver.started):
-        _remove_orphans(receiver.pid)
-
-
-def _remove_orphans(pid: int) -> None:
-    """Remove the /dev/shm files a dead worker left: a kill between creating one and unlinking it.
-
-    The ring only runs under torch's ``file_descriptor`` sharing strategy, which unlinks
-    each segment's name right after creating it: no process ever opens one by name, so
-    a name still there after its creator died is an orphan (``SIGKILL`` cannot be caught).
-    """
-    prefix = f"torch_{pid}_"
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(prefix):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join("/dev/shm", name))
-
-
-def _watch(receiver: _Receiver) -> None:
-    """Close the ring when the worker's process object is gone (its iterator shut down)."""
-    # A snapshot of this process's children, not active_children(): that one reaps and
-    # edits the set, which may race with another thread starting workers.
-    for process in list(getattr(multiprocessing.process, "_children", ())):
-        if process.pid == receiver.pid:
-            weakref.finalize(process, _close, receiver.token).atexit = False
-            receiver.watched = True
-            return
-
-
-def _sweep() -> None:
-    for token, receiver in list(_receivers.items()):
-        if not _alive(receiver.pid, receiver.started):
-            _close(token)
-
-
-def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int) -> torch.Tensor:
-    """A ``uint8`` tensor over the first ``nbytes`` bytes of a worker's slot, in this process.
-
-    The slot comes back to its worker when the lease is over (:mod:`._ownership`); the
-    lease keeps the slot's mapping until then, even after its ring was closed.
-
-    Raises:
-        RuntimeError: the slot never crossed to this process (a batch from a ring is
-            received by one process).
-    """
-    token = header[0]
-    with _receiving:
-        receiver = _receivers.get(token)
-        fresh = receiver is None
-        if receiver is None:
-            if header[2] is None:
-                raise RuntimeError(
-                    "pincollate: a worker batch arrived in a process that never received its "
-                    "worker's ring; batches of one DataLoader worker must all go to one process"
-                )
-            receiver = _receivers[token] = _Receiver(header)
-        if storage is not None:
-            receiver.slots[index] = _Mapping(storage, generation, header[3])
-        mapping = receiver.slots.get(index)
-    if fresh:
-        _watch(receiver)
-        _sweep()
-    if _in_flight:
-        _prune()
-    if mapping is None or mapping.generation != generation:
-        raise RuntimeError(f"pincollate: slot {index} of a worker's ring is not mapped in this process")
-    over = functools.partial(receiver.release, index)
-    return _ownership.grant(mapping.ptr, nbytes, over, shared=True, keep=mapping)
-
-
-# --- registered slots: a copy in flight keeps its slot leased ------------------------------
-
-_registered: dict[int, int] = {}  # start address -> end address of each registered mapping
-_in_flight: list[tuple[Any, torch.Tensor]] = []
-_flight_lock = threading.Lock()
-
-
-def is_registered(buffer: torch.Tensor) -> bool:
-    """Whether ``buffer`` lies in a worker slot this process registered with CUDA."""
-    if not _registered:
-        return False
-    ptr = buffer.data_ptr()
-    return any(start <= ptr < end for start, end in list(_registered.items()))
-
-
-def hold_until_copied(source: torch.Tensor, device: torch.device) -> None:
-    """Keep ``source`` (a registered slot) leased until the copies queued to ``device`` finish.
-
-    A non-blocking copy from page-locked memory reads it after the call returns; torch
-    guards its own pinned blocks with an event, and this does the same for a slot, so
-    the worker cannot refill it under the copy. The event is recorded on the current
-    stream of the copy's target device, where the copy was queued.
-    """
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record(torch.cuda.current_stream(device))
-    with _flight_lock:
-        _in_flight.append((event, source))
-    _prune()
-
-
-def _prune() -> None:
-    with _flight_lock:
-        _in_flight[:] = [(event, source) for event, source in _in_flight if not event.query()]
-
-
-def leased(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s memory lies in a worker slot this process maps (for tests)."""
-    ptr = tensor.data_ptr()
-    with _receiving:
-        mappings = [m for r in _receivers.values() for m in r.slots.values()]
-    return any(m.ptr <= ptr < m.ptr + m.storage.nbytes() for m in mappings)
-
-
-def open_rings() -> int:
-    """How many workers' rings this process has mapped now (for tests and leak checks)."""
-    with _receiving:
-        return len(_receivers)
-
-
-def close_all() -> None:
-    """Close every ring this process maps (leased batches stay valid)."""
-    for token in list(_receivers):
-        _close(token)

@@ -470,7 +470,7 @@ def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], rep
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from . import _ring
+    from . import _receiver, _ring
     from ._batch import make_batch
 
     context = multiprocessing.get_context("fork")
@@ -517,7 +517,7 @@ def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], rep
     finally:
         ours.send(None)
         process.join(timeout=60)
-        _ring.close_all()
+        _receiver.close_all()
     return {
         "ring: fill into a slot": fill_s * 1e3,
         "ring: pickle (the slot's index)": pickle_s * 1e3,
@@ -632,16 +632,16 @@ def _registration_cost() -> dict[str, Any]:
     It runs once per slot in the thread that unpickles the slot's first batch, and again
     every epoch when workers are not persistent (new workers, new slots).
     """
-    from . import _ring
+    from . import _receiver
 
     rows: dict[str, Any] = {}
     for mib in (8, 32, 128):
         storage = torch.UntypedStorage._new_shared(mib << 20)  # type: ignore[no-untyped-call]
         start = time.perf_counter()
-        ok = _ring._register(storage)
+        ok = _receiver._register(storage)
         seconds = time.perf_counter() - start
         if ok:
-            _ring._unregister(storage.data_ptr())
+            _receiver._unregister(storage.data_ptr())
         rows[f"{mib} MiB"] = {"registered": ok, "ms": seconds * 1e3, "gb_per_s": (mib << 20) / seconds / 1e9}
     return rows
 

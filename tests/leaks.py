@@ -19,7 +19,7 @@ from multiprocessing import resource_tracker
 
 from torch.utils.data._utils import signal_handling
 
-from pincollate import _ownership, _ring
+from pincollate import _ownership, _receiver
 
 _started: set[int] = set()
 _start = multiprocessing.process.BaseProcess.start
@@ -113,8 +113,8 @@ class Snapshot:
             problems.append(f"/dev/shm files {sorted(files)}")
         if threading.active_count() > self.threads:
             problems.append(f"threads {[t.name for t in threading.enumerate()]}")
-        if _ring.open_rings():
-            problems.append(f"{_ring.open_rings()} open rings")
+        if _receiver.open_rings():
+            problems.append(f"{_receiver.open_rings()} open rings")
         return "; ".join(problems) or None
 
     def settled(self, seconds: float = 20) -> None:

@@ -6,7 +6,7 @@ import pytest
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
-from pincollate import Batch, MMCollate, _ring, mm_collate
+from pincollate import Batch, MMCollate, _receiver, mm_collate
 from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, storages
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def test_worker_batches_share_one_storage(context, slots):
         assert type(batch) is Batch
         assert len(storages(batch)) == 1
         if slots:
-            assert _ring.leased(batch["image"])  # a view of a worker slot this process maps
+            assert _receiver.leased(batch["image"])  # a view of a worker slot this process maps
         else:
             assert batch.buffer.untyped_storage().is_shared()
 

@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, Dataset
 
-from pincollate import MMCollate, Pad, _ownership, _ring
+from pincollate import MMCollate, Pad, _ownership, _receiver, _ring
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def _consume(queue, done) -> None:
 def test_a_numpy_view_survives_the_batch_being_sent_on(no_leaks, send):
     iterator = iter(_loader())
     batch = next(iterator)
-    assert _ring.leased(batch["x"])
+    assert _receiver.leased(batch["x"])
     ids = batch["i"].clone()
     view = batch["x"][:, :512].numpy()
     if send == "queue":
@@ -104,7 +104,7 @@ def _batch_and_a_row(samples):
 def test_a_tensor_returned_beside_the_batch_keeps_its_values(no_leaks):
     iterator = iter(_loader(collate=_batch_and_a_row))
     batch, row = next(iterator)
-    assert _ring.leased(batch["x"])  # the batch itself still crosses as its slot
+    assert _receiver.leased(batch["x"])  # the batch itself still crosses as its slot
     first = int(batch["i"][0])
     del batch
     _drain(iterator)

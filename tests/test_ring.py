@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from leaks import Snapshot, shut_down, stop_watching
-from pincollate import MMCollate, Pad, _ring
+from pincollate import MMCollate, Pad, _receiver, _ring
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_stress_kept_dropped_and_written_batches_never_change(clean):
     leased = fresh = 0
     for step, batch in enumerate(loader(dataset, batch_sampler=sampler)):
         check(batch)
-        if _ring.leased(batch["x"]):
+        if _receiver.leased(batch["x"]):
             leased += 1
         else:
             fresh += 1
@@ -139,9 +139,9 @@ def test_shared_memory_stays_bounded_by_the_ring(clean):
         dataset, batch_sampler=sampler, collate=MMCollate(pin_memory=False, fields={"x": Pad()}, worker_slots=4)
     ):
         check(batch)
-        mapped = [m.storage.nbytes() for r in _ring._receivers.values() for m in r.slots.values()]
+        mapped = [m.storage.nbytes() for r in _receiver._receivers.values() for m in r.slots.values()]
         peak = max(peak, sum(mapped))
-        assert all(len(r.slots) <= 4 for r in _ring._receivers.values())
+        assert all(len(r.slots) <= 4 for r in _receiver._receivers.values())
         del batch
     assert 0 < peak <= 2 * 4 * (int(largest * 1.25) + (1 << 16))
 
@@ -154,7 +154,7 @@ def test_persistent_workers_keep_their_rings_across_epochs(clean, storages_recei
         del batch
     # Each worker's slots and state array crossed once for all five epochs.
     assert storages_received[0] <= 2 * (8 + 1)
-    assert _ring.open_rings() == 2
+    assert _receiver.open_rings() == 2
     del data
 
 
@@ -177,7 +177,7 @@ def test_pin_thread_copies_each_batch_once_and_frees_its_slot(
     assert len(fake_pinned) == len(batches) == 40
     for batch in batches:
         check(batch)
-        assert not _ring.leased(batch["x"])  # a pinned copy; its slot went back
+        assert not _receiver.leased(batch["x"])  # a pinned copy; its slot went back
     assert storages_received[0] < 20
     del batches, batch
 
@@ -262,7 +262,7 @@ def test_file_system_strategy_takes_the_path_without_a_ring():
         before = Snapshot()
         for batch in loader(Numbered(40)):
             check(batch)
-            assert _ring.open_rings() == 0 and not _ring.leased(batch["x"])
+            assert _receiver.open_rings() == 0 and not _receiver.leased(batch["x"])
         del batch
         before.settled()
     finally:
@@ -272,7 +272,7 @@ def test_file_system_strategy_takes_the_path_without_a_ring():
 def test_without_workers_there_is_no_ring(clean):
     for batch in loader(Numbered(40), num_workers=0):
         check(batch)
-        assert _ring.open_rings() == 0 and not _ring.leased(batch["x"])
+        assert _receiver.open_rings() == 0 and not _receiver.leased(batch["x"])
 
 
 def test_no_slots_means_a_fresh_buffer_per_batch(clean, storages_received):
@@ -289,7 +289,7 @@ def test_pin_slots_without_cuda_changes_nothing(clean):
     collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
     for batch in loader(Numbered(40), collate=collate):
         check(batch)
-        assert _ring.leased(batch["x"]) and not _ring.is_registered(batch.buffer)
+        assert _receiver.leased(batch["x"]) and not _receiver.is_registered(batch.buffer)
     del batch
 
 
@@ -299,10 +299,10 @@ def test_pin_slots_without_cuda_changes_nothing(clean):
 def test_batch_sent_on_to_another_process_sends_a_copy_out_of_its_slot(clean):
     iterator = iter(loader(Numbered(400)))
     first = next(iterator)
-    assert _ring.leased(first["x"])
+    assert _receiver.leased(first["x"])
     sent = ForkingPickler.dumps(first)  # what a multiprocessing queue would send
     # The sent copy is in fresh shared memory; the batch kept here stays whole, in its slot.
-    assert _ring.leased(first["x"]) and first.layout is not None
+    assert _receiver.leased(first["x"]) and first.layout is not None
     for batch in iterator:  # the other slots are reused many times over
         check(batch)
     received = pickle.loads(sent)
@@ -353,7 +353,7 @@ def test_a_slot_that_left_another_way_is_never_reused(clean, collate):
     assert len(batches) == 40
     for batch in batches:
         check(batch)
-        assert not _ring.leased(batch["x"])
+        assert not _receiver.leased(batch["x"])
     del batches, batch
 
 
@@ -375,7 +375,7 @@ def test_pinned_slots_arrive_pinned_and_move_safely(clean):
     collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
     on_device, on_host = [], []
     for batch in loader(Numbered(2000), collate=collate, pin_memory=True):
-        assert _ring.is_registered(batch.buffer)
+        assert _receiver.is_registered(batch.buffer)
         assert batch.pin_memory() is batch
         check(batch)
         on_host.append(batch["x"].double().sum())
@@ -386,7 +386,7 @@ def test_pinned_slots_arrive_pinned_and_move_safely(clean):
         del moved
     assert torch.equal(torch.stack(on_device).cpu(), torch.stack(on_host))
     torch.cuda.synchronize()
-    _ring._prune()
+    _receiver._prune()
 
 
 @pytest.mark.cuda
@@ -401,7 +401,7 @@ def test_prefetcher_moves_pinned_slots_without_a_pin_copy(clean):
         count += 1
     assert count == 200
     torch.cuda.synchronize()
-    _ring._prune()
+    _receiver._prune()
     del batch
 
 
@@ -422,23 +422,23 @@ def test_a_failed_registration_warns_and_clears_the_runtime_error(monkeypatch):
     # Left set, the runtime's last error is raised by torch's next kernel-launch check.
     cleared = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_ring, "_cudart", _FailingRuntime)
-    monkeypatch.setattr(_ring, "_clear_error", lambda: cleared.append(True))
+    monkeypatch.setattr(_receiver, "_cudart", _FailingRuntime)
+    monkeypatch.setattr(_receiver, "_clear_error", lambda: cleared.append(True))
     storage = torch.UntypedStorage(1 << 16)
     with pytest.warns(RuntimeWarning, match=r"cudaHostRegister failed for a worker slot \(error 2\)"):
-        assert not _ring._register(storage)
+        assert not _receiver._register(storage)
     assert cleared == [True]
     with pytest.warns(RuntimeWarning, match=r"cudaHostUnregister failed for a worker slot \(error 712\)"):
-        assert not _ring._unregister(storage.data_ptr())
+        assert not _receiver._unregister(storage.data_ptr())
     assert cleared == [True, True]
 
 
 def test_the_runtime_error_is_cleared_through_the_runtime_torch_loaded():
     if not torch.version.cuda:
         pytest.skip("a torch built without CUDA has no CUDA runtime to ask")
-    runtime = _ring._runtime()
+    runtime = _receiver._runtime()
     assert runtime is not None and "libcudart" in runtime._name
-    _ring._clear_error()  # without a GPU it reads "no driver", harmlessly
+    _receiver._clear_error()  # without a GPU it reads "no driver", harmlessly
 
 
 def test_a_dead_workers_orphaned_shm_file_is_removed_when_its_ring_closes(tmp_path):
@@ -448,15 +448,15 @@ def test_a_dead_workers_orphaned_shm_file_is_removed_when_its_ring_closes(tmp_pa
     child = mp.get_context("fork").Process(target=time.sleep, args=(0.2,))
     child.start()
     header = (secrets.randbits(62), child.pid, torch.UntypedStorage._new_shared(64), False)
-    receiver = _ring._Receiver(header)
+    receiver = _receiver._Receiver(header)
     child.join()
     orphan = f"/dev/shm/torch_{child.pid}_0_1"
     ours = f"/dev/shm/torch_{os.getpid()}_0_1"
     for path in (orphan, ours):
         open(path, "wb").close()
     try:
-        _ring._receivers[receiver.token] = receiver
-        _ring._close(receiver.token)
+        _receiver._receivers[receiver.token] = receiver
+        _receiver._close(receiver.token)
         assert not os.path.exists(orphan)
         assert os.path.exists(ours)  # a live process's names are its own business
     finally:
