@@ -27,6 +27,7 @@ import torch
 
 from ._errors import Attr, CollateError
 from ._fill import Fill, Mismatch
+from ._items import MAX_DEPTH, container_cls, is_dataclass
 from ._layout import Layout, PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import describe_tensor, fill_numbers, lookup
 from ._ops import (
@@ -43,7 +44,7 @@ from ._ops import (
     fits_int64,
 )
 from ._patterns import Renames, Settings
-from ._planner import MAX_DEPTH, Planner, container_cls, is_dataclass
+from ._planner import Planner
 from ._ragged import recipe_for
 from ._specs import (
     DataclassSpec,
