@@ -185,10 +185,7 @@ class _Recycled:
         if nbytes == 0:
             return torch.empty(0, dtype=torch.uint8)  # no memory: nothing can read it
         if nbytes < self.least:
-            # Not recycled, but leased all the same: a storage that moves (share_memory_)
-            # lets go of its memory while numpy views still read it; the lease keeps it.
-            owner = torch.empty(nbytes, dtype=torch.uint8)
-            return _ownership.grant(owner.data_ptr(), nbytes, _nothing, shared=False, keep=owner)
+            return _owned(nbytes)  # not recycled: nothing to hand back
         with self.lock:
             found = None
             for kept in self.kept:
@@ -209,6 +206,20 @@ class _Recycled:
     def clear(self) -> None:
         with self.lock:
             self.kept.clear()
+
+
+def _owned(nbytes: int) -> torch.Tensor:
+    """A fresh flat ``uint8`` buffer whose memory outlives any move of its storage.
+
+    The memory belongs to a tensor nobody else sees. The buffer's storage holds it, and
+    so does every storage made over the buffer (:class:`._views.Views`): ``share_memory_``
+    on any of them (which swaps its memory for fresh shared memory) frees nothing that
+    another reader still reads. No lease is needed: the memory is never handed out again.
+    """
+    owner = torch.empty(nbytes, dtype=torch.uint8).numpy()
+    buffer = torch.from_numpy(owner)
+    buffer.untyped_storage()._pincollate_buffer = owner  # type: ignore[attr-defined]
+    return buffer
 
 
 _recycled = _Recycled()

@@ -50,7 +50,7 @@ from ._specs import (
     new_dataclass,
 )
 from ._trees import map_tensors
-from ._views import Views
+from ._views import Views, exposed
 
 __all__ = [
     "Batch",
@@ -298,9 +298,9 @@ def _layout(self: Any) -> Layout | None:
 
 
 def _buffer(self: Any) -> torch.Tensor | None:
-    """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+    """The one ``uint8`` buffer every tensor of the batch lies in, or ``None``."""
     state = carried(self)
-    return None if state is None else state[1]
+    return None if state is None else exposed(state[1])
 
 
 class _Carrier:
@@ -317,7 +317,11 @@ class _Carrier:
 
     @property
     def buffer(self) -> torch.Tensor | None:
-        """The one ``uint8`` buffer every tensor of the batch views, or ``None``."""
+        """The one ``uint8`` buffer every tensor of the batch lies in, or ``None``.
+
+        In pageable memory a tensor of its own over the buffer's bytes: moving it
+        (``share_memory_``) moves nothing the batch's fields read.
+        """
         return _buffer(self)
 
     def __reduce__(self) -> Any:

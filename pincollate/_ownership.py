@@ -2,8 +2,9 @@
 
 pincollate recycles three kinds of memory: the slots of a DataLoader worker's ring
 (shared memory the worker fills and the main process reads), the large plain buffers
-of main-process batches, and slots registered with CUDA (``pin_slots``). All of them
-reach a user only through a *lease*, made by :func:`grant`: a new torch storage over
+of main-process batches, and slots registered with CUDA (``pin_slots``). (Memory that
+is never handed out again, such as a small main-process buffer, needs no lease: every
+storage over it holds it.) All recycled memory reaches a user only through a *lease*, made by :func:`grant`: a new torch storage over
 exactly the batch's bytes, whose memory belongs to someone else. The user follows no
 contract, so the rule is written from what can hold that memory:
 
@@ -13,18 +14,20 @@ contract, so the rule is written from what can hold that memory:
    storage object (``untyped_storage()``, ``storage()``), numpy array, memoryview of
    one, and DLPack capsule made from the batch holds that storage, so its death means
    none of them is left. torch keeps a storage's Python object for as long as the
-   storage lives, so a finalizer on that object tells when it dies. On the CPU each
-   tensor of a batch has a storage of its own over its bytes (so one field saves
-   alone); each such storage's Python object holds the lease's storage for as long as
-   it lives (:class:`._layout.Views`), whether or not it still holds the bytes, so the
-   lease's storage outlives every one of them.
+   storage lives, so a finalizer on that object tells when it dies. In pageable
+   memory each tensor of a batch (and ``batch.buffer``) has a storage of its own over
+   its bytes (so one field saves alone); each such storage's Python object holds the
+   lease's storage for as long as it lives (:class:`._views.Views`), whether or not it
+   still holds the bytes, so the lease's storage outlives every one of them and no
+   user ever holds the lease's storage itself.
 2. *a storage that moved*: ``share_memory_()`` (which torch also runs when a tensor is
    sent to another process through a queue, a pipe or a spawned process's arguments)
    copies a storage that is not yet shared into fresh shared memory and swaps its
    pointer in place. The new memory is torch's and safe; the old one is released by
    the storage although numpy arrays and DLPack capsules made earlier still point into
    it. A lease released while its storage is still alive is that escape: its memory
-   is reused only once the storage dies (every such array holds the storage).
+   is reused only once the storage dies (every such array holds the storage). A
+   field's own storage that moves keeps holding the lease's storage (rule 1).
 3. *other processes*: a ring slot crosses to one receiver as its index and comes back
    only when that receiver's own lease ends. A fork while a lease of shared memory is
    alive gives the child a mapping nobody here can watch: that memory is *retired*,
@@ -58,13 +61,12 @@ Done = Callable[[bool], None]
 class Lease:
     """One hand-out of recycled memory: what decides when, and whether, it comes back."""
 
-    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared", "span")
+    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared")
 
-    def __init__(self, done: Done, shared: bool, keep: Any, span: tuple[int, int] = (0, 0)):
+    def __init__(self, done: Done, shared: bool, keep: Any):
         self.done: Done | None = done
         self.shared = shared  # shared memory: a fork child would map it too
         self.keep = keep  # what must stay alive (a mapping) while anything can read the memory
-        self.span = span  # the leased addresses, [start, end)
         self.pid = os.getpid()
         self.alive = True  # the lease's storage lives
         self.exported = True  # the storage still holds this memory (it has not moved)
@@ -140,7 +142,7 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
     """
     memory = (ctypes.c_uint8 * nbytes).from_address(ptr)
     buffer = torch.frombuffer(memory, dtype=torch.uint8)
-    lease = Lease(done, shared, keep, (ptr, ptr + nbytes))
+    lease = Lease(done, shared, keep)
     _live[id(lease)] = lease
     # The storage holds ``memory`` (the buffer it was made from) for exactly as long as it
     # holds these bytes: until it dies, or until share_memory_ swaps its pointer.
@@ -152,15 +154,6 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
 def live() -> int:
     """How many leases of this process are not over yet (for tests and leak checks)."""
     return sum(1 for lease in list(_live.values()) if lease.pid == os.getpid())
-
-
-def leased_at(address: int) -> tuple[int, int] | None:
-    """The span of this process's live lease holding ``address``, if one does (for tests)."""
-    for lease in list(_live.values()):
-        start, end = lease.span
-        if lease.pid == os.getpid() and start <= address < end:
-            return lease.span
-    return None
 
 
 def _before_fork() -> None:

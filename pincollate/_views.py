@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ALIGN", "Views", "align", "carve", "contiguous_strides", "numpy_dtype", "pitch"]
+from ._arena import is_pinned
+
+__all__ = ["ALIGN", "Views", "align", "carve", "contiguous_strides", "exposed", "numpy_dtype", "pitch"]
 
 #: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -83,17 +85,35 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def exposed(buffer: torch.Tensor) -> torch.Tensor:
+    """``buffer`` as a batch hands it to its user (``batch.buffer``).
+
+    In pageable host memory: a tensor with a storage of its own over the same bytes,
+    which keeps the buffer alive, so that moving it (``share_memory_``) moves nothing
+    the batch's fields read. In pinned memory and on an accelerator the fields are
+    views of the buffer's storage, which moves with them: the buffer itself.
+    """
+    if buffer.device.type != "cpu" or is_pinned(buffer) or not buffer.numel():
+        return buffer
+    source = buffer.detach().numpy()
+    proxy = torch.from_numpy(source)
+    proxy.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
+    return proxy
+
+
 class Views:
     """What building needs: the buffer's tensors, the values and the parts.
 
-    On the CPU every tensor gets a storage of its own over its own bytes of the buffer
-    (``torch.frombuffer``), so saving or pickling one field, or a dict of fields of
-    several dtypes, writes only those fields. Each such storage's Python object keeps
-    the buffer alive for as long as it lives: ``share_memory_`` moves a storage's bytes
-    away (and drops what ``frombuffer`` held) while numpy arrays made from it earlier
-    still read the buffer. On an accelerator the tensors are views of the buffer's one
-    storage. ``made`` holds tensors already made while filling, by spec id, so each is
-    made once.
+    In pageable host memory every tensor gets a storage of its own over its own bytes
+    of the buffer (:func:`carve`), so saving or pickling one field, or a dict of fields
+    of several dtypes, writes only those fields. Each such storage's Python object
+    keeps the buffer alive for as long as it lives: ``share_memory_`` moves a storage's
+    bytes away (and drops what made it) while numpy arrays made from it earlier still
+    read the buffer. In pinned memory and on an accelerator the tensors are views of
+    the buffer's one storage: torch's pinned allocator keeps a block from being handed
+    out again while a non-blocking copy from it runs only for its own storages, so a
+    field copied alone (``batch["x"].to("cuda", non_blocking=True)``) stays safe.
+    ``made`` holds tensors already made while filling, by spec id, so each is made once.
     """
 
     __slots__ = ("buffer", "made", "parts", "source", "typed", "values")
@@ -105,7 +125,8 @@ class Views:
         self.typed: dict[torch.dtype, torch.Tensor] = {}
         self.made: dict[int, torch.Tensor] = {}
         # The array holds the buffer tensor, so what holds the array holds the buffer.
-        self.source: Any = buffer.detach().numpy() if buffer.device.type == "cpu" else None
+        carving = buffer.device.type == "cpu" and not is_pinned(buffer)
+        self.source: Any = buffer.detach().numpy() if carving else None
 
     def tensor(
         self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, strides: tuple[int, ...] | None = None
@@ -115,7 +136,7 @@ class Views:
         ``strides`` are the contiguous ones of ``shape``, where the caller has them.
         """
         source = self.source
-        if source is None:
+        if source is None:  # views of the buffer's storage
             flat = self.typed.get(dtype)
             if flat is None:
                 flat = self.typed[dtype] = self.buffer.view(dtype)

@@ -169,6 +169,11 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
         assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
 
 
+def buffer_of(batch: Any) -> torch.Tensor:
+    """The batch's own buffer (``batch.buffer`` hands out a tensor of its own over it)."""
+    return batch._pincollate[1]
+
+
 def assert_one_buffer(tree: Any) -> None:
     """Every tensor of the batch ``tree`` lies in its one buffer (and there is one, if there are tensors)."""
     from pincollate._trees import tensors
@@ -180,26 +185,26 @@ def assert_one_buffer(tree: Any) -> None:
 def storages(tree: Any) -> set[int]:
     """The memory behind every tensor of ``tree``: a batch's buffer counts once.
 
-    A batch's tensors each have a storage of their own over their bytes of the batch's
-    one buffer; those count as the buffer's address (the carried buffer's, or for an
-    output that carries none, the live lease's holding it). Any other tensor counts as
-    its storage's address; a tensor with no elements counts as none.
+    In pageable memory a batch's tensors each have a storage of their own over their
+    bytes of the batch's one buffer, which each storage holds: those count as the
+    buffer's address. Any other tensor counts as its storage's address; a tensor with
+    no elements counts as none.
     """
-    from pincollate._ownership import leased_at
     from pincollate._trees import tensors
 
-    buffer = getattr(tree, "buffer", None)
-    span = None
-    if isinstance(buffer, torch.Tensor):
-        span = (buffer.data_ptr(), buffer.data_ptr() + buffer.numel())
     found = set()
     for t in tensors(tree):
         if not t.numel():
             continue
-        at = t.untyped_storage().data_ptr()
-        holder = span if buffer is not None else leased_at(at)
-        if holder is not None and holder[0] <= at and at + t.untyped_storage().nbytes() <= holder[1]:
-            found.add(holder[0])
+        storage = t.untyped_storage()
+        source = getattr(storage, "_pincollate_buffer", None)
+        at = storage.data_ptr()
+        if (
+            source is not None
+            and source.ctypes.data <= at
+            and at + storage.nbytes() <= source.ctypes.data + source.nbytes
+        ):
+            found.add(source.ctypes.data)
         else:
             found.add(at)
     return found

@@ -328,21 +328,25 @@ def test_a_worker_saves_one_field_or_a_dict_with_their_own_bytes():
         assert_same(torch.load(io.BytesIO(fields)), dict(batch))
 
 
-@pytest.mark.parametrize("moved", ["field", "buffer"])
-def test_memory_moved_away_by_share_memory_leaves_the_buffer_and_saves_what_it_reads(moved):
+@pytest.mark.parametrize("moved", ["field", "batch.buffer", "own buffer"])
+def test_memory_moved_away_by_share_memory_saves_what_the_batch_reads(moved):
     """``share_memory_`` (which a queue's feeder thread runs as it pickles) moves one storage.
 
-    A field's storage moved: that field no longer reads the buffer. The buffer's moved:
-    no field reads it. Either way the batch is no longer one buffer, says so, and saves
-    and pickles the values its fields read.
+    A field's storage moved: that field no longer reads the buffer, and the batch says
+    so. ``batch.buffer`` is a tensor of its own over the bytes: moving it changes
+    nothing. The batch's own buffer (no user reaches it) moved: no field reads it any
+    more, and they still read their bytes. Every time, the batch saves and pickles the
+    values its fields read.
     """
     batch = mm_collate([{"x": torch.ones(4), "y": 1, "s": "a"}, {"x": torch.zeros(4), "y": 2, "s": "b"}])
     expected = {"x": batch["x"].clone(), "y": batch["y"].clone(), "s": ["a", "b"]}
     if moved == "field":
-        batch["x"].share_memory_()  # what torch's reduction does to a storage that is not shared
+        batch["x"].share_memory_()
+    elif moved == "batch.buffer":
+        batch.buffer.share_memory_()
     else:
         batch._pincollate[1].share_memory_()
-    assert batch.layout is None and batch.buffer is None
+    assert (batch.layout is None) == (moved != "batch.buffer")
     batch["x"] += 1  # written where the field now lives
     expected["x"] += 1
     assert_same(_saved_and_loaded(batch), expected)

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
 from pincollate import Batch, MMCollate, _receiver, mm_collate
-from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, storages
+from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, buffer_of, storages
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def test_worker_batches_share_one_storage(context, slots):
         if slots:
             assert _receiver.leased(batch["image"])  # a view of a worker slot this process maps
         else:
-            assert batch.buffer.untyped_storage().is_shared()
+            assert buffer_of(batch).untyped_storage().is_shared()
 
 
 @pytest.mark.parametrize("name", ["unequal-lists", "mixed-dtypes", "ragged-boxes"])

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from leaks import Snapshot, shut_down, stop_watching
 from pincollate import MMCollate, Pad, _receiver, _ring
+from samples import buffer_of
 
 pytestmark = pytest.mark.slow
 
@@ -280,7 +281,7 @@ def test_no_slots_means_a_fresh_buffer_per_batch(clean, storages_received):
     batches = list(loader(Numbered(40), collate=collate))
     for batch in batches:
         check(batch)
-        assert batch.buffer.untyped_storage().is_shared()
+        assert buffer_of(batch).untyped_storage().is_shared()
     assert storages_received[0] == len(batches) == 10
     del batches, batch
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, default_collate
 from pincollate import CollateError, Pad, _ring, _shm, mm_collate
 from pincollate import _arena as arena
 from pincollate._shm import SharedMemoryWarning
-from samples import assert_same
+from samples import assert_same, buffer_of
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "small_shm.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,7 +188,7 @@ def test_workers_send_batches_outside_shm_when_nothing_fits(full_shm, transport)
     for i, batch in enumerate(batches):
         assert_same(batch, reference(data[4 * i : 4 * i + 4]))
         assert batch.layout is not None  # still one buffer, every tensor a view of it
-        assert not batch.buffer.untyped_storage().is_shared()  # not torch's /dev/shm
+        assert not buffer_of(batch).untyped_storage().is_shared()  # not torch's /dev/shm
 
 
 def test_a_batch_crosses_as_its_bytes_where_shm_has_no_room(full_shm):
@@ -206,7 +206,7 @@ def test_a_worker_batch_goes_outside_shm_where_it_has_no_room(full_shm, transpor
     monkeypatch.setattr(arena, "get_worker_info", lambda: object())
     monkeypatch.setattr(_shm, "_noticed", False)
     batch = mm_collate([{"x": torch.zeros(100_000)}, {"x": torch.ones(100_000)}])
-    assert not batch.buffer.untyped_storage().is_shared()
+    assert not buffer_of(batch).untyped_storage().is_shared()
     assert (_shm.outside(batch.buffer)[1] is not None) is (transport == "memfd")
     assert torch.equal(batch["x"], default_collate([torch.zeros(100_000), torch.ones(100_000)]))
     assert _shm.noticed() and _SAID[transport] in _shm._notice[1]
