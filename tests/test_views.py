@@ -76,3 +76,25 @@ def test_carve_makes_the_shape_at_the_offset():
     source = buffer.numpy()
     t = carve(source, np.dtype("int16"), (2, 2), 2 * ALIGN)
     assert t.data_ptr() == buffer.data_ptr() + 2 * ALIGN and t.shape == (2, 2)
+
+
+def test_in_pinned_memory_the_tensors_are_views_of_one_storage(fake_pinned):
+    """torch's pinned allocator guards a block under a non-blocking copy for its own storage only."""
+    from pincollate import MMCollate
+
+    batch = MMCollate(pin_memory=False)([{"x": torch.ones(3), "y": 1}, {"x": torch.zeros(3), "y": 2}])
+    assert len({batch["x"].untyped_storage().data_ptr(), batch["y"].untyped_storage().data_ptr()}) == 2
+    pinned = batch.pin_memory()
+    assert len(fake_pinned) == 1
+    storage = pinned.buffer.untyped_storage()
+    assert all(t.untyped_storage()._cdata == storage._cdata for t in (pinned["x"], pinned["y"]))
+
+
+def test_batch_buffer_is_a_tensor_of_its_own_in_pageable_memory():
+    from pincollate import mm_collate
+
+    batch = mm_collate([{"x": torch.ones(3)}, {"x": torch.zeros(3)}])
+    proxy = batch.buffer
+    assert proxy.data_ptr() == batch._pincollate[1].data_ptr()
+    proxy.share_memory_()  # moves the proxy's storage only
+    assert batch.layout is not None and torch.equal(batch["x"][0], torch.ones(3))
