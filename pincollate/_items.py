@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._column import Column, stack_or_list
 from ._errors import Attr, CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
 from ._leaves import LeafHandler, lookup, type_name
 from ._patterns import ITEMS, Renames
-from ._policies import AsList, Column, Policy, Stack, stack_or_list
+from ._policies import AsList, Policy, Stack
 from ._specs import ListSpec, MappingSpec, NamedTupleSpec, is_namedtuple, is_sequence
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ from collections.abc import Hashable
 
 import torch
 
+from ._column import Column
 from ._fill import Node, Segment, Slot, Tree
 from ._layout import Spec, Wrap
-from ._policies import Column, Policy, int_node
+from ._policies import Policy, int_node
 from ._specs import JaggedSpec
 
 __all__ = ["INT32_MAX", "Concat", "Jagged"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
 from ._fill import Node, Segment, Slot, Value
@@ -29,7 +30,7 @@ from ._items import MAX_DEPTH, Extras, Origins, Path, container_name, is_datacla
 from ._leaves import LeafHandler, lookup, torch_dtype, type_name
 from ._ops import fits_int64
 from ._patterns import Renames, Settings
-from ._policies import AsList, Column, PerSample, Policy, stack_or_list
+from ._policies import AsList, PerSample, Policy
 from ._specs import is_namedtuple, is_sequence
 
 if TYPE_CHECKING:

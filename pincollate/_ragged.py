@@ -34,7 +34,8 @@ from ._layout import Part, TensorSpec
 from ._leaves import fill_numbers, lookup
 from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
 from ._packing import INT32_MAX, Concat
-from ._policies import AsList, Pad, PerSample, Policy, fill_mask_1d, fits, valid_1d
+from ._padding import fill_mask_1d, fill_padded_1d
+from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._specs import SplitSpec
 from ._views import ALIGN, align, pitch
 
@@ -58,9 +59,6 @@ def _tensor_fills() -> tuple[Filler, Filler]:
 _STACK, _CONCAT = _tensor_fills()
 _LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
 _IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
-#: Above this many bytes a padded field is copied row by row (one copy of each value);
-#: below it one ``masked_scatter_`` over a concatenation (two copies, one call each).
-_SCATTER_BYTES = 1 << 18
 
 
 class Recipe:
@@ -164,7 +162,7 @@ class PadRecipe(Recipe):
         sizes[dim] = policy._round(longest)
         node = _place(fill, next(iter(self.dtypes)), (n, *sizes))
         payload = (column, lengths, dim)
-        fill.tasks.append((functools.partial(_fill_padded, value=policy.value, left=self.left), node, payload, None))
+        fill.tasks.append((functools.partial(fill_padded_1d, value=policy.value, left=self.left), node, payload, None))
         extras: list[tuple[str, TensorSpec]] = []
         lengths_spec = None
         if self.lengths_name is not None:
@@ -176,24 +174,6 @@ class PadRecipe(Recipe):
             fill.tasks.append((functools.partial(fill_mask_1d, left=self.left), mask, lengths, None))
             extras.append((self.mask_name, mask))
         return Part(node, tuple(extras))
-
-
-def _fill_padded(
-    region: torch.Tensor, payload: tuple[Sequence[torch.Tensor], list[int], int], *, value: Any, left: bool
-) -> None:
-    values, lengths, dim = payload
-    region.fill_(value)
-    size = region.shape[dim + 1]
-    if region.numel() * region.element_size() <= _SCATTER_BYTES:
-        # Row-major order of the valid places is each value's own order, sample by sample.
-        valid = valid_1d(lengths, size, left)
-        shape = [region.shape[0]] + [1] * (region.dim() - 1)
-        shape[dim + 1] = size
-        source = torch.cat(list(values)) if dim == 0 else torch.cat([v.reshape(-1) for v in values])
-        region.masked_scatter_(valid.view(shape), source)
-        return
-    for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
-        region[i].narrow(dim, size - length if left else 0, length).copy_(item)
 
 
 class ListRecipe(Recipe):
