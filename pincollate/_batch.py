@@ -122,10 +122,10 @@ def _reduce_across(batch: Any) -> Any:
     if state is None:
         return batch.__reduce__()
     layout, buffer, values = state
-    crossing = _ring.send(buffer)
+    crossing = _ring.send(buffer, layout)
     if crossing is not None:
-        header, index, generation, storage = crossing
-        return (_from_slot, (header, index, generation, storage, layout, values, _shm.take_notice()))
+        header, index, generation, storage, sent = crossing
+        return (_from_slot, (header, index, generation, storage, sent, values, _shm.take_notice()))
     made = _shm.outside(buffer)
     pin = "auto" if made is None else made[0]
     if made is not None and made[1] is not None:
@@ -152,12 +152,18 @@ def _from_slot(
     index: int,
     generation: int,
     storage: Any,
-    layout: Layout,
+    sent: tuple[int, Layout | None],
     values: list[Any],
     notice: tuple[Any, str] | None = None,
 ) -> Any:
     _shm.warn_once(notice)
-    return make_batch(layout, _receiver.lease(header, index, generation, storage, layout.nbytes), values)
+    key, layout = sent
+    if layout is None:  # crossed before: kept by this process's receiver of the ring
+        layout = _receiver.layout(header[0], key, None)
+    buffer = _receiver.lease(header, index, generation, storage, layout.nbytes)
+    if sent[1] is not None:
+        _receiver.layout(header[0], key, layout)  # the ring's receiver exists now: keep it
+    return make_batch(layout, buffer, values)
 
 
 def _landing(pin: PinMode) -> Kind:

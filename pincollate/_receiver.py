@@ -19,14 +19,15 @@ import os
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from . import _ownership
-from ._ring import Header, words
+from ._ring import LAYOUTS_KEPT, Header, words
 
-__all__ = ["close_all", "hold_until_copied", "is_registered", "lease", "leased", "open_rings"]
+__all__ = ["close_all", "hold_until_copied", "is_registered", "layout", "lease", "leased", "open_rings"]
 
 
 def _start_time(pid: int) -> str | None:
@@ -141,6 +142,7 @@ class _Receiver:
         self.slots: dict[int, _Mapping] = {}
         self.closed = False
         self.watched = False  # its worker's Process object closes it (see _watch)
+        self.layouts: OrderedDict[int, Any] = OrderedDict()  # layouts the worker sent, by key
 
     def release(self, index: int, reusable: bool) -> None:
         self.state[index] = 0 if reusable else 2
@@ -148,6 +150,30 @@ class _Receiver:
         # by another process's worker is checked here, as its batches are released.
         if not self.closed and not self.watched and not _alive(self.pid, self.started):
             _close(self.token)
+
+
+def layout(token: int, key: int, sent: Any) -> Any:
+    """The layout a batch from ring ``token`` crossed with: ``sent``, kept under ``key``, or the one kept.
+
+    A worker sends each layout once (:func:`._ring.send`) and its batches arrive in the
+    order it sent them, so a key always arrives after its layout. The receiver keeps
+    more layouts than the worker remembers sending, so a key it is sent is still kept.
+    """
+    if key == 0:
+        return sent
+    with _receiving:
+        receiver = _receivers.get(token)
+        if receiver is None:
+            raise RuntimeError("pincollate: a worker batch arrived for a ring this process has closed")
+        if sent is not None:
+            receiver.layouts[key] = sent
+            if len(receiver.layouts) > 4 * LAYOUTS_KEPT:
+                receiver.layouts.popitem(last=False)
+            return sent
+        found = receiver.layouts.get(key)
+    if found is None:
+        raise RuntimeError(f"pincollate: a worker batch refers to layout {key}, which never arrived here")
+    return found
 
 
 _receivers: dict[int, _Receiver] = {}

@@ -45,6 +45,7 @@ import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ from torch.utils.data import get_worker_info
 
 from . import _ownership, _shm
 
-__all__ = ["DEFAULT_SLOTS", "Header", "capacity_for", "is_slot", "send", "take", "wait", "words"]
+__all__ = ["DEFAULT_SLOTS", "LAYOUTS_KEPT", "Header", "capacity_for", "is_slot", "send", "take", "wait", "words"]
 
 #: At most this many slots per worker unless a collate says otherwise.
 DEFAULT_SLOTS = 8
@@ -117,6 +118,9 @@ class _Ring:
         self.state_sent = False
         self.pin = False  # ask the receiver to register slots with CUDA
         self.starved = False  # the last wait timed out (see wait)
+        # Layouts already sent to the receiver, by id: a batch of one of them crosses as its key.
+        self.layouts: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self.next_key = 1
 
     def _idle(self, index: int) -> bool:
         """Nothing in this process and nothing in the receiver can read slot ``index``."""
@@ -259,12 +263,18 @@ def is_slot(buffer: torch.Tensor) -> bool:
     return ring is not None and ring.find(buffer) is not None
 
 
-def send(buffer: torch.Tensor) -> tuple[Header, int, int, Any] | None:
+#: How many layouts a worker remembers having sent; its receiver keeps more (see _receiver).
+LAYOUTS_KEPT = 64
+
+
+def send(buffer: torch.Tensor, layout: Any) -> tuple[Header, int, int, Any, tuple[int, Any]] | None:
     """What a batch over ``buffer`` crosses as, if ``buffer`` is a slot of this worker's ring.
 
-    ``(header, index, generation, storage)``: ``storage`` (and the header's state
-    array) only the first time a slot crosses. ``None`` when the buffer is no slot
-    or the batch in it was sent already (it then crosses as a copy).
+    ``(header, index, generation, storage, (key, layout))``: ``storage`` (and the
+    header's state array) only the first time a slot crosses; ``layout`` only the
+    first time this layout crosses (the receiver keeps it under ``key``), or always
+    where it has parts (a ragged batch's layout is its own; key 0). ``None`` when the
+    buffer is no slot or the batch in it was sent already (it then crosses as a copy).
     """
     ring = _rings.get(os.getpid())
     if ring is None:
@@ -285,4 +295,20 @@ def send(buffer: torch.Tensor) -> tuple[Header, int, int, Any] | None:
         if not ring.state_sent or storage is not None:
             state = ring.state_storage
             ring.state_sent = True
-        return (ring.token, ring.pid, state, ring.pin), index, slot.generation, storage
+        return (ring.token, ring.pid, state, ring.pin), index, slot.generation, storage, _layout_ref(ring, layout)
+
+
+def _layout_ref(ring: _Ring, layout: Any) -> tuple[int, Any]:
+    """``(key, layout)`` the first time ``layout`` crosses, ``(key, None)`` after (the ring's lock held)."""
+    if layout.parts:
+        return 0, layout
+    known = ring.layouts.get(id(layout))
+    if known is not None and known[0] is layout:
+        ring.layouts.move_to_end(id(layout))
+        return known[1], None
+    key = ring.next_key
+    ring.next_key += 1
+    ring.layouts[id(layout)] = (layout, key)  # held, so its id stays its own
+    if len(ring.layouts) > LAYOUTS_KEPT:
+        ring.layouts.popitem(last=False)
+    return key, layout

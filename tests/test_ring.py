@@ -65,6 +65,19 @@ def check(batch, written: bool = False) -> None:
     assert torch.equal(batch["x_mask"], real)
 
 
+class Uniform(Dataset):
+    """Sample ``i``: ``x`` is ``i`` six times, and its id: one structure, batch after batch."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.full((6,), float(i)), "i": i}
+
+
 def loader(dataset, collate=COLLATE, batch_sampler=None, **kwargs):
     kwargs.setdefault("num_workers", 2)
     if kwargs["num_workers"]:
@@ -464,3 +477,25 @@ def test_a_dead_workers_orphaned_shm_file_is_removed_when_its_ring_closes(tmp_pa
         for path in (orphan, ours):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_layout_crosses_once_then_as_its_key(clean, monkeypatch):
+    """Batches of one structure send their layout with the first batch only; ragged ones always."""
+    sent = []
+    real = _receiver.layout
+
+    def counted(token, key, layout):
+        sent.append(((token, key), layout is not None))
+        return real(token, key, layout)
+
+    monkeypatch.setattr(_receiver, "layout", counted)
+    for batch in loader(Numbered(80), collate=MMCollate(pin_memory=False, fields={"x": Pad()})):
+        check(batch)
+    assert sent and all(key[1] == 0 and with_layout for key, with_layout in sent)  # Pad: parts differ per batch
+    sent.clear()
+    batches = list(loader(Uniform(80), collate=MMCollate(pin_memory=False)))
+    assert len(batches) == 20 and all(torch.equal(b["x"][:, 0], b["i"].float()) for b in batches)
+    assert all(key[1] for key, _ in sent)
+    # Each worker (its ring's token) sent the layout once; every later batch came as the key alone.
+    assert sum(with_layout for _, with_layout in sent) == len({key for key, _ in sent}) == 2
+    del batches
