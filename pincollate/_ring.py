@@ -14,7 +14,8 @@ filled into a *slot* of the worker's ring instead:
 * when the batch is pickled for another process (multiprocessing's pickler only)
   it crosses as the ring's token, the slot's index and generation, the layout and
   the values. A slot's storage (and the ring's state array) travel with its first
-  batch only. Anything else that leaves (a tensor sent beside the batch, a changed
+  batch only, and a layout with the first batch of its structure (later ones carry
+  its key; the receiver keeps it). Anything else that leaves (a tensor sent beside the batch, a changed
   batch sent tensor by tensor) is moved into fresh shared memory by torch first;
 * the receiving process keeps its mapping of every slot and builds each batch over
   a lease of it. The slot goes back to its worker when that lease is over, under the
