@@ -15,8 +15,9 @@ filled into a *slot* of the worker's ring instead:
   it crosses as the ring's token, the slot's index and generation, the layout and
   the values. A slot's storage (and the ring's state array) travel with its first
   batch only, and a layout with the first batch of its structure (later ones carry
-  its key; the receiver keeps it). Anything else that leaves (a tensor sent beside the batch, a changed
-  batch sent tensor by tensor) is moved into fresh shared memory by torch first;
+  its key; the receiver keeps it). Anything else that leaves (a tensor sent beside
+  the batch, a changed batch sent tensor by tensor) is moved into fresh shared
+  memory by torch first;
 * the receiving process keeps its mapping of every slot and builds each batch over
   a lease of it. The slot goes back to its worker when that lease is over, under the
   one rule of :mod:`._ownership`: nothing in either process can read it any more;
