@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
-from pincollate import _plans as plans_module
+from pincollate import _template as template_module
 from pincollate._planner import Planner
 from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
 from pincollate._views import ALIGN
@@ -109,7 +109,7 @@ def careful_only(monkeypatch):
     def make(**settings: Any) -> MMCollate:
         return MMCollate(pin_memory=False, **settings)
 
-    monkeypatch.setattr(plans_module, "recipe_for", lambda *args: None)
+    monkeypatch.setattr(template_module, "recipe_for", lambda *args: None)
     return make
 
 
@@ -119,7 +119,7 @@ def test_a_recipe_gives_what_the_careful_planner_gives(name, monkeypatch):
     collate = MMCollate(pin_memory=False, **settings)
     outs = [collate(build()) for build in builds for _ in range(2)]
     with monkeypatch.context() as patch:
-        patch.setattr(plans_module, "recipe_for", lambda *args: None)
+        patch.setattr(template_module, "recipe_for", lambda *args: None)
         careful = MMCollate(pin_memory=False, **settings)
         expected = [careful(build()) for build in builds for _ in range(2)]
     for ours, theirs in zip(outs, expected, strict=True):
