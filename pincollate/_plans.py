@@ -29,15 +29,10 @@ from ._fill import Fill, Mismatch
 from ._items import MAX_DEPTH, is_dataclass
 from ._layout import Layout, Spec
 from ._leaves import lookup
-from ._ops import (
-    Op,
-)
+from ._ops import Op
 from ._patterns import Renames, Settings
 from ._planner import Planner
-from ._specs import (
-    is_namedtuple,
-    is_sequence,
-)
+from ._specs import is_namedtuple, is_sequence
 from ._template import NUMBERS, Template
 
 if TYPE_CHECKING:

@@ -22,19 +22,7 @@ from ._errors import Attr, CollateError
 from ._items import MAX_DEPTH, container_cls, is_dataclass
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import describe_tensor, fill_numbers, lookup
-from ._ops import (
-    TENSOR_SHAPE,
-    BlockOp,
-    CarefulOp,
-    DataclassOp,
-    MappingOp,
-    NumbersOp,
-    Op,
-    SequenceOp,
-    StackOp,
-    ValueOp,
-    fits_int64,
-)
+from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
 from ._patterns import Settings
 from ._ragged import recipe_for
 from ._specs import (
@@ -45,6 +33,7 @@ from ._specs import (
     is_namedtuple,
     is_sequence,
 )
+from ._tree_ops import CarefulOp, DataclassOp, MappingOp, SequenceOp
 from ._views import align, pitch
 
 if TYPE_CHECKING:
