@@ -26,11 +26,12 @@ import torch
 
 from ._arena import PinMode, allocate, resolve_kind
 from ._batch import carried, make_batch
+from ._builtin_leaves import fill_numbers, torch_dtype
 from ._collate import MMCollate
 from ._errors import CollateError
 from ._fill import Fill, Node, Segment, Slot, Value
 from ._layout import Layout
-from ._leaves import fill_numbers, torch_dtype, type_name
+from ._leaves import type_name
 from ._policies import Policy, Stack
 from ._specs import MappingSpec
 

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ._builtin_leaves import torch_dtype
 from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
 from ._fill import Node, Segment, Slot, Value
 from ._items import MAX_DEPTH, Extras, Origins, Path, container_name, is_dataclass
-from ._leaves import LeafHandler, lookup, torch_dtype, type_name
+from ._leaves import LeafHandler, lookup, type_name
 from ._ops import fits_int64
 from ._patterns import Renames, Settings
 from ._policies import AsList, PerSample, Policy

@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import torch
 
+from ._builtin_leaves import fill_numbers
 from ._column import Column
 from ._errors import CollateError
 from ._fill import Node, Segment, Slot, Tree
-from ._leaves import fill_numbers
 from ._padding import fill_mask, fill_mask_1d, fill_padded
 from ._specs import ListSpec
 

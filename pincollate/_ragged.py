@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler
 from ._layout import Part, TensorSpec
-from ._leaves import fill_numbers, lookup
+from ._leaves import lookup
 from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
 from ._packing import INT32_MAX, Concat
 from ._padding import fill_mask_1d, fill_padded_1d

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._builtin_leaves import describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
 from ._items import MAX_DEPTH, container_cls, is_dataclass
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
-from ._leaves import describe_tensor, fill_numbers, lookup
+from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
 from ._patterns import Settings
 from ._ragged import recipe_for

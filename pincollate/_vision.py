@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._builtin_leaves import torch_dtype
 from ._errors import CollateError
 from ._layout import Wrap
-from ._leaves import LeafHandler, lookup, on_first_sight, register_leaf, torch_dtype
+from ._leaves import LeafHandler, lookup, on_first_sight, register_leaf
 
 __all__ = ["register_pil", "register_tv_tensors"]
 

@@ -1,0 +1,183 @@
+"""The built-in leaf types: tensors, numpy arrays and scalars, Python numbers, str, bytes, None.
+
+Each registers its :class:`~pincollate._leaves.LeafHandler` when this module is
+imported (the package imports it). Tensors and arrays stack with one call per column
+(concatenated where a policy asks); numbers go through numpy into their region in
+one assignment; str, bytes and None are kept as per-sample lists.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import CollateError
+from ._layout import Wrap
+from ._leaves import LeafHandler, register_leaf
+from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
+
+__all__ = ["describe_tensor", "fill_numbers", "torch_dtype"]
+
+Path = tuple[Hashable, ...]
+
+
+# --- tensors -------------------------------------------------------------------------
+
+
+def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if value.is_nested:
+        raise CollateError(
+            "nested tensors are not supported; pass their components as a list", sample=sample, path=path
+        )
+    if value.is_quantized:
+        raise CollateError(
+            "quantized tensors are not supported; pass their dequantize() or int_repr()", sample=sample, path=path
+        )
+    if value.layout != torch.strided:
+        raise CollateError(
+            f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path
+        )
+    if value.device.type != "cpu":
+        raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
+    return value.dtype, tuple(value.shape)
+
+
+def _fill_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.stack(values, out=region)
+
+
+def _concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.cat(values, out=region)
+
+
+def _copy_tensor(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    region.copy_(values[0])
+
+
+def _tensor_signature(value: torch.Tensor) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
+    # A tensor subclass comes back as its class, as torch.stack gives it.
+    cls = type(value)
+    return None if cls is torch.Tensor else Wrap(cls)
+
+
+register_leaf(
+    torch.Tensor,
+    LeafHandler(
+        "Tensor",
+        "tensor",
+        describe_tensor,
+        _fill_tensors,
+        wrap=_subclass_wrap,
+        key=TENSOR_DTYPE,
+        signature=_tensor_signature,
+        concat=_concat_tensors,
+        fill_one=_copy_tensor,
+    ),
+)
+
+
+# --- numpy ---------------------------------------------------------------------------
+
+# default_collate rejects string, bytes, unicode and object arrays with this test.
+_NP_REJECTED = re.compile(r"[SaUO]")
+
+
+@functools.cache
+def torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
+    except TypeError:
+        return None
+
+
+def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(
+            f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path
+        )
+    dtype = torch_dtype(value.dtype)
+    if dtype is None:
+        raise CollateError(f"numpy dtype {value.dtype} has no torch equivalent", sample=sample, path=path)
+    return dtype, value.shape
+
+
+def _fill_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    # np.stack reads memmaps and read-only arrays without torch's "not writable"
+    # warning, and casts to the promoted dtype.
+    np.stack(values, out=region.numpy())
+
+
+def _concat_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    np.concatenate(values, out=region.numpy())
+
+
+def _array_signature(value: np.ndarray) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+register_leaf(
+    np.ndarray,
+    LeafHandler(
+        "ndarray",
+        "ndarray",
+        _describe_array,
+        _fill_arrays,
+        key=ARRAY_DTYPE,
+        signature=_array_signature,
+        concat=_concat_arrays,
+    ),
+)
+
+
+# --- numbers -------------------------------------------------------------------------
+
+
+def _describe_np_scalar(value: np.generic, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    dtype = torch_dtype(value.dtype)
+    if dtype is None or _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(f"numpy scalar of dtype {value.dtype} cannot be collated", sample=sample, path=path)
+    return dtype, ()
+
+
+def _describe_bool(value: bool, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.bool, ()
+
+
+def _describe_int(value: int, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.int64, ()
+
+
+def _describe_float(value: float, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    # default_collate makes float64 of Python floats: one rule for every float.
+    return torch.float64, ()
+
+
+def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.complex128, ()
+
+
+def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
+    # One numpy assignment is ten times cheaper than torch.tensor(values).
+    region.numpy()[...] = values
+
+
+register_leaf(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
+register_leaf(int, LeafHandler("int", "number", _describe_int, fill_numbers))
+register_leaf(float, LeafHandler("float", "number", _describe_float, fill_numbers))
+register_leaf(complex, LeafHandler("complex", "number", _describe_complex, fill_numbers))
+register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, fill_numbers))
+
+# --- values kept as a list -----------------------------------------------------------
+
+register_leaf(str, LeafHandler("str", "str", None, None))
+register_leaf(bytes, LeafHandler("bytes", "bytes", None, None))
+register_leaf(type(None), LeafHandler("None", "None", None, None))
