@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch.utils.data import get_worker_info
 
-from . import _ownership, _receiver, _ring, _shm
+from . import _ownership, _registration, _ring, _shm
 from ._errors import CollateError
 
 __all__ = [
@@ -50,7 +50,7 @@ def _torch_pinned(nbytes: int) -> torch.Tensor:
 
 def _torch_is_pinned(tensor: torch.Tensor) -> bool:
     # A worker slot registered with CUDA (pin_slots) is page-locked memory torch did not allocate.
-    return tensor.is_pinned() or _receiver.is_registered(tensor)
+    return tensor.is_pinned() or _registration.is_registered(tensor)
 
 
 _pinned_allocator: PinnedAllocator = _torch_pinned
@@ -278,8 +278,8 @@ def copy_to_device(source: torch.Tensor, device: torch.device, non_blocking: boo
     """
     blocking = device.type == "mps" and not source.is_pinned()
     moved = _copy(source, device, non_blocking and not blocking)
-    if non_blocking and device.type == "cuda" and _receiver.is_registered(source):
-        _receiver.hold_until_copied(source, moved.device)
+    if non_blocking and device.type == "cuda" and _registration.is_registered(source):
+        _registration.hold_until_copied(source, moved.device)
     return moved
 
 

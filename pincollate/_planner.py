@@ -19,10 +19,9 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
-from ._builtin_leaves import torch_dtype
+from ._builtin_leaves import number_dtype
 from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
@@ -37,30 +36,7 @@ from ._specs import is_namedtuple, is_sequence
 if TYPE_CHECKING:
     from ._patterns import FieldRules
 
-__all__ = ["Planner", "number_dtype"]
-
-
-def number_dtype(values: Sequence[Any]) -> torch.dtype:
-    """The dtype ``default_collate`` gives a column of numbers: one rule, used everywhere.
-
-    A column that starts with a Python float (or a subclass) is ``float64``; one that
-    starts with an int or bool, or a numpy scalar, takes the dtype torch infers for the
-    whole column, as ``torch.tensor`` / ``torch.as_tensor`` do there.
-    """
-    first = next(v for v in values if v is not None)
-    present = [v for v in values if v is not None]
-    if isinstance(first, float):
-        return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
-    if isinstance(first, complex):
-        return torch.complex128
-    if isinstance(first, int):
-        return torch.tensor(present).dtype
-    if isinstance(first, np.generic) and len({type(v) for v in present}) == 1:
-        # One numpy scalar type (uint64 too, which torch.as_tensor of scalars refuses): its dtype.
-        found = torch_dtype(first.dtype)
-        if found is not None:
-            return found
-    return torch.as_tensor(present).dtype
+__all__ = ["Planner"]
 
 
 class Planner:

@@ -5,29 +5,26 @@ its mapping of every slot of a worker's ring (:mod:`._ring`) and builds each bat
 over a lease of it (:mod:`._ownership`); the slot goes back to its worker when that
 lease is over. A ring is closed when its worker's process object is gone, or once
 that process has died; batches still held keep their own slot mapped. With
-``pin_slots`` each slot is registered with CUDA once, and a copy in flight from a
-registered slot keeps it leased until the copy has finished.
+``pin_slots`` each slot is registered with CUDA once (:mod:`._registration`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import multiprocessing
 import os
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from typing import Any
 
 import torch
 
-from . import _ownership
+from . import _ownership, _registration
 from ._ring import LAYOUTS_KEPT, Header, words
 
-__all__ = ["close_all", "hold_until_copied", "is_registered", "layout", "lease", "leased", "open_rings"]
+__all__ = ["close_all", "layout", "lease", "leased", "open_rings"]
 
 
 def _start_time(pid: int) -> str | None:
@@ -63,70 +60,12 @@ class _Mapping:
         self.storage = storage
         self.generation = generation
         self.ptr = storage.data_ptr()
-        self.registered = pin and _register(storage)
-        if self.registered:
-            _registered[self.ptr] = self.ptr + storage.nbytes()
+        self.registered = pin and _registration.register(storage)
 
     def __del__(self) -> None:
         if self.registered:
-            _registered.pop(self.ptr, None)
             with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone first
-                _unregister(self.ptr)
-
-
-def _cudart() -> Any:
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-
-@functools.cache
-def _runtime() -> Any:
-    """The CUDA runtime library torch loaded (for ``cudaGetLastError``), or ``None``."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
-    except OSError:
-        paths = set()
-    for name in (*sorted(paths), "libcudart.so.12", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)  # the copy already loaded, where it is
-        except OSError:
-            continue
-    return None
-
-
-def _clear_error() -> None:
-    # A failed runtime call stays the runtime's last error until it is read; torch's next
-    # kernel-launch check would read it and raise it as its own, far from here.
-    runtime = _runtime()
-    if runtime is not None:
-        runtime.cudaGetLastError()
-
-
-def _register(storage: torch.UntypedStorage) -> bool:
-    if not torch.cuda.is_available():
-        return False
-    # Portable (flag 1): page-locked for every CUDA context, as torch's own pinned memory.
-    error = int(_cudart().cudaHostRegister(storage.data_ptr(), storage.nbytes(), 1))
-    if error != 0:
-        _clear_error()
-        warnings.warn(
-            f"pincollate: cudaHostRegister failed for a worker slot (error {error}); its batches are pinned by copy",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    return True
-
-
-def _unregister(ptr: int) -> bool:
-    error = int(_cudart().cudaHostUnregister(ptr))
-    if error != 0:
-        _clear_error()
-        warnings.warn(
-            f"pincollate: cudaHostUnregister failed for a worker slot (error {error})", RuntimeWarning, stacklevel=2
-        )
-        return False
-    return True
+                _registration.unregister(self.ptr)
 
 
 class _Receiver:
@@ -251,47 +190,11 @@ def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int
     if fresh:
         _watch(receiver)
         _sweep()
-    if _in_flight:
-        _prune()
+    _registration.prune()
     if mapping is None or mapping.generation != generation:
         raise RuntimeError(f"pincollate: slot {index} of a worker's ring is not mapped in this process")
     over = functools.partial(receiver.release, index)
     return _ownership.grant(mapping.ptr, nbytes, over, shared=True, keep=mapping)
-
-
-# --- registered slots: a copy in flight keeps its slot leased ------------------------------
-
-_registered: dict[int, int] = {}  # start address -> end address of each registered mapping
-_in_flight: list[tuple[Any, torch.Tensor]] = []
-_flight_lock = threading.Lock()
-
-
-def is_registered(buffer: torch.Tensor) -> bool:
-    """Whether ``buffer`` lies in a worker slot this process registered with CUDA."""
-    if not _registered:
-        return False
-    ptr = buffer.data_ptr()
-    return any(start <= ptr < end for start, end in list(_registered.items()))
-
-
-def hold_until_copied(source: torch.Tensor, device: torch.device) -> None:
-    """Keep ``source`` (a registered slot) leased until the copies queued to ``device`` finish.
-
-    A non-blocking copy from page-locked memory reads it after the call returns; torch
-    guards its own pinned blocks with an event, and this does the same for a slot, so
-    the worker cannot refill it under the copy. The event is recorded on the current
-    stream of the copy's target device, where the copy was queued.
-    """
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    event.record(torch.cuda.current_stream(device))
-    with _flight_lock:
-        _in_flight.append((event, source))
-    _prune()
-
-
-def _prune() -> None:
-    with _flight_lock:
-        _in_flight[:] = [(event, source) for event, source in _in_flight if not event.query()]
 
 
 def leased(tensor: torch.Tensor) -> bool:

@@ -632,16 +632,16 @@ def _registration_cost() -> dict[str, Any]:
     It runs once per slot in the thread that unpickles the slot's first batch, and again
     every epoch when workers are not persistent (new workers, new slots).
     """
-    from . import _receiver
+    from . import _registration
 
     rows: dict[str, Any] = {}
     for mib in (8, 32, 128):
         storage = torch.UntypedStorage._new_shared(mib << 20)  # type: ignore[no-untyped-call]
         start = time.perf_counter()
-        ok = _receiver._register(storage)
+        ok = _registration.register(storage)
         seconds = time.perf_counter() - start
         if ok:
-            _receiver._unregister(storage.data_ptr())
+            _registration.unregister(storage.data_ptr())
         rows[f"{mib} MiB"] = {"registered": ok, "ms": seconds * 1e3, "gb_per_s": (mib << 20) / seconds / 1e9}
     return rows
 

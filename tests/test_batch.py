@@ -218,12 +218,12 @@ def test_on_cuda_collate_in_the_main_process_allocates_pinned():
 
 def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monkeypatch):
     """Leaf by leaf goes through the same copy as the whole buffer: each registered source is held."""
-    from pincollate import _arena, _receiver
+    from pincollate import _arena, _registration
 
     held = []
     monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: source.clone())  # a stand-in DMA
-    monkeypatch.setattr(_receiver, "is_registered", lambda tensor: True)
-    monkeypatch.setattr(_receiver, "hold_until_copied", lambda source, device: held.append((source, device)))
+    monkeypatch.setattr(_registration, "is_registered", lambda tensor: True)
+    monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: held.append((source, device)))
     batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
     whole = batch.to("cuda:1", non_blocking=True)
     assert len(held) == 1 and torch.equal(whole["x"], batch["x"])

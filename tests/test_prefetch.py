@@ -248,13 +248,13 @@ def test_cuda_control_without_the_event_wait_the_same_check_fails(monkeypatch):
 
 @pytest.mark.cuda
 def test_cuda_registered_slots_arrive_page_locked():
-    from pincollate import _arena, _receiver
+    from pincollate import _arena, _registration
 
     data = [{"x": torch.full((1 << 16,), float(i))} for i in range(16)]
     loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=MMCollate(pin_slots=True), pin_memory=True)
     batches = 0
     for batch in loader:
-        assert _receiver.is_registered(batch.buffer) and _arena.is_pinned(batch.buffer)
+        assert _registration.is_registered(batch.buffer) and _arena.is_pinned(batch.buffer)
         batches += 1
     assert batches == 4
 

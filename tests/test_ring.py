@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from leaks import Snapshot, shut_down, stop_watching
-from pincollate import MMCollate, Pad, _receiver, _ring
+from pincollate import MMCollate, Pad, _receiver, _registration, _ring
 from samples import buffer_of
 
 pytestmark = pytest.mark.slow
@@ -303,7 +303,7 @@ def test_pin_slots_without_cuda_changes_nothing(clean):
     collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
     for batch in loader(Numbered(40), collate=collate):
         check(batch)
-        assert _receiver.leased(batch["x"]) and not _receiver.is_registered(batch.buffer)
+        assert _receiver.leased(batch["x"]) and not _registration.is_registered(batch.buffer)
     del batch
 
 
@@ -389,7 +389,7 @@ def test_pinned_slots_arrive_pinned_and_move_safely(clean):
     collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
     on_device, on_host = [], []
     for batch in loader(Numbered(2000), collate=collate, pin_memory=True):
-        assert _receiver.is_registered(batch.buffer)
+        assert _registration.is_registered(batch.buffer)
         assert batch.pin_memory() is batch
         check(batch)
         on_host.append(batch["x"].double().sum())
@@ -400,7 +400,7 @@ def test_pinned_slots_arrive_pinned_and_move_safely(clean):
         del moved
     assert torch.equal(torch.stack(on_device).cpu(), torch.stack(on_host))
     torch.cuda.synchronize()
-    _receiver._prune()
+    _registration.prune()
 
 
 @pytest.mark.cuda
@@ -415,7 +415,7 @@ def test_prefetcher_moves_pinned_slots_without_a_pin_copy(clean):
         count += 1
     assert count == 200
     torch.cuda.synchronize()
-    _receiver._prune()
+    _registration.prune()
     del batch
 
 
@@ -436,23 +436,23 @@ def test_a_failed_registration_warns_and_clears_the_runtime_error(monkeypatch):
     # Left set, the runtime's last error is raised by torch's next kernel-launch check.
     cleared = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_receiver, "_cudart", _FailingRuntime)
-    monkeypatch.setattr(_receiver, "_clear_error", lambda: cleared.append(True))
+    monkeypatch.setattr(_registration, "cudart", _FailingRuntime)
+    monkeypatch.setattr(_registration, "clear_error", lambda: cleared.append(True))
     storage = torch.UntypedStorage(1 << 16)
     with pytest.warns(RuntimeWarning, match=r"cudaHostRegister failed for a worker slot \(error 2\)"):
-        assert not _receiver._register(storage)
+        assert not _registration.register(storage)
     assert cleared == [True]
     with pytest.warns(RuntimeWarning, match=r"cudaHostUnregister failed for a worker slot \(error 712\)"):
-        assert not _receiver._unregister(storage.data_ptr())
+        assert not _registration.unregister(storage.data_ptr())
     assert cleared == [True, True]
 
 
 def test_the_runtime_error_is_cleared_through_the_runtime_torch_loaded():
     if not torch.version.cuda:
         pytest.skip("a torch built without CUDA has no CUDA runtime to ask")
-    runtime = _receiver._runtime()
+    runtime = _registration.runtime()
     assert runtime is not None and "libcudart" in runtime._name
-    _receiver._clear_error()  # without a GPU it reads "no driver", harmlessly
+    _registration.clear_error()  # without a GPU it reads "no driver", harmlessly
 
 
 def test_a_dead_workers_orphaned_shm_file_is_removed_when_its_ring_closes(tmp_path):
