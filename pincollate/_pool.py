@@ -1,0 +1,85 @@
+"""Main-process host buffers that are not pinned: the last few large ones recycled, small ones fresh.
+
+A large buffer is leased out (:mod:`._ownership`) and kept for later batches of about
+its size; a small one is made fresh for each batch, with nothing to hand back.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from . import _ownership
+from ._ring import capacity_for
+
+__all__ = ["Recycled", "owned"]
+
+
+class _Kept:
+    __slots__ = ("busy", "owner")
+
+    def __init__(self, owner: torch.Tensor):
+        self.owner = owner
+        self.busy = False
+
+    def over(self, reusable: bool) -> None:
+        self.busy = False  # plain memory: a fork child has its own copy, so always reusable
+
+
+class Recycled:
+    """The last few large plain buffers, leased out again once nothing can read them.
+
+    A fresh large buffer costs a page fault and kernel zeroing per page written, as
+    often as the C allocator hands its memory back to the kernel, which depends on
+    what else allocates. Batches of one structure have about one size, so the last
+    few buffers are kept and each batch gets a lease of one (:mod:`._ownership`): a
+    storage of exactly its bytes, handed out again under the one rule there. A kept
+    buffer serves batches from two thirds of its size up; at most ``slots`` are kept.
+    """
+
+    def __init__(self, slots: int = 2, least: int = 1 << 20):
+        self.slots = slots
+        self.least = least
+        self.kept: list[_Kept] = []
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)  # no memory: nothing can read it
+        if nbytes < self.least:
+            return owned(nbytes)  # not recycled: nothing to hand back
+        with self.lock:
+            found = None
+            for kept in self.kept:
+                capacity = kept.owner.numel()
+                if not kept.busy and nbytes <= capacity <= nbytes * 3 // 2:
+                    found = kept
+                    break
+            if found is None:
+                capacity = capacity_for(nbytes)
+                found = _Kept(torch.empty(capacity, dtype=torch.uint8))
+                self.kept.append(found)
+                if len(self.kept) > self.slots:
+                    idle = [kept for kept in self.kept if not kept.busy]
+                    self.kept.remove(idle[0] if idle else self.kept[0])  # a busy one lives on in its lease
+            found.busy = True
+        return _ownership.grant(found.owner.data_ptr(), nbytes, found.over, shared=False, keep=found)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.kept.clear()
+
+
+def owned(nbytes: int) -> torch.Tensor:
+    """A fresh flat ``uint8`` buffer whose memory outlives any move of its storage.
+
+    The memory belongs to a tensor nobody else sees. The buffer's storage holds it, and
+    so does every storage made over the buffer (:class:`._views.Views`): ``share_memory_``
+    on any of them (which swaps its memory for fresh shared memory) frees nothing that
+    another reader still reads. No lease is needed: the memory is never handed out again.
+    """
+    owner = torch.empty(nbytes, dtype=torch.uint8).numpy()
+    buffer = torch.from_numpy(owner)
+    buffer.untyped_storage()._pincollate_buffer = owner  # type: ignore[attr-defined]
+    return buffer
