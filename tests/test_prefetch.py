@@ -221,27 +221,27 @@ def test_cuda_batches_stay_intact_while_the_consumer_is_held_back():
 @pytest.mark.cuda
 def test_cuda_control_without_record_stream_the_same_check_fails(monkeypatch):
     # The control run: with the protection switched off, the check above must see it.
-    from pincollate import _prefetch as prefetch
+    from pincollate import _staging as staging
 
-    monkeypatch.setattr(prefetch, "_record_stream", lambda batch, stream: None)
+    monkeypatch.setattr(staging, "_record_stream", lambda batch, stream: None)
     got, expected = _held_back_sums()
     assert not torch.equal(got, expected)
 
 
 @pytest.mark.cuda
 def test_cuda_control_without_the_event_wait_the_same_check_fails(monkeypatch):
-    from pincollate import _prefetch as prefetch
+    from pincollate import _staging as staging
 
-    real = prefetch.to_device
+    real = staging.to_device
 
     def late_copy(host, device, non_blocking=True):
         torch.cuda._sleep(50_000_000)  # queued on the side stream before the copy
         return real(host, device, non_blocking)
 
-    monkeypatch.setattr(prefetch, "to_device", late_copy)
+    monkeypatch.setattr(staging, "to_device", late_copy)
     got, expected = _held_back_sums(n=4)
     assert torch.equal(got, expected)  # with the wait, a late copy is only late
-    monkeypatch.setattr(prefetch._CudaStaging, "hand", lambda self, item: item[0])
+    monkeypatch.setattr(staging.CudaStaging, "hand", lambda self, item: item[0])
     got, expected = _held_back_sums(n=4)
     assert not torch.equal(got, expected)
 
@@ -262,11 +262,11 @@ def test_cuda_registered_slots_arrive_page_locked():
 @pytest.mark.cuda
 def test_cuda_pinned_memory_stays_flat_over_ragged_batches(monkeypatch):
     # Ragged 1-32 MiB batches: the cache is trimmed (on the staging thread) and stays bounded.
-    from pincollate import _prefetch as prefetch
+    from pincollate import _staging as staging
 
     trims = []
-    real = prefetch.trim_pinned
-    monkeypatch.setattr(prefetch, "trim_pinned", lambda limit: trims.append(real(limit)) or trims[-1])
+    real = staging.trim_pinned
+    monkeypatch.setattr(staging, "trim_pinned", lambda limit: trims.append(real(limit)) or trims[-1])
     rng = random.Random(0)
     data = [{"x": torch.randn(rng.randint(1, 32) << 18)} for _ in range(160)]
     loader = DataLoader(data, batch_size=1, collate_fn=MMCollate(), pin_memory=False)
@@ -302,7 +302,7 @@ class _Event:
 def stand_in_cuda(monkeypatch):
     import contextlib
 
-    from pincollate import _prefetch as prefetch
+    from pincollate import _staging as staging
 
     _Stream.made = 0
     consumer = _Stream()
@@ -321,7 +321,7 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(prefetch, "to_device", to_device)
+    monkeypatch.setattr(staging, "to_device", to_device)
     return consumer, moved
 
 
