@@ -33,20 +33,18 @@ from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler
 from ._layout import Part, TensorSpec
 from ._leaves import lookup
-from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
+from ._ops import TENSOR_DTYPE
 from ._packing import INT32_MAX, Concat
 from ._padding import fill_mask_1d, fill_padded_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
+from ._recipe import PLAIN, Recipe, place
 from ._specs import SplitSpec
-from ._views import ALIGN, align, pitch
+from ._views import ALIGN, pitch
 
-__all__ = ["Recipe", "recipe_for"]
+__all__ = ["ConcatRecipe", "ListRecipe", "PadRecipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
 
-_TYPE = frozenset((torch.Tensor,))
-_STRIDED = frozenset((torch.strided,))
-_TRUE = frozenset((True,))
 _FIRST = operator.itemgetter(0)
 
 
@@ -58,64 +56,6 @@ def _tensor_fills() -> tuple[Filler, Filler]:
 
 
 _STACK, _CONCAT = _tensor_fills()
-_LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
-_IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
-
-
-class Recipe:
-    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`."""
-
-    __slots__ = ("dtypes", "ndim")
-
-    def __init__(self, dtype: torch.dtype, ndim: int):
-        self.dtypes = frozenset((dtype,))
-        self.ndim = ndim
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
-        shapes = self.shapes(column)
-        if shapes is None:
-            return False
-        part = self.sized(column, shapes, fill)
-        if part is None:
-            return False
-        fill.parts[index] = part
-        return True
-
-    def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
-        """The values' shapes if they are plain CPU strided tensors of the planned dtype and rank."""
-        try:
-            if (
-                set(map(type, values)) != _TYPE
-                or set(map(TENSOR_DTYPE, values)) != self.dtypes
-                or set(map(_LAYOUT, values)) != _STRIDED
-                or set(map(_IS_CPU, values)) != _TRUE
-            ):
-                return None
-            shapes = list(map(TENSOR_SHAPE, values))  # a nested tensor has no shape: it raises
-        except (TypeError, AttributeError, RuntimeError):
-            return None
-        return shapes if set(map(len, shapes)) == {self.ndim} else None
-
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
-        raise NotImplementedError
-
-    def extras(self) -> tuple[str, ...]:
-        """The names of the outputs placed beside the field."""
-        return ()
-
-    def fits_beside(self, siblings: frozenset[Hashable] | None) -> bool:
-        """Whether the extra outputs have a parent mapping and clash with none of its keys."""
-        names = self.extras()
-        return not names or (siblings is not None and not siblings.intersection(names))
-
-
-def _place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
-    """The next tensor of the batch's per-batch area, as :meth:`Fill.place` places one."""
-    offset = fill.offset
-    spec = TensorSpec(dtype, shape, offset)
-    fill.offset = align(offset + spec.nbytes)
-    return spec
 
 
 class PadRecipe(Recipe):
@@ -161,17 +101,17 @@ class PadRecipe(Recipe):
                 return None  # truncated, or an error naming the sample: carefully
             longest = policy.max_length
         sizes[dim] = policy._round(longest)
-        node = _place(fill, next(iter(self.dtypes)), (n, *sizes))
+        node = place(fill, next(iter(self.dtypes)), (n, *sizes))
         payload = (column, lengths, dim)
         fill.tasks.append((functools.partial(fill_padded_1d, value=policy.value, left=self.left), node, payload, None))
         extras: list[tuple[str, TensorSpec]] = []
         lengths_spec = None
         if self.lengths_name is not None:
-            lengths_spec = _place(fill, torch.int64, (n,))
+            lengths_spec = place(fill, torch.int64, (n,))
             fill.tasks.append((fill_numbers, lengths_spec, lengths, None))
             extras.append((self.lengths_name, lengths_spec))
         if self.mask_name is not None:
-            mask = _place(fill, torch.bool, (n, sizes[dim]))
+            mask = place(fill, torch.bool, (n, sizes[dim]))
             fill.tasks.append((functools.partial(fill_mask_1d, left=self.left), mask, lengths, None))
             extras.append((self.mask_name, mask))
         return Part(node, tuple(extras))
@@ -194,7 +134,7 @@ class ListRecipe(Recipe):
         dtype = next(iter(self.dtypes))
         first = shapes[0]
         if self.stacks and all(shape == first for shape in shapes):
-            stacked = _place(fill, dtype, (len(shapes), *first))
+            stacked = place(fill, dtype, (len(shapes), *first))
             fill.tasks.append((_STACK, stacked, column, None))
             return Part(stacked)
         trailing: tuple[int, ...] = tuple(first[1:])
@@ -217,7 +157,7 @@ class ListRecipe(Recipe):
         if any(gaps):
             zeros = _zeros(dtype, trailing, step)
             pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
-        region = _place(fill, dtype, (sum(split), *trailing))
+        region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((_CONCAT, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out))
 
@@ -264,7 +204,7 @@ class ConcatRecipe(Recipe):
         total = sum(rows)
         if total > INT32_MAX:
             return False
-        node = _place(fill, next(iter(self.dtypes)), (total, *trailing))
+        node = place(fill, next(iter(self.dtypes)), (total, *trailing))
         fill.tasks.append((_CONCAT, node, values, None))
         extras: list[tuple[str, TensorSpec]] = []
         per_sample = rows if counts is None else _grouped(rows, counts)
@@ -280,7 +220,7 @@ class ConcatRecipe(Recipe):
         fill: Fill, extras: list[tuple[str, TensorSpec]], name: str | None, values: list[int], dtype: torch.dtype
     ) -> None:
         if name is not None:
-            spec = _place(fill, dtype, (len(values),))
+            spec = place(fill, dtype, (len(values),))
             fill.tasks.append((fill_numbers, spec, values, None))
             extras.append((name, spec))
 
@@ -309,7 +249,7 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> 
     if type(policy) is Concat:
         assert isinstance(policy, Concat)
         return _concat_recipe(column, policy, name)
-    if not column or set(map(type, column)) != _TYPE:
+    if not column or set(map(type, column)) != PLAIN:
         return None
     try:
         dtypes = set(map(TENSOR_DTYPE, column))

@@ -1,0 +1,83 @@
+"""A ragged field's recipe: what its first batch settled, and how a later batch is checked against it.
+
+:class:`Recipe` reads a column at C speed (one ``map`` per property: class, dtype,
+layout, device, shape) and hands the shapes to its subclass (:mod:`._ragged`), which
+places the field's tensors in the batch's per-batch area (:func:`place`) and queues
+their copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ._fill import Fill
+from ._layout import Part, TensorSpec
+from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
+from ._views import align
+
+__all__ = ["PLAIN", "Recipe", "place"]
+
+PLAIN = frozenset((torch.Tensor,))
+_STRIDED = frozenset((torch.strided,))
+_TRUE = frozenset((True,))
+_LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
+_IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
+
+
+class Recipe:
+    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`."""
+
+    __slots__ = ("dtypes", "ndim")
+
+    def __init__(self, dtype: torch.dtype, ndim: int):
+        self.dtypes = frozenset((dtype,))
+        self.ndim = ndim
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
+        shapes = self.shapes(column)
+        if shapes is None:
+            return False
+        part = self.sized(column, shapes, fill)
+        if part is None:
+            return False
+        fill.parts[index] = part
+        return True
+
+    def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
+        """The values' shapes if they are plain CPU strided tensors of the planned dtype and rank."""
+        try:
+            if (
+                set(map(type, values)) != PLAIN
+                or set(map(TENSOR_DTYPE, values)) != self.dtypes
+                or set(map(_LAYOUT, values)) != _STRIDED
+                or set(map(_IS_CPU, values)) != _TRUE
+            ):
+                return None
+            shapes = list(map(TENSOR_SHAPE, values))  # a nested tensor has no shape: it raises
+        except (TypeError, AttributeError, RuntimeError):
+            return None
+        return shapes if set(map(len, shapes)) == {self.ndim} else None
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        raise NotImplementedError
+
+    def extras(self) -> tuple[str, ...]:
+        """The names of the outputs placed beside the field."""
+        return ()
+
+    def fits_beside(self, siblings: frozenset[Hashable] | None) -> bool:
+        """Whether the extra outputs have a parent mapping and clash with none of its keys."""
+        names = self.extras()
+        return not names or (siblings is not None and not siblings.intersection(names))
+
+
+def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
+    """The next tensor of the batch's per-batch area, as :meth:`Fill.place` places one."""
+    offset = fill.offset
+    spec = TensorSpec(dtype, shape, offset)
+    fill.offset = align(offset + spec.nbytes)
+    return spec
