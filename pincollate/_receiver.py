@@ -3,9 +3,13 @@
 The receiving process (the main process, or whoever a worker's batches go to) keeps
 its mapping of every slot of a worker's ring (:mod:`._ring`) and builds each batch
 over a lease of it (:mod:`._ownership`); the slot goes back to its worker when that
-lease is over. A ring is closed when its worker's process object is gone, or once
-that process has died; batches still held keep their own slot mapped. With
-``pin_slots`` each slot is registered with CUDA once (:mod:`._registration`).
+lease is over. A ring (its slot mappings and their file descriptors) is closed when
+its worker's process object is gone (the DataLoader iterator shut its workers down,
+after an epoch, an error or a killed worker); a ring from a process that is not this
+one's child once that process has died, checked as its batches are released and
+when a new ring arrives. Batches still held keep their own slot mapped. With
+``pin_slots`` each slot is registered with CUDA once (:mod:`._registration`), so a
+batch arrives page-locked and ``pin_memory()`` has nothing to copy.
 """
 
 from __future__ import annotations

@@ -18,25 +18,14 @@ filled into a *slot* of the worker's ring instead:
   its key; the receiver keeps it). Anything else that leaves (a tensor sent beside
   the batch, a changed batch sent tensor by tensor) is moved into fresh shared
   memory by torch first;
-* the receiving process keeps its mapping of every slot and builds each batch over
-  a lease of it. The slot goes back to its worker when that lease is over, under the
-  one rule of :mod:`._ownership`: nothing in either process can read it any more;
+* the receiving process (:mod:`._receiver`) keeps its mapping of every slot and
+  builds each batch over a lease of it; the slot goes back to its worker when that
+  lease is over, under the one rule of :mod:`._ownership`;
 * with no free slot that fits and the ring full, the batch takes a fresh buffer, as
   without a ring; a worker waits for a slot only where /dev/shm has no room for
   either (:mod:`._shm`). A slot too small for a batch is replaced by a bigger one
   when it is free, and a retired slot (a fork while it was held) by a new one. A new
   slot has headroom where /dev/shm has room for it, else exactly the batch's pages.
-
-The receiver closes a ring (its slot mappings and their file descriptors; leased
-batches keep their own slot alive) when the worker's process object is gone (the
-DataLoader iterator shut its workers down, after an epoch, an error or a killed
-worker). A ring from a process that is not this one's child is closed once that
-process has died, checked as its batches are released and when a new ring arrives.
-
-With ``pin_slots`` the receiver also registers each slot with CUDA once
-(``cudaHostRegister``), so a batch is already page-locked when it arrives and
-``pin_memory()`` has nothing to copy. A move from a registered slot keeps the slot
-leased until the copy has finished.
 """
 
 from __future__ import annotations
