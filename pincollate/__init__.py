@@ -12,7 +12,8 @@ Example:
     torch.Size([2, 3, 8, 8])
 """
 
-from . import _builtin_leaves, _vision  # noqa: F401  (register the built-in leaf types; PIL and torchvision on first sight)
+# Registrations: the built-in leaf types; how batches cross processes; PIL and torchvision on first sight.
+from . import _builtin_leaves, _crossing, _vision  # noqa: F401
 from ._arena import pinned_footprint
 from ._batch import Batch, BatchList
 from ._collate import MMCollate, mm_collate
