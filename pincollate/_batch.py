@@ -15,7 +15,8 @@ Each carries ``(layout, buffer, values)``, so it moves in one piece:
 * ``to(...)`` takes ``Tensor.to``'s arguments and makes one copy of the buffer; a
   dtype casts the floating-point tensors only;
 * ``pickle`` and ``torch.save`` write the buffer once, plus the layout; a loaded
-  batch is one buffer again, and ``torch.load(weights_only=True)`` accepts it.
+  batch is one buffer again, and ``torch.load(weights_only=True)`` accepts it;
+  multiprocessing's pickler sends it as :mod:`._crossing` says.
 
 A batch whose contents were changed (a key added, a tensor replaced) no longer
 matches its layout: it then moves leaf by leaf, correctly, and carries no layout.
