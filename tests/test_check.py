@@ -1,0 +1,96 @@
+"""The batch's consistency check (pincollate/_check.py): what makes a batch the same values as its layout.
+
+A batch moves, pins, pickles and saves in one piece only while every tensor and
+container in it is exactly what its layout describes; otherwise leaf by leaf, with
+the values its fields read.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+
+import pytest
+import torch
+
+from pincollate import MMCollate, mm_collate
+from samples import assert_same
+
+
+def _saved_and_loaded(batch):
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    return torch.load(stream)  # weights_only=True, torch's default
+
+
+def _complex_batch():
+    return MMCollate(pin_memory=False)([{"z": torch.randn(3, dtype=torch.complex64)}] * 2)
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_a_conjugate_or_negative_view_put_back_loses_the_layout_and_is_saved_as_it_reads(view):
+    batch = _complex_batch()
+    expected = batch["z"].conj() if view == "conj" else batch["z"].neg()
+    batch["z"] = batch["z"].conj() if view == "conj" else torch._neg_view(batch["z"])
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
+        assert torch.equal(again["z"].resolve_conj().resolve_neg(), expected)
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(
+    "replace",
+    [
+        lambda b: b.__setitem__("crops", tuple(b["crops"])),
+        lambda b: b.__setitem__("meta", collections.OrderedDict(b["meta"])),
+        lambda b: b.__setitem__("x", b["x"].as_subclass(_Tagged)),
+    ],
+    ids=["tuple-for-list", "ordereddict-for-dict", "subclass-view"],
+)
+def test_a_container_or_tensor_of_another_class_keeps_its_class_through_pickle_and_to(replace):
+    samples = [{"x": torch.ones(2), "crops": [torch.ones(1), torch.zeros(1)], "meta": {"a": torch.ones(1)}}] * 2
+    batch = MMCollate(pin_memory=False)(samples)
+    assert batch.layout is not None
+    replace(batch)
+    assert batch.layout is None
+    classes = {key: type(value) for key, value in batch.items()}
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True)):
+        assert {key: type(value) for key, value in again.items()} == classes
+
+
+def test_batches_made_in_the_dataset_keep_their_layout_through_batch_size_none():
+    collate = MMCollate(pin_memory=False)
+    batches = [collate([{"x": torch.full((2,), float(i)), "s": f"s{i}"}] * 3) for i in range(3)]
+    for made, loaded in zip(batches, torch.utils.data.DataLoader(batches, batch_size=None), strict=True):
+        assert loaded.layout is not None, "a str column made the layout look changed"
+        assert_same(loaded, made)
+
+
+@pytest.mark.parametrize("moved", ["field", "batch.buffer", "own buffer"])
+def test_memory_moved_away_by_share_memory_saves_what_the_batch_reads(moved):
+    """``share_memory_`` (which a queue's feeder thread runs as it pickles) moves one storage.
+
+    A field's storage moved: that field no longer reads the buffer, and the batch says
+    so. ``batch.buffer`` is a tensor of its own over the bytes: moving it changes
+    nothing. The batch's own buffer (no user reaches it) moved: no field reads it any
+    more, and they still read their bytes. Every time, the batch saves and pickles the
+    values its fields read.
+    """
+    batch = mm_collate([{"x": torch.ones(4), "y": 1, "s": "a"}, {"x": torch.zeros(4), "y": 2, "s": "b"}])
+    expected = {"x": batch["x"].clone(), "y": batch["y"].clone(), "s": ["a", "b"]}
+    if moved == "field":
+        batch["x"].share_memory_()
+    elif moved == "batch.buffer":
+        batch.buffer.share_memory_()
+    else:
+        batch._pincollate[1].share_memory_()
+    assert (batch.layout is None) == (moved != "batch.buffer")
+    batch["x"] += 1  # written where the field now lives
+    expected["x"] += 1
+    assert_same(_saved_and_loaded(batch), expected)
+    assert_same(pickle.loads(pickle.dumps(batch)), expected)
