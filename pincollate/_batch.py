@@ -65,7 +65,7 @@ T = TypeVar("T")
 
 
 def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:
-    """The batch over ``buffer``: the user's containers, every tensor a view of it."""
+    """The batch over ``buffer``: the user's containers, every tensor in it."""
     out = layout.build(buffer, values, views)
     top = _top(layout)
     if not _is_carrier(top):
@@ -249,7 +249,7 @@ class _Carrier:
 
 
 class Batch(_Carrier, dict[Hashable, Any]):
-    """A collated ``dict`` batch whose tensors are all views of :attr:`buffer`.
+    """A collated ``dict`` batch whose tensors all lie in :attr:`buffer`.
 
     Example:
         >>> import torch
@@ -263,7 +263,7 @@ class Batch(_Carrier, dict[Hashable, Any]):
 
 
 class BatchList(_Carrier, list[Any]):
-    """A collated ``list`` batch whose tensors are all views of :attr:`buffer`."""
+    """A collated ``list`` batch whose tensors all lie in :attr:`buffer`."""
 
 
 #: The carrier classes made so far, and who wants to hear of each new one (:mod:`._crossing`

@@ -50,7 +50,7 @@ class MMCollate:
     Use an instance as a DataLoader's ``collate_fn``. Wherever torch's
     ``default_collate`` succeeds the result is the same (container types, dtypes,
     shapes, values; a top-level dict comes back as :class:`~pincollate.Batch`, a
-    ``dict`` subclass). Every output tensor is a view of one ``uint8`` buffer:
+    ``dict`` subclass). Every output tensor lies in one ``uint8`` buffer:
     shared memory inside a DataLoader worker (a recycled slot, see ``worker_slots``),
     pinned memory in the main process when ``pin_memory`` asks for it.
 

@@ -51,7 +51,7 @@ class ColumnCollate:
         fields: policies by column name (or key-path pattern inside a column's
             values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
         ragged: the policy for ragged columns no pattern names (``None``: a
-            per-row list, each row a view of the buffer).
+            per-row list, each row in the buffer).
         rename: output names for columns, e.g. ``{"label": "labels"}``.
         missing: ``"none"`` takes ``None`` rows in ragged columns (empty for
             ``Pad``/``Concat``/``Jagged``).
