@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Lease", "grant", "live", "verdict"]
+__all__ = ["Lease", "grant", "hold", "holder", "live", "verdict"]
 
 #: ``done(reusable)``: the lease is over; ``reusable`` is False for retired memory.
 Done = Callable[[bool], None]
@@ -149,6 +149,22 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
     weakref.finalize(memory, _released, lease).atexit = False
     weakref.finalize(buffer.untyped_storage(), _died, lease).atexit = False
     return buffer
+
+
+def hold(tensor: torch.Tensor, owner: Any) -> torch.Tensor:
+    """Make ``tensor``'s storage hold ``owner`` (what keeps its memory) for as long as it lives.
+
+    On the storage's Python object, which torch keeps while the storage lives: unlike
+    what the storage was made from, it stays after ``share_memory_`` moves the storage's
+    bytes away, so arrays made from it earlier still read live memory. Returns ``tensor``.
+    """
+    tensor.untyped_storage()._pincollate_owner = owner  # type: ignore[attr-defined]
+    return tensor
+
+
+def holder(storage: torch.UntypedStorage) -> Any:
+    """What :func:`hold` made ``storage`` hold, or ``None``."""
+    return getattr(storage, "_pincollate_owner", None)
 
 
 def live() -> int:

@@ -80,6 +80,4 @@ def owned(nbytes: int) -> torch.Tensor:
     another reader still reads. No lease is needed: the memory is never handed out again.
     """
     owner = torch.empty(nbytes, dtype=torch.uint8).numpy()
-    buffer = torch.from_numpy(owner)
-    buffer.untyped_storage()._pincollate_buffer = owner  # type: ignore[attr-defined]
-    return buffer
+    return _ownership.hold(torch.from_numpy(owner), owner)

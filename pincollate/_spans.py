@@ -15,6 +15,7 @@ from typing import TypeVar
 import torch
 
 from ._arena import copy_to_device, is_pinned, pinned_allocator
+from ._ownership import holder
 from ._specs import jagged
 from ._trees import map_tensors, nested_parts
 from ._views import ALIGN
@@ -35,7 +36,7 @@ def _home(leaf: torch.Tensor) -> tuple[torch.UntypedStorage, int]:
     still lie there (a storage moved by ``share_memory_`` lies elsewhere).
     """
     storage = leaf.untyped_storage()
-    source = getattr(storage, "_pincollate_buffer", None)
+    source = holder(storage)
     if source is not None:
         buffer = source.base.untyped_storage()
         at = leaf.data_ptr() - buffer.data_ptr()

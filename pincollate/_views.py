@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ._arena import is_pinned
+from ._ownership import hold
 
 __all__ = ["ALIGN", "Views", "align", "carve", "contiguous_strides", "exposed", "numpy_dtype", "pitch"]
 
@@ -70,9 +71,7 @@ def carve(source: np.ndarray[Any, Any], as_numpy: np.dtype[Any], shape: tuple[in
     storage's Python object, which torch keeps while the storage lives, holds
     ``source`` (and so the buffer) even after ``share_memory_`` moves its bytes away.
     """
-    tensor = torch.from_numpy(np.ndarray(shape, as_numpy, source, offset))
-    tensor.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
-    return tensor
+    return hold(torch.from_numpy(np.ndarray(shape, as_numpy, source, offset)), source)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -93,12 +92,20 @@ def exposed(buffer: torch.Tensor) -> torch.Tensor:
     the batch's fields read. In pinned memory and on an accelerator the fields are
     views of the buffer's storage, which moves with them: the buffer itself.
     """
-    if buffer.device.type != "cpu" or is_pinned(buffer) or not buffer.numel():
+    source = _source(buffer)
+    if source is None or not buffer.numel():
         return buffer
-    source = buffer.detach().numpy()
-    proxy = torch.from_numpy(source)
-    proxy.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
-    return proxy
+    return hold(torch.from_numpy(source), source)
+
+
+def _source(buffer: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """An array over ``buffer`` (it holds the buffer) where its tensors get storages of their own.
+
+    That is pageable host memory; pinned memory and an accelerator's keep views.
+    """
+    if buffer.device.type != "cpu" or is_pinned(buffer):
+        return None
+    return buffer.detach().numpy()
 
 
 class Views:
@@ -124,9 +131,7 @@ class Views:
         self.parts: tuple[Any, ...] = parts  # the layout's Parts
         self.typed: dict[torch.dtype, torch.Tensor] = {}
         self.made: dict[int, torch.Tensor] = {}
-        # The array holds the buffer tensor, so what holds the array holds the buffer.
-        carving = buffer.device.type == "cpu" and not is_pinned(buffer)
-        self.source: Any = buffer.detach().numpy() if carving else None
+        self.source: Any = _source(buffer)
 
     def tensor(
         self, dtype: torch.dtype, shape: tuple[int, ...], offset: int, strides: tuple[int, ...] | None = None
@@ -152,6 +157,4 @@ class Views:
         if as_numpy is not None:
             return carve(source, as_numpy, shape, offset)
         # bfloat16, float8, ...: numpy has no such dtype.
-        tensor = torch.frombuffer(source, dtype=dtype, count=count, offset=offset).view(shape)
-        tensor.untyped_storage()._pincollate_buffer = source  # type: ignore[attr-defined]
-        return tensor
+        return hold(torch.frombuffer(source, dtype=dtype, count=count, offset=offset).view(shape), source)

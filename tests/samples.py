@@ -190,6 +190,7 @@ def storages(tree: Any) -> set[int]:
     buffer's address. Any other tensor counts as its storage's address; a tensor with
     no elements counts as none.
     """
+    from pincollate._ownership import holder
     from pincollate._trees import tensors
 
     found = set()
@@ -197,7 +198,7 @@ def storages(tree: Any) -> set[int]:
         if not t.numel():
             continue
         storage = t.untyped_storage()
-        source = getattr(storage, "_pincollate_buffer", None)
+        source = holder(storage)
         at = storage.data_ptr()
         if (
             source is not None
