@@ -12,6 +12,7 @@ containers and of parts planned per batch are in :mod:`._tree_ops`.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ class Recipe(Protocol):
 
 
 __all__ = [
+    "JOIN_BYTES",
     "TENSOR_DTYPE",
     "TENSOR_SHAPE",
     "BlockOp",
@@ -124,15 +126,40 @@ class StackOp(Op):
         fill.tasks.append((self.fill, self.spec, column, self))
 
 
+#: The largest value (bytes) whose dtype a block's copy checks instead of a read per value:
+#: reading a small tensor's dtype costs about what copying it twice does.
+JOIN_BYTES = 1024
+
+
+def _stack_joined(region: torch.Tensor, payload: tuple[list[torch.Tensor], torch.dtype]) -> None:
+    """Stack a block's values, then copy them in only if their promoted dtype is the block's.
+
+    ``torch.stack`` into ``out=`` casts whatever it gets; without ``out=`` its result takes
+    the promoted dtype of every value (its type-promotion fold). Each field's first value
+    has the block's dtype (checked beforehand), and a promotion fold that leaves a dtype
+    never comes back to it (``tests/test_ops.py`` checks that over this torch's every
+    dtype), so a result of the block's dtype means every value promotes to it within its
+    own field: exactly what ``torch.stack`` of that field alone, as ``default_collate``
+    does, would give. A CUDA or sparse column stacks, and is refused here.
+    """
+    values, dtype = payload
+    stacked = torch.stack(values)
+    if stacked.dtype != dtype or not stacked.is_cpu or stacked.layout != torch.strided:
+        raise TypeError(f"a block of {dtype} stacked as {stacked.dtype} on {stacked.device}, {stacked.layout}")
+    region.copy_(stacked.view(region.shape))
+
+
 class BlockOp(Op):
     """Plain-tensor fields of one dtype and shape in one container, stacked as one block.
 
     Field ``j`` is rows ``j * B`` to ``(j + 1) * B`` of the block: one ``torch.stack``
-    and one dtype pass for all of them, and still one contiguous tensor per field.
-    ``index`` says where the parent's columns of these fields are.
+    for all of them, and still one contiguous tensor per field. ``index`` says where the
+    parent's columns of these fields are. The dtype of every value is checked by reading
+    it, or, for small values (at most :data:`JOIN_BYTES`), by the stack itself
+    (:func:`_stack_joined`), which costs an extra copy of the block instead.
     """
 
-    __slots__ = ("block", "dtype", "index", "pad", "paths", "shape")
+    __slots__ = ("block", "dtype", "index", "joined", "pad", "paths", "shape")
 
     def __init__(
         self,
@@ -148,8 +175,9 @@ class BlockOp(Op):
         self.paths = tuple(paths)
         self.index = tuple(index)
         self.block: TensorSpec = block
-        self.dtype = frozenset((dtype,))
+        self.dtype = dtype
         self.shape: tuple[int, ...] = shape
+        self.joined = math.prod(shape) * dtype.itemsize <= JOIN_BYTES
         # Rows stacked after each field so that the next one starts aligned.
         self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype),) * pad
 
@@ -161,26 +189,31 @@ class BlockOp(Op):
                 values += self.pad
         else:
             values = list(itertools.chain.from_iterable(columns))
+        dtype = self.dtype
         try:
             # Exact classes first: a tensor subclass passes the dtype getter.
-            ok = (
-                set(map(type, values)) == _PLAIN
-                and set(map(TENSOR_DTYPE, values)) == self.dtype
-                and all(column[0].shape == self.shape for column in columns)
+            ok = set(map(type, values)) == _PLAIN and all(
+                column[0].shape == self.shape and column[0].dtype == dtype for column in columns
             )
+            if ok and not self.joined:
+                ok = set(map(TENSOR_DTYPE, values)) == {dtype}
         except TypeError:
             ok = False
         if not ok:
             raise Mismatch(*self.blame(values))
-        fill.tasks.append((_stack, self.block, values, self))
+        if self.joined:
+            fill.tasks.append((_stack_joined, self.block, (values, dtype), self))
+        else:
+            fill.tasks.append((_stack, self.block, values, self))
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
-        rows = len(payload) // len(self.paths)
+        values = payload[0] if type(payload) is tuple else payload
+        rows = len(values) // len(self.paths)
         n = rows - len(self.pad)
         bad = []
         for j, path in enumerate(self.paths):
-            column = payload[j * rows : j * rows + n]
-            if not all(type(v) is torch.Tensor and v.dtype in self.dtype and v.shape == self.shape for v in column):
+            column = values[j * rows : j * rows + n]
+            if not all(type(v) is torch.Tensor and v.dtype == self.dtype and v.shape == self.shape for v in column):
                 bad.append(path)
         return tuple(bad) or self.paths
 
