@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from ._digits import DigitsDataset
+
 __all__ = [
     "SCENARIOS",
     "AudioDataset",
@@ -33,14 +35,6 @@ def _gen(index: int, seed: int) -> torch.Generator:
 
 
 class _ManyLeafDataset(Dataset[Any]):
-    """An image plus ``fields`` small tensor and number fields: a typical multimodal record.
-
-    Example:
-        >>> sample = ManyLeafDataset(4)[0]
-        >>> len(sample), sample["image"].shape
-        (43, torch.Size([3, 64, 64]))
-    """
-
     def __init__(self, length: int = 512, fields: int = 40, image_size: int = 64):
         self.length = length
         self.fields = fields
@@ -70,14 +64,6 @@ class _ManyLeafDataset(Dataset[Any]):
 
 
 class _NestedDataset(Dataset[Any]):
-    """A many-leaf record with nesting: an image, a dict of 24 small features, 8 crops, ids, a label.
-
-    Example:
-        >>> sample = NestedDataset(4)[0]
-        >>> len(sample["feats"]), len(sample["crops"]), sample["crops"][0].shape
-        (24, 8, torch.Size([3, 8, 8]))
-    """
-
     def __init__(self, length: int = 512, features: int = 24, crops: int = 8):
         self.length = length
         self.features = features
@@ -98,8 +84,6 @@ class _NestedDataset(Dataset[Any]):
 
 
 class _RaggedDataset(Dataset[Any]):
-    """Token ids of 16 to 512 per sample and a label: ragged, with no policy asked for."""
-
     def __init__(self, length: int = 512, max_tokens: int = 512):
         self.length = length
         self.max_tokens = max_tokens
@@ -114,8 +98,6 @@ class _RaggedDataset(Dataset[Any]):
 
 
 class _VideoDataset(Dataset[Any]):
-    """Few, large leaves: a uint8 video clip and a float16 optical-flow tensor (over 1 MB each)."""
-
     def __init__(self, length: int = 64, frames: int = 16, size: int = 160):
         self.length = length
         self.frames = frames
@@ -135,8 +117,6 @@ class _VideoDataset(Dataset[Any]):
 
 
 class _VLMDataset(Dataset[Any]):
-    """Token ids of varying length and a varying number of variable-resolution patch tensors."""
-
     def __init__(self, length: int = 256, max_tokens: int = 256, max_images: int = 4, patch_dim: int = 588):
         self.length = length
         self.max_tokens = max_tokens
@@ -158,8 +138,6 @@ class _VLMDataset(Dataset[Any]):
 
 
 class _AudioDataset(Dataset[Any]):
-    """Mono waveforms of 0.5 to 2 seconds at 16 kHz, with a label."""
-
     def __init__(self, length: int = 256, rate: int = 16000):
         self.length = length
         self.rate = rate
@@ -174,8 +152,6 @@ class _AudioDataset(Dataset[Any]):
 
 
 class _DetectionDataset(Dataset[Any]):
-    """Images with a different number of boxes (and labels) per image."""
-
     def __init__(self, length: int = 256, size: int = 128, max_boxes: int = 20):
         self.length = length
         self.size = size
@@ -197,12 +173,6 @@ class _DetectionDataset(Dataset[Any]):
 
 
 class _InMemory(Dataset[Any]):
-    """Another dataset's items, built once up front.
-
-    Benchmarks use it so that workers spend their time collating and sending,
-    not generating random data; forked workers share the items copy-on-write.
-    """
-
     def __init__(self, dataset: Dataset[Any]):
         self.items: list[Any] = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
 
@@ -258,52 +228,6 @@ def AudioDataset(length: int = 256, rate: int = 16000) -> Dataset[Any]:
 def DetectionDataset(length: int = 256, size: int = 128, max_boxes: int = 20) -> Dataset[Any]:
     """Images with a different number of boxes (and labels) per image."""
     return _DetectionDataset(length, size, max_boxes)
-
-
-class _DigitsDataset(Dataset[Any]):
-    def __init__(self, split: str, test_fraction: float, seed: int):
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        images = torch.tensor(digits.images, dtype=torch.float32) / 16.0
-        targets = torch.tensor(digits.target)
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
-        cut = int(len(images) * (1 - test_fraction))
-        self.ids = order[:cut] if split == "train" else order[cut:]
-        self.images = images
-        self.targets = targets
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        i = int(self.ids[index])
-        image = self.images[i]
-        return {
-            "id": i,
-            "image": image.unsqueeze(0),
-            "ink": torch.nonzero(image.flatten() > 0.25).squeeze(1),
-            "label": int(self.targets[i]),
-        }
-
-
-def DigitsDataset(split: str = "train", test_fraction: float = 0.25, seed: int = 0) -> Dataset[Any]:
-    """scikit-learn's 1,797 handwritten digits (8x8 scans, shipped inside scikit-learn).
-
-    Each sample is multimodal: ``image`` (1x8x8 float in [0, 1]), ``ink`` (the raster
-    positions of the inked pixels: a sequence of about 15 to 35 ids, different per digit),
-    ``label`` and ``id``. ``split`` is ``"train"`` or ``"test"``, drawn once with
-    ``seed``. Needs scikit-learn (``pip install scikit-learn``).
-
-    Example:
-        >>> train = DigitsDataset("train")
-        >>> sample = train[0]
-        >>> len(train), tuple(sample["image"].shape), sample["ink"].dtype
-        (1347, (1, 8, 8), torch.int64)
-    """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return _DigitsDataset(split, test_fraction, seed)
 
 
 def InMemory(dataset: Dataset[Any]) -> Dataset[Any]:
