@@ -20,6 +20,8 @@ Each carries ``(layout, buffer, values)``, so it moves in one piece:
 
 A batch whose contents were changed (a key added, a tensor replaced) no longer
 matches its layout: it then moves leaf by leaf, correctly, and carries no layout.
+Moving is :mod:`._moving`'s; a carrier class builds the moved batch
+(``_pincollate_make``).
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._arena import copy_to_device, is_pinned, pinned_allocator
 from ._check import Carried, carried, is_batch
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
-from ._spans import pin_spans
+from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
     DataclassSpec,
     JaggedSpec,
@@ -45,15 +46,12 @@ from ._specs import (
     SplitSpec,
     new_dataclass,
 )
-from ._trees import map_tensors
 from ._views import Views, exposed
 
 __all__ = [
     "Batch",
     "BatchList",
     "allow_loading",
-    "batch_pin_memory",
-    "batch_to",
     "carried",
     "carrier_class",
     "carries",
@@ -106,105 +104,6 @@ def _rebuild(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
     return make_batch(layout, buffer, values)
 
 
-# --- moving -----------------------------------------------------------------------------
-
-
-def batch_pin_memory(self: T, device: Any = None) -> T:
-    """This batch in pinned memory: one pinned allocation and one copy (itself if pinned)."""
-    state = carried(self)
-    if state is None:
-        return _plain_again(self, pin_spans(_contents(self)))  # type: ignore[no-any-return]
-    layout, buffer, values = state
-    if is_pinned(buffer):
-        return self
-    pinned = pinned_allocator()(layout.nbytes)
-    pinned.copy_(buffer[: layout.nbytes])
-    return make_batch(layout, pinned, values)  # type: ignore[no-any-return]
-
-
-def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
-    """This batch moved or cast as ``Tensor.to`` would move or cast each of its tensors.
-
-    Takes ``Tensor.to``'s arguments (``device``, ``dtype``, ``non_blocking``, ``copy``;
-    positional or keyword) with its defaults. A dtype casts the floating-point
-    tensors only; integer and bool tensors keep theirs. The buffer moves in one copy.
-    """
-    if len(args) == 4:  # Tensor.to(device, dtype, non_blocking, copy)
-        *args, kwargs["copy"] = args  # type: ignore[assignment]
-    copy = bool(kwargs.pop("copy", False))
-    device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    if memory_format is not None and memory_format != torch.preserve_format:
-        # Views in another memory format are not the layout's contiguous views: move by
-        # the layout, then re-lay each tensor of a rank the format applies to.
-        moved = batch_to(self, device=device, dtype=dtype, non_blocking=non_blocking, copy=copy)
-        return _plain_again(moved, map_tensors(_contents(moved), functools.partial(_in_format, memory_format)))  # type: ignore[no-any-return]
-    state = carried(self)
-    if state is None:
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            cast = dtype if dtype is not None and t.is_floating_point() else None
-            if device is not None and not _same_device(t.device, device):
-                # As the whole buffer moves: a registered slot stays held until copied.
-                t = copy_to_device(t, device, non_blocking)
-                return t if cast is None else t.to(cast)
-            return t.to(dtype=cast, non_blocking=non_blocking, copy=copy)
-
-        return _plain_again(self, map_tensors(_contents(self), move))  # type: ignore[no-any-return]
-    layout, buffer, values = state
-    target = buffer.device if device is None else device
-    cast = layout if dtype is None else layout.cast(dtype)
-    same = _same_device(buffer.device, target)
-    if same and cast is layout and not copy:
-        return self
-    source = buffer[: layout.nbytes]
-    if not same:
-        source = copy_to_device(source, target, non_blocking)
-    elif cast is layout:
-        source = source.clone()
-    if cast is not layout:
-        out = torch.empty(cast.nbytes, dtype=torch.uint8, device=target)
-        with torch.no_grad():
-            for old, new in zip(layout.tensors(), cast.tensors(), strict=True):
-                new.of(out).copy_(old.of(source), non_blocking=non_blocking)
-        source = out
-    return make_batch(cast, source, values)  # type: ignore[no-any-return]
-
-
-#: The rank each memory format applies to (others keep theirs, as no tensor of another rank can take it).
-_FORMAT_RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
-
-
-def _in_format(memory_format: torch.memory_format, t: torch.Tensor) -> torch.Tensor:
-    rank = _FORMAT_RANK.get(memory_format)
-    if rank is not None and t.dim() != rank:
-        return t
-    return t.contiguous(memory_format=memory_format)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (b.index is None or a.index == b.index)
-
-
-def _contents(batch: Any) -> Any:
-    """The batch as plain containers, for leaf-by-leaf moves."""
-    if isinstance(batch, dict):
-        return dict(batch)
-    if isinstance(batch, list):
-        return list(batch)
-    if isinstance(batch, tuple):
-        return tuple(batch)
-    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-
-
-def _plain_again(like: Any, moved: Any) -> Any:
-    """A moved batch of ``like``'s type that carries no layout (its contents changed)."""
-    if isinstance(like, (Batch, BatchList)):
-        return type(like)(moved)
-    if isinstance(like, tuple):
-        return type(like)(*moved)
-    return new_dataclass(type(like), moved)
-
-
 # --- the batch types ----------------------------------------------------------------------
 
 
@@ -224,6 +123,7 @@ class _Carrier:
     """What :class:`Batch` and :class:`BatchList` share: the layout they carry, and moving by it."""
 
     _pincollate: Carried | None = None
+    _pincollate_make = staticmethod(make_batch)
     pin_memory = batch_pin_memory
     to = batch_to
 
@@ -244,7 +144,7 @@ class _Carrier:
     def __reduce__(self) -> Any:
         state = carried(self)
         if state is None:
-            return (type(self), (_contents(self),))
+            return (type(self), (contents(self),))
         return (_rebuild, state)
 
 
@@ -300,6 +200,7 @@ def _carrier_class(cls: Any) -> Any:
         "__qualname__": getattr(cls, "__qualname__", cls.__name__),
         "__reduce__": _carrier_reduce,
         "_pincollate": None,
+        "_pincollate_make": staticmethod(make_batch),
     }
     if hasattr(cls, "_fields"):
         namespace["__repr__"] = lambda self: cls.__repr__(self)

@@ -11,7 +11,8 @@ from typing import TypeVar
 
 import torch
 
-from ._batch import batch_pin_memory, batch_to, is_batch
+from ._batch import is_batch
+from ._moving import batch_pin_memory, batch_to
 from ._spans import pin_spans, spans_to_device
 
 __all__ = ["pin", "to_device"]

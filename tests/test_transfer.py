@@ -173,7 +173,7 @@ def test_a_field_moved_out_of_its_buffer_pins_on_its_own(fake_pinned):
 
 @pytest.mark.parametrize("hop", ["pin", "to_device", "batch.pin_memory", "batch.to"])
 def test_each_hop_checks_the_batch_against_its_layout_once(monkeypatch, fake_pinned, hop):
-    from pincollate import _batch, _transfer
+    from pincollate import _batch, _moving, _transfer
 
     batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
     walks = []
@@ -183,7 +183,7 @@ def test_each_hop_checks_the_batch_against_its_layout_once(monkeypatch, fake_pin
         walks.append(1)
         return real(b)
 
-    for module in (_batch, _transfer):  # wherever the walk is looked up
+    for module in (_batch, _moving, _transfer):  # wherever the walk is looked up
         monkeypatch.setattr(module, "carried", counted, raising=False)
     moved = {
         "pin": lambda: pin(batch),
