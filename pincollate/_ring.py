@@ -1,31 +1,28 @@
 """Worker batches in a recycled ring of shared-memory slots, mapped once by the receiver.
 
-A fresh shared-memory buffer per batch costs a new file, a page fault and kernel
-zeroing for every page the fill writes, a file descriptor passed over a socket and a
-new mapping in the main process. Inside a DataLoader worker a batch is therefore
-filled into a *slot* of the worker's ring instead:
+A fresh shared buffer per batch costs a new file, page faults and zeroing for every
+page written, a file descriptor over a socket and a new mapping in the main process.
+Inside a DataLoader worker a batch is therefore filled into a *slot* of its ring:
 
-* a worker keeps up to ``slots`` shared-memory storages and one small shared state
-  array (one ``int64`` per slot, written by the receiver). Slots are made when the
-  worker has more batches in flight than it has slots, so a ring holds as many as
-  the loader keeps in flight (``prefetch_factor`` plus what the consumer holds);
+* a worker keeps up to ``slots`` shared storages and one small shared state array
+  (one ``int64`` per slot, written by the receiver); slots are made when the worker
+  has more batches in flight than slots, so a ring holds what the loader keeps in
+  flight (``prefetch_factor`` plus what the consumer holds);
 * each batch is filled into a lease of its slot (:mod:`._ownership`): a storage over
   exactly the batch's bytes, so ``torch.save`` and ``pickle`` write its own size;
-* when the batch is pickled for another process (multiprocessing's pickler only)
-  it crosses as the ring's token, the slot's index and generation, the layout and
-  the values. A slot's storage (and the ring's state array) travel with its first
-  batch only, and a layout with the first batch of its structure (later ones carry
-  its key; the receiver keeps it). Anything else that leaves (a tensor sent beside
-  the batch, a changed batch sent tensor by tensor) is moved into fresh shared
-  memory by torch first;
-* the receiving process (:mod:`._receiver`) keeps its mapping of every slot and
-  builds each batch over a lease of it; the slot goes back to its worker when that
-  lease is over, under the one rule of :mod:`._ownership`;
-* with no free slot that fits and the ring full, the batch takes a fresh buffer, as
-  without a ring; a worker waits for a slot only where /dev/shm has no room for
-  either (:mod:`._shm`). A slot too small for a batch is replaced by a bigger one
-  when it is free, and a retired slot (a fork while it was held) by a new one. A new
-  slot has headroom where /dev/shm has room for it, else exactly the batch's pages.
+* pickled for another process (multiprocessing's pickler only), a batch crosses as
+  the ring's token, the slot's index and generation, the layout and the values. A
+  slot's storage (and the state array) travel with its first batch only, a layout
+  with the first batch of its structure (later ones carry its key). Anything else
+  that leaves (a tensor sent beside the batch, a changed batch sent tensor by
+  tensor) is moved into fresh shared memory by torch first;
+* the receiver (:mod:`._receiver`) keeps its mapping of every slot and builds each
+  batch over a lease of it; the slot goes back to its worker when that lease is
+  over, under the one rule of :mod:`._ownership`;
+* with no free slot that fits and the ring full, the batch takes a fresh buffer; a
+  worker waits for a slot only where /dev/shm has no room for either (:mod:`._shm`).
+  A slot too small for a batch is replaced when free, as is a retired one (a fork
+  while it was held). A new slot has headroom where /dev/shm has room for it.
 """
 
 from __future__ import annotations
