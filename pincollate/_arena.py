@@ -183,7 +183,7 @@ def allocate(
             return _shm.outside_buffer(nbytes, pin)
     try:
         if kind == "shared":
-            storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+            storage = _shm.new_shared(nbytes)
             return torch.empty(0, dtype=torch.uint8).set_(storage)
         if kind == "pinned":
             return _pinned_allocator(nbytes)

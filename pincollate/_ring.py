@@ -61,10 +61,6 @@ def capacity_for(nbytes: int) -> int:
     return -(-int(nbytes * _HEADROOM) // _GRAIN) * _GRAIN
 
 
-def _shared(nbytes: int) -> torch.UntypedStorage:
-    return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
-
-
 def words(storage: torch.UntypedStorage, count: int) -> Any:
     """``count`` int64 words over ``storage``'s memory, read and written at C speed."""
     return (ctypes.c_int64 * count).from_address(storage.data_ptr())
@@ -98,7 +94,7 @@ class _Ring:
     def __init__(self, slots: int):
         self.token = secrets.randbits(62)
         self.pid = os.getpid()
-        self.state_storage = _shared(8 * slots)  # a new shared file reads as zeros: all free
+        self.state_storage = _shm.new_shared(8 * slots)  # a new shared file reads as zeros: all free
         self.state = words(self.state_storage, slots)
         self.slots: list[_Slot | None] = [None] * slots
         # Reentrant: a lease's end (a finalizer) may run while this thread holds it.
@@ -178,7 +174,7 @@ def _new_slot(nbytes: int) -> torch.UntypedStorage | None:
     for capacity in (capacity_for(nbytes), -(-nbytes // 4096) * 4096):
         if _shm.room_for(capacity):
             try:
-                return _shared(capacity)
+                return _shm.new_shared(capacity)
             except RuntimeError:  # another process took the room first (torch reserves it all)
                 return None
     return None

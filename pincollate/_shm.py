@@ -42,6 +42,7 @@ __all__ = [
     "SharedMemoryWarning",
     "map_memfd",
     "mib",
+    "new_shared",
     "note",
     "noticed",
     "outside",
@@ -62,6 +63,11 @@ _MARGIN = 1 << 20
 
 class SharedMemoryWarning(UserWarning):
     """/dev/shm is too small for a loader's batches: workers wait, or send batches by pipe."""
+
+
+def new_shared(nbytes: int) -> torch.UntypedStorage:
+    """A fresh shared-memory storage of ``nbytes`` (a new file reads as zeros)."""
+    return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call,no-any-return]
 
 
 def shm_free() -> int | None:
