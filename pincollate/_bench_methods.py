@@ -27,6 +27,8 @@ __all__ = [
     "ragged_by_hand",
     "ragged_hf",
     "tensordict_consolidate",
+    "tokens_by_hand",
+    "tokens_hf",
     "vlm_by_hand",
     "vlm_hf",
 ]
@@ -122,6 +124,21 @@ def vlm_hf(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def tokens_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    ids = [torch.tensor(s["input_ids"]) for s in samples]
+    lengths = torch.tensor([len(s["input_ids"]) for s in samples])
+    return {
+        "input_ids": pad_sequence(ids, batch_first=True),
+        "attention_mask": torch.arange(int(lengths.max()))[None, :] < lengths[:, None],
+        "labels": torch.tensor([s["label"] for s in samples]),
+    }
+
+
+def tokens_hf(samples: list[dict[str, Any]]) -> Any:
+    """``DataCollatorWithPadding`` on what it was made for: token ids as Python lists."""
+    return hf_padding_collator()(samples)
+
+
 def detection_by_hand(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "image": torch.stack([s["image"] for s in samples]),
@@ -155,13 +172,22 @@ def methods(scenario: str) -> dict[str, Collate | None]:
         "detection": MMCollate(),
         # The same outputs as the hand-written collate: padded tokens, their lengths, labels.
         "ragged": MMCollate(fields={"tokens": Pad(mask_key=None)}),
+        # What DataCollatorWithPadding gives: padded ids, their mask, "labels".
+        "tokens": MMCollate(
+            fields={"input_ids": Pad(mask_key="attention_mask", lengths_key=None)}, rename={"label": "labels"}
+        ),
     }[scenario]
-    by_hand = {"vlm": vlm_by_hand, "audio": audio_by_hand, "detection": detection_by_hand, "ragged": ragged_by_hand}[
-        scenario
-    ]
+    by_hand = {
+        "vlm": vlm_by_hand,
+        "audio": audio_by_hand,
+        "detection": detection_by_hand,
+        "ragged": ragged_by_hand,
+        "tokens": tokens_by_hand,
+    }[scenario]
     table = {"pad/cat by hand": by_hand}
-    if scenario in ("ragged", "vlm") and hf_padding_collator() is not None:
-        table["HF DataCollatorWithPadding"] = ragged_hf if scenario == "ragged" else vlm_hf
+    hf = {"ragged": ragged_hf, "vlm": vlm_hf, "tokens": tokens_hf}.get(scenario)
+    if hf is not None and hf_padding_collator() is not None:
+        table["HF DataCollatorWithPadding"] = hf
     table["mm_collate"] = ours
     return table
 

@@ -209,7 +209,7 @@ class _Walk(ContainerWalk):
         try:
             dtype = torch.tensor(numbers).dtype if numbers else torch.int64
             return [None if v is None else torch.tensor(list(v), dtype=dtype) for v in values]
-        except (OverflowError, RuntimeError, TypeError) as exc:
+        except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
             raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
 
     def _as_default_collate(self, values: Sequence[Any], path: Path, origins: Origins) -> Node:

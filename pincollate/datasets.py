@@ -25,6 +25,7 @@ __all__ = [
     "ManyLeafDataset",
     "NestedDataset",
     "RaggedDataset",
+    "TokenListDataset",
     "VLMDataset",
     "VideoDataset",
 ]
@@ -95,6 +96,20 @@ class _RaggedDataset(Dataset[Any]):
         g = _gen(index, 7)
         n = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
         return {"tokens": torch.randint(0, 32000, (n,), generator=g), "label": index % 10}
+
+
+class _TokenListDataset(Dataset[Any]):
+    def __init__(self, length: int = 512, max_tokens: int = 512):
+        self.length = length
+        self.max_tokens = max_tokens
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        g = _gen(index, 8)
+        n = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
+        return {"input_ids": torch.randint(0, 32000, (n,), generator=g).tolist(), "label": index % 10}
 
 
 class _VideoDataset(Dataset[Any]):
@@ -210,6 +225,17 @@ def RaggedDataset(length: int = 512, max_tokens: int = 512) -> Dataset[Any]:
     return _RaggedDataset(length, max_tokens)
 
 
+def TokenListDataset(length: int = 512, max_tokens: int = 512) -> Dataset[Any]:
+    """Token ids of 16 to 512 per sample as a Python list (as ``datasets`` and tokenizers give them), and a label.
+
+    Example:
+        >>> sample = TokenListDataset(4)[0]
+        >>> type(sample["input_ids"]).__name__, type(sample["input_ids"][0]).__name__
+        ('list', 'int')
+    """
+    return _TokenListDataset(length, max_tokens)
+
+
 def VideoDataset(length: int = 64, frames: int = 16, size: int = 160) -> Dataset[Any]:
     """Few, large leaves: a uint8 video clip and a float16 optical-flow tensor (over 1 MB each)."""
     return _VideoDataset(length, frames, size)
@@ -260,6 +286,7 @@ SCENARIOS: dict[str, tuple[Callable[..., Dataset[Any]], int]] = {
     "nested": (NestedDataset, 32),
     "video": (VideoDataset, 8),
     "ragged": (RaggedDataset, 32),
+    "tokens": (TokenListDataset, 32),
     "vlm": (VLMDataset, 16),
     "audio": (AudioDataset, 32),
     "detection": (DetectionDataset, 32),

@@ -14,6 +14,7 @@ from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
 from pincollate._planner import Planner
 from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
+from pincollate._recipe import NumberLists
 from pincollate._views import ALIGN
 from samples import assert_identical, assert_one_buffer
 
@@ -30,6 +31,11 @@ def _items(counts: list[list[int]]) -> list[dict[str, Any]]:
         {"ids": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(sample)]}
         for i, sample in enumerate(counts)
     ]
+
+
+def _lists(lengths: list[int], kind: type = int, container: type = list) -> list[dict[str, Any]]:
+    """Token ids as Python lists (or tuples), as ``datasets`` and tokenizers give them."""
+    return [{"ids": container(kind(7 * i + j) for j in range(n)), "y": i} for i, n in enumerate(lengths)]
 
 
 def _audio(lengths: list[int]) -> list[dict[str, Any]]:
@@ -93,6 +99,31 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
     "list-flat": ({}, ListRecipe, [lambda: _audio([5, 9]), lambda: _audio([2, 2]), lambda: _audio([1, 3, 8])]),
     "aslist": ({"fields": {"ids": AsList()}}, ListRecipe, [lambda: _ids([3, 1]), lambda: _ids([2, 2])]),
     "persample-tensors": ({"fields": {"ids": PerSample()}}, ListRecipe, [lambda: _ids([3, 1]), lambda: _ids([4, 4])]),
+    "pad-number-lists": (
+        {"fields": {"ids": Pad()}},
+        NumberLists,
+        [lambda: _lists([3, 1, 4]), lambda: _lists([0, 6]), lambda: _lists([2, 2])],
+    ),
+    "pad-number-tuples-left": (
+        {"fields": {"ids": Pad(value=-1, side="left")}},
+        NumberLists,
+        [lambda: _lists([3, 1], container=tuple), lambda: _lists([5, 2], container=tuple)],
+    ),
+    "pad-float-lists": (
+        {"fields": {"ids": Pad()}},
+        NumberLists,
+        [lambda: _lists([3, 1], float), lambda: _lists([2, 4], float)],
+    ),
+    "pad-bool-lists": (
+        {"fields": {"ids": Pad()}},
+        NumberLists,
+        [lambda: _lists([3, 1], bool), lambda: _lists([2, 4], bool)],
+    ),
+    "concat-number-lists": (
+        {"fields": {"ids": Concat()}},
+        NumberLists,
+        [lambda: _lists([3, 1, 4]), lambda: _lists([2, 0])],
+    ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
@@ -181,6 +212,48 @@ def test_a_batch_the_recipe_does_not_describe_is_planned_carefully(careful_only)
 
 class _Sub(torch.Tensor):
     pass
+
+
+def test_number_lists_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    import enum
+
+    import numpy as np
+
+    class Token(enum.IntEnum):
+        A = 5
+
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad()}, missing="none")
+    reference = careful_only(fields={"ids": Pad()}, missing="none")
+    batches = [
+        _lists([3, 1]),  # planned: a recipe for int64
+        [{"ids": [1, 2.5], "y": 0}, {"ids": [3], "y": 1}],  # a float among the ints: float32
+        [{"ids": [True, False], "y": 0}, {"ids": [True], "y": 1}],  # bools only: a bool tensor
+        [{"ids": [True, 4], "y": 0}, {"ids": [5], "y": 1}],  # bools among ints: int64, as torch.tensor
+        [{"ids": [Token.A, 1], "y": 0}, {"ids": [2], "y": 1}],  # an int subclass
+        [{"ids": [1.5, 2.0], "y": 0}, {"ids": [np.float64(3.0)], "y": 1}],  # a float subclass
+        [{"ids": [1, 2], "y": 0}, {"ids": None, "y": 1}],  # a missing value
+        _lists([2, 5]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+
+
+def test_number_lists_the_careful_planner_refuses_get_its_error(careful_only):
+    import numpy as np
+
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
+    collate(_lists([3, 1]))
+    for batch in (
+        [{"ids": [1, 2**70], "y": 0}, {"ids": [3], "y": 1}],  # beyond int64
+        [{"ids": [1, np.int64(2)], "y": 0}, {"ids": [3], "y": 1}],  # a numpy int is no Python number
+        [{"ids": [1, "2"], "y": 0}, {"ids": [3], "y": 1}],
+        [{"ids": [], "y": 0}, {"ids": [], "y": 1}],  # no numbers at all: no dtype to pad
+    ):
+        with pytest.raises(CollateError) as fresh:
+            careful_only(fields={"ids": Pad()})(batch)
+        with pytest.raises(CollateError) as warm:
+            collate(batch)
+        assert str(warm.value) == str(fresh.value)
 
 
 def test_a_value_the_recipe_cannot_take_gets_the_careful_error():
