@@ -186,7 +186,12 @@ class Fill:
             Mismatch: a cached plan's copy failed (a shape that differs, say).
         """
         views = Views(buffer, self.values)
-        with torch.no_grad():
+        # Copies into the buffer are never part of a graph (``out=`` refuses one). The
+        # switch itself, not torch.no_grad(): a context manager object per batch costs
+        # more than a small batch's copy.
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
             for fill, spec, payload, owner in self.tasks:
                 region = spec.region(views)
                 try:
@@ -195,4 +200,6 @@ class Fill:
                     if owner is not None:
                         raise Mismatch(*owner.blame(payload)) from exc
                     raise CollateError(f"cannot copy values into the batch: {exc}") from exc
+        finally:
+            torch._C._set_grad_enabled(grad)
         return views

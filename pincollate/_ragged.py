@@ -61,7 +61,7 @@ _STACK, _CONCAT = _tensor_fills()
 class PadRecipe(Recipe):
     """``Pad`` over one dimension of plain tensors (the one whose sizes differ, or ``dims``)."""
 
-    __slots__ = ("dim", "left", "lengths_name", "mask_name", "policy")
+    __slots__ = ("dim", "fill_mask", "fill_values", "left", "lengths_name", "mask_name", "policy")
 
     def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable):
         super().__init__(dtype, ndim)
@@ -71,6 +71,8 @@ class PadRecipe(Recipe):
         self.dim: int | None = None if dims is None else dims[0]
         self.lengths_name = policy._extra_name(policy.lengths_key, name)
         self.mask_name = policy._extra_name(policy.mask_key, name)
+        self.fill_values: Filler = functools.partial(fill_padded_1d, value=policy.value, left=self.left)
+        self.fill_mask: Filler = functools.partial(fill_mask_1d, left=self.left)
 
     def extras(self) -> tuple[str, ...]:
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
@@ -103,7 +105,7 @@ class PadRecipe(Recipe):
         sizes[dim] = policy._round(longest)
         node = place(fill, next(iter(self.dtypes)), (n, *sizes))
         payload = (column, lengths, dim)
-        fill.tasks.append((functools.partial(fill_padded_1d, value=policy.value, left=self.left), node, payload, None))
+        fill.tasks.append((self.fill_values, node, payload, None))
         extras: list[tuple[str, TensorSpec]] = []
         lengths_spec = None
         if self.lengths_name is not None:
@@ -112,7 +114,7 @@ class PadRecipe(Recipe):
             extras.append((self.lengths_name, lengths_spec))
         if self.mask_name is not None:
             mask = place(fill, torch.bool, (n, sizes[dim]))
-            fill.tasks.append((functools.partial(fill_mask_1d, left=self.left), mask, lengths, None))
+            fill.tasks.append((self.fill_mask, mask, lengths, None))
             extras.append((self.mask_name, mask))
         return Part(node, tuple(extras))
 
