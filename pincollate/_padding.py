@@ -14,7 +14,16 @@ import torch
 
 from ._leaves import LeafHandler
 
-__all__ = ["SCATTER_BYTES", "box", "fill_mask", "fill_mask_1d", "fill_padded", "fill_padded_1d", "valid_1d"]
+__all__ = [
+    "PAD_BYTES",
+    "SCATTER_BYTES",
+    "box",
+    "fill_mask",
+    "fill_mask_1d",
+    "fill_padded",
+    "fill_padded_1d",
+    "valid_1d",
+]
 
 #: Above this many bytes a padded field is copied row by row (one copy of each value);
 #: below it one ``masked_scatter_`` over a concatenation (two copies, one call each).
@@ -74,9 +83,23 @@ def fill_padded_1d(
     region: torch.Tensor, payload: tuple[Sequence[torch.Tensor], list[int], int], *, value: Any, left: bool
 ) -> None:
     values, lengths, dim = payload
-    region.fill_(value)
     size = region.shape[dim + 1]
-    if region.numel() * region.element_size() <= SCATTER_BYTES:
+    nbytes = region.numel() * region.element_size()
+    if (
+        dim == 0
+        and nbytes > SCATTER_BYTES
+        and (size * len(lengths) - sum(lengths)) * region.element_size() <= PAD_BYTES
+    ):
+        # Large rows padded at their end (or start): each value and its padding are
+        # consecutive in the buffer, so one torch.cat writes every byte once.
+        gaps = [size - length for length in lengths]
+        trailing = tuple(region.shape[2:])
+        pads = torch.split(_pad_values(region.dtype, value, sum(gaps), trailing), gaps)
+        pairs = zip(pads, values, strict=True) if left else zip(values, pads, strict=True)
+        torch.cat([piece for pair in pairs for piece in pair], out=region.view(-1, *trailing))
+        return
+    region.fill_(value)
+    if nbytes <= SCATTER_BYTES:
         # Row-major order of the valid places is each value's own order, sample by sample.
         valid = valid_1d(lengths, size, left)
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
@@ -86,3 +109,21 @@ def fill_padded_1d(
         return
     for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
         region[i].narrow(dim, size - length if left else 0, length).copy_(item)
+
+
+#: The most padding (bytes) one large padded field takes from a kept tensor of its pad value.
+PAD_BYTES = 1 << 22
+
+_pads: dict[tuple[torch.dtype, Any, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _pad_values(dtype: torch.dtype, value: Any, rows: int, trailing: tuple[int, ...]) -> torch.Tensor:
+    """``rows`` rows of ``value``: a view of a tensor kept per dtype, value and row shape, grown as needed.
+
+    Only read, never written: threads may share it, and one that grows it replaces it.
+    """
+    key = (dtype, value, trailing)
+    kept = _pads.get(key)
+    if kept is None or kept.shape[0] < rows:
+        kept = _pads[key] = torch.full((max(rows, 1024), *trailing), value, dtype=dtype)
+    return kept[:rows]

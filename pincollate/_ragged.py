@@ -37,7 +37,7 @@ from ._ops import TENSOR_DTYPE
 from ._packing import INT32_MAX, Concat
 from ._padding import fill_mask_1d, fill_padded_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
-from ._recipe import PLAIN, NumberLists, Recipe, number_tensor, place
+from ._recipe import PLAIN, Recipe, converted, place
 from ._specs import SplitSpec
 from ._views import ALIGN, pitch
 
@@ -248,11 +248,11 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> 
     under no policy, ``AsList``/``PerSample`` or ``Pad`` (one padded dimension, a pad
     value that fits the dtype).
     """
-    if policy is not None and policy.numbers_as_sequence:
-        flat = number_tensor(column)
-        if flat is not None:  # token ids as Python lists: one tensor per batch, then as 1-D tensors
-            inner = recipe_for(torch.split(flat, list(map(len, column))), policy, name)
-            return None if inner is None else NumberLists(inner)
+    as_tensors = converted(column, policy)
+    if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
+        tensors, wrap = as_tensors
+        inner = recipe_for(tensors, policy, name)
+        return None if inner is None else wrap(inner)
     if type(policy) is Concat:
         assert isinstance(policy, Concat)
         return _concat_recipe(column, policy, name)

@@ -9,18 +9,22 @@ their copies.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
-from typing import Any
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ._fill import Fill
 from ._layout import Part, TensorSpec
-from ._ops import TENSOR_DTYPE, TENSOR_SHAPE
+from ._ops import ARRAY_DTYPE, TENSOR_DTYPE, TENSOR_SHAPE
 from ._views import align
 
-__all__ = ["PLAIN", "NumberLists", "Recipe", "number_tensor", "place"]
+if TYPE_CHECKING:
+    from ._policies import Policy
+
+__all__ = ["PLAIN", "Arrays", "NumberLists", "Recipe", "array_tensors", "converted", "number_tensor", "place"]
 
 PLAIN = frozenset((torch.Tensor,))
 _STRIDED = frozenset((torch.strided,))
@@ -29,6 +33,8 @@ _LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
 _IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
 _LISTS = frozenset((list, tuple))
 _NUMBERS = frozenset((bool, int, float))
+_ARRAYS = frozenset((np.ndarray,))
+_WRITEABLE: Any = operator.attrgetter("flags.writeable")
 
 
 class Recipe:
@@ -135,3 +141,65 @@ class NumberLists(Recipe):
 
     def extras(self) -> tuple[str, ...]:
         return self.inner.extras()
+
+
+def array_tensors(column: Sequence[Any]) -> list[torch.Tensor] | None:
+    """A column of numpy arrays as tensors over the same memory, or ``None``.
+
+    Only exact, writeable ``ndarray`` s that ``torch.from_numpy`` takes (a numeric or bool
+    dtype in this machine's byte order, no negative strides): read-only arrays, which it
+    would warn about, and anything else go to the careful planner.
+    """
+    if set(map(type, column)) != _ARRAYS or not all(map(_WRITEABLE, column)):
+        return None
+    try:
+        return list(map(torch.from_numpy, column))
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+class Arrays(Recipe):
+    """Ragged numpy arrays (waveforms from soundfile or librosa, say): as tensors, then ``inner``.
+
+    Each array becomes a tensor over its own memory (no copy), and ``inner`` (the recipe of
+    that column of tensors) places and copies them. A batch of another numpy dtype, or of
+    anything but arrays, goes to the careful planner.
+    """
+
+    __slots__ = ("arrays", "inner")
+
+    def __init__(self, inner: Recipe, dtype: np.dtype[Any]):
+        super().__init__(next(iter(inner.dtypes)), inner.ndim)
+        self.inner = inner
+        self.arrays = frozenset((dtype,))
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        try:
+            if set(map(ARRAY_DTYPE, column)) != self.arrays:
+                return False
+        except TypeError:  # not all arrays
+            return False
+        tensors = array_tensors(column)
+        return tensors is not None and self.inner.run(tensors, fill, index)
+
+    def extras(self) -> tuple[str, ...]:
+        return self.inner.extras()
+
+
+def converted(
+    column: Sequence[Any], policy: Policy | None
+) -> tuple[Sequence[torch.Tensor], Callable[[Recipe], Recipe]] | None:
+    """A column a recipe takes once converted: the tensors to plan it by, and the recipe's wrapper.
+
+    Python number lists (under a policy that reads them as sequences) and numpy arrays;
+    ``None`` for anything else.
+    """
+    if policy is not None and policy.numbers_as_sequence:
+        flat = number_tensor(column)
+        if flat is not None:
+            return torch.split(flat, list(map(len, column))), NumberLists
+    tensors = array_tensors(column)
+    if tensors is not None and len(set(map(ARRAY_DTYPE, column))) == 1:
+        dtype = column[0].dtype
+        return tensors, lambda inner: Arrays(inner, dtype)
+    return None

@@ -7,6 +7,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
 from pincollate._planner import Planner
 from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
-from pincollate._recipe import NumberLists
+from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._views import ALIGN
 from samples import assert_identical, assert_one_buffer
 
@@ -36,6 +37,14 @@ def _items(counts: list[list[int]]) -> list[dict[str, Any]]:
 def _lists(lengths: list[int], kind: type = int, container: type = list) -> list[dict[str, Any]]:
     """Token ids as Python lists (or tuples), as ``datasets`` and tokenizers give them."""
     return [{"ids": container(kind(7 * i + j) for j in range(n)), "y": i} for i, n in enumerate(lengths)]
+
+
+def _arrays(lengths: list[int], dtype: str = "float32", trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """Numpy arrays, as soundfile or librosa give waveforms."""
+    return [
+        {"ids": np.arange(n * int(np.prod(trailing)), dtype=dtype).reshape(n, *trailing) + i, "y": i}
+        for i, n in enumerate(lengths)
+    ]
 
 
 def _audio(lengths: list[int]) -> list[dict[str, Any]]:
@@ -124,6 +133,28 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         NumberLists,
         [lambda: _lists([3, 1, 4]), lambda: _lists([2, 0])],
     ),
+    "pad-large-rows-end": (
+        {"fields": {"ids": Pad(value=-3)}},
+        PadRecipe,
+        [lambda: _ids([40000, 70000, 0]), lambda: _ids([9000, 50000])],
+    ),
+    "pad-large-rows-start": (
+        {"fields": {"ids": Pad(side="left")}},
+        PadRecipe,
+        [lambda: _ids([9000, 5000], trailing=(3,)), lambda: _ids([20000, 1], trailing=(3,))],
+    ),
+    "pad-arrays": (
+        {"fields": {"ids": Pad()}},
+        Arrays,
+        [lambda: _arrays([3, 1, 4]), lambda: _arrays([0, 6]), lambda: _arrays([70000, 9000])],
+    ),
+    "pad-arrays-rows-of-3": (
+        {"fields": {"ids": Pad(side="left")}},
+        Arrays,
+        [lambda: _arrays([3, 1], "int16", (3,)), lambda: _arrays([2, 5], "int16", (3,))],
+    ),
+    "list-arrays": ({}, Arrays, [lambda: _arrays([3, 1, 4], "float64"), lambda: _arrays([2, 2], "float64")]),
+    "concat-arrays": ({"fields": {"ids": Concat()}}, Arrays, [lambda: _arrays([3, 1]), lambda: _arrays([2, 0, 5])]),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
@@ -236,6 +267,36 @@ def test_number_lists_the_recipe_does_not_describe_are_planned_carefully(careful
     ]
     for batch in batches:
         assert_identical(collate(batch), reference(batch))
+
+
+def test_arrays_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    read_only = _arrays([3, 1])
+    for sample in read_only:
+        sample["ids"].flags.writeable = False
+    swapped = _arrays([2, 4])
+    for sample in swapped:
+        sample["ids"] = sample["ids"].astype(sample["ids"].dtype.newbyteorder())
+    # torch.from_numpy warns of a read-only array once per process (so a warning filter
+    # cannot tell here): the recipe must not convert one.
+    assert array_tensors([s["ids"] for s in read_only]) is None
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
+    reference = careful_only(fields={"ids": Pad()})
+    batches = [
+        _arrays([3, 1]),  # planned: a recipe for float32 arrays
+        _arrays([3, 1], "float64"),  # another dtype
+        read_only,  # torch.from_numpy would warn
+        swapped,  # the other byte order
+        [{"ids": np.arange(4.0, dtype="float32")[::-1], "y": 0}, {"ids": np.ones(2, "float32"), "y": 1}],  # reversed
+        _arrays([2, 5]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+    mixed = [{"ids": np.ones(2, "float32"), "y": 0}, {"ids": torch.ones(3), "y": 1}]  # a tensor among arrays
+    with pytest.raises(CollateError) as fresh:
+        reference(mixed)
+    with pytest.raises(CollateError) as warm:
+        collate(mixed)
+    assert str(warm.value) == str(fresh.value)
 
 
 def test_number_lists_the_careful_planner_refuses_get_its_error(careful_only):
