@@ -19,6 +19,7 @@ from ._batch import Batch, BatchList
 from ._collate import MMCollate, mm_collate
 from ._columns import ColumnCollate
 from ._errors import CollateError
+from ._kinds import register_container
 from ._layout import Layout
 from ._leaves import LeafHandler, register_leaf
 from ._packing import Concat, Jagged
@@ -48,6 +49,7 @@ __all__ = [
     "Stack",
     "mm_collate",
     "pinned_footprint",
+    "register_container",
     "register_leaf",
     "to_device",
 ]

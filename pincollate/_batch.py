@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._check import Carried, carried, is_batch
+from ._kinds import new_dataclass
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
 from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
@@ -42,9 +43,9 @@ from ._specs import (
     ListSpec,
     MappingSpec,
     NamedTupleSpec,
+    RegisteredSpec,
     SequenceSpec,
     SplitSpec,
-    new_dataclass,
 )
 from ._views import Views, exposed
 
@@ -257,6 +258,7 @@ allow_loading(
     SequenceSpec,
     NamedTupleSpec,
     DataclassSpec,
+    RegisteredSpec,
     JaggedSpec,
     SplitSpec,
     Batch,

@@ -8,23 +8,22 @@ by leaf instead, correctly, and carries no layout.
 
 from __future__ import annotations
 
-import collections.abc as abc
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ._kinds import MAPPING, is_sequence, kind_of, make_mapping, make_sequence, registered
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
 from ._specs import (
     DataclassSpec,
     JaggedSpec,
     ListSpec,
     MappingSpec,
+    RegisteredSpec,
     SequenceSpec,
     SplitSpec,
-    make_mapping,
-    make_sequence,
 )
 
 __all__ = ["Carried", "carried", "is_batch"]
@@ -97,16 +96,18 @@ class _Check:
             return False
         if kind is MappingSpec:
             return self._mapping(spec, obj)  # type: ignore[arg-type]
+        if kind is RegisteredSpec:
+            return self._registered(spec, obj)  # type: ignore[arg-type]
         if isinstance(spec, DataclassSpec):
             return all(
                 self.matches(child, getattr(obj, name, None))
                 for name, child in zip(spec.names, spec.children, strict=True)
             )
         children = spec.children  # type: ignore[attr-defined]
-        return isinstance(obj, abc.Sequence) and len(obj) == len(children) and all(map(self.matches, children, obj))
+        return is_sequence(obj) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
     def _split(self, spec: SplitSpec, obj: Any) -> bool:
-        if not isinstance(obj, abc.Sequence) or len(obj) != len(spec.sizes) // 2:
+        if not is_sequence(obj) or len(obj) != len(spec.sizes) // 2:
             return False
         dtype = spec.region.dtype
         for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
@@ -120,8 +121,16 @@ class _Check:
                 return False
         return True
 
+    def _registered(self, spec: RegisteredSpec, obj: Any) -> bool:
+        keys, children = registered(spec.cls).flatten(obj)
+        return (
+            tuple(keys) == spec.keys
+            and len(children) == len(spec.children)
+            and all(map(self.matches, spec.children, children))
+        )
+
     def _mapping(self, spec: MappingSpec, obj: Any) -> bool:
-        if not isinstance(obj, abc.Mapping):
+        if kind_of(obj) is not MAPPING:
             return False
         count = 0
         for key, child in zip(spec.keys, spec.children, strict=True):

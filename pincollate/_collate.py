@@ -7,7 +7,6 @@ slot, :mod:`._arena` allocates the buffer, :mod:`._batch` returns the views.
 
 from __future__ import annotations
 
-import collections.abc as abc
 import threading
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -18,6 +17,7 @@ from ._arena import Kind, PinMode, allocate, resolve_kind
 from ._batch import carries, make_batch
 from ._errors import CollateError
 from ._fill import Mismatch
+from ._kinds import is_sequence
 from ._layout import Layout
 from ._leaves import type_name
 from ._patterns import FieldRules, Renames, Settings
@@ -35,7 +35,7 @@ _SETTINGS = ("pin_memory", "sequences", "fields", "ragged", "missing", "rename",
 def _samples(batch: Any) -> list[Any]:
     if type(batch) is list:
         samples = batch
-    elif isinstance(batch, (str, bytes)) or not isinstance(batch, abc.Sequence):
+    elif not is_sequence(batch):
         raise CollateError(f"expected a sequence of samples, got {type_name(batch)}")
     else:
         samples = list(batch)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import collections.abc as abc
 import dataclasses
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from ._errors import Attr
 from ._fill import Node, Tree
 from ._items import ItemWalk, Origins, Path, container_cls, container_name
+from ._kinds import MAPPING, is_sequence, kind_of, registered
 from ._layout import Spec
 from ._leaves import type_name
-from ._specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec, is_sequence
+from ._specs import DataclassSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
 
 __all__ = ["ContainerWalk"]
 
@@ -38,7 +39,7 @@ class ContainerWalk(ItemWalk):
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
-            if not isinstance(value, Mapping):
+            if kind_of(value) is not MAPPING:
                 raise self._error(
                     f"expected a mapping, got {container_name(value)} ({type_name(value)})", i, path, origins
                 )
@@ -107,6 +108,37 @@ class ContainerWalk(ItemWalk):
             for name, column in zip(names, zip(*rows, strict=True), strict=True)
         ]
         return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
+
+    def _registered(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        """A class registered with ``register_container``: one key set, each child planned by its key."""
+        cls = self._same_type(values, path, origins)
+        kind = registered(cls)
+        flat: list[tuple[list[Hashable], list[Any]] | None] = []
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                flat.append(None)
+                continue
+            try:
+                names, children = kind.flatten(value)
+            except Exception as exc:
+                raise self._error(f"flatten of {cls.__qualname__} failed: {exc!r}", i, path, origins) from exc
+            flat.append((list(names), list(children)))
+        keys = next(entry for entry in flat if entry is not None)[0]
+        for i, entry in enumerate(flat):
+            if entry is not None and (entry[0] != keys or len(entry[1]) != len(keys)):
+                raise self._error(
+                    f"{cls.__qualname__} keys differ from sample {self._blame(0, path, origins)[0]}: "
+                    f"{entry[0]} against {keys} ({len(entry[1])} children)",
+                    i,
+                    path,
+                    origins,
+                )
+        rows = [[None] * len(keys) if entry is None else entry[1] for entry in flat]
+        children = [
+            self._field(list(column), (*path, key), origins, depth, items)
+            for key, column in zip(keys, zip(*rows, strict=True), strict=True)
+        ]
+        return Tree(lambda specs: RegisteredSpec(cls, keys, specs), children)
 
     def _dataclass(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)

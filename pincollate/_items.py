@@ -10,8 +10,7 @@ the container classes kept, and errors that name their sample and path.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,10 +18,11 @@ import torch
 from ._column import Column, stack_or_list
 from ._errors import Attr, CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
+from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
 from ._leaves import LeafHandler, lookup, type_name
 from ._patterns import ITEMS, Renames
 from ._policies import AsList, Policy, Stack
-from ._specs import ListSpec, MappingSpec, NamedTupleSpec, is_namedtuple, is_sequence
+from ._specs import ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec
 
 if TYPE_CHECKING:
     from ._patterns import FieldRules
@@ -35,7 +35,6 @@ __all__ = [
     "Path",
     "container_cls",
     "container_name",
-    "is_dataclass",
     "merge",
 ]
 
@@ -48,17 +47,9 @@ MAX_DEPTH = 100
 
 
 def container_name(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "mapping"
-    if is_namedtuple(value):
-        return "namedtuple"
-    if is_sequence(value):
-        return "sequence"
-    return type_name(value)
-
-
-def is_dataclass(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+    """What errors call a container: its kind, or its class where that says more."""
+    kind = kind_of(value)
+    return kind.name if kind is MAPPING or kind is NAMEDTUPLE or kind is SEQUENCE else type_name(value)
 
 
 def container_cls(cls: type, plain: type) -> type | None:
@@ -126,12 +117,19 @@ class ItemWalk:
             raise self._error(
                 f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origin
             )
-        if isinstance(value, Mapping):
+        kind = kind_of(value)
+        if kind is MAPPING:
             keys = list(value)
             children = [self._single(value[k], (*path, k), origin, depth + 1) for k in keys]
             cls = container_cls(type(value), dict)
             return Tree(lambda specs: MappingSpec(cls, keys, specs), children)
-        if is_namedtuple(value) or (is_sequence(value) and not isinstance(value, (str, bytes))):
+        if type(kind) is Registered:
+            assert isinstance(kind, Registered)
+            names, values = kind.flatten(value)
+            children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, values, strict=True)]
+            user_cls, user_keys = type(value), list(names)
+            return Tree(lambda specs: RegisteredSpec(user_cls, user_keys, specs), children)
+        if is_sequence(value):
             names = [Attr(n) for n in value._fields] if is_namedtuple(value) else list(range(len(value)))
             children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, value, strict=True)]
             if is_namedtuple(value):
@@ -140,7 +138,7 @@ class ItemWalk:
             return Tree(ListSpec, children)
         handler = lookup(type(value))
         if handler is None or not handler.is_tensor:
-            if handler is None and not is_dataclass(value):
+            if handler is None and kind is not DATACLASS:
                 raise self._error(f"unsupported type {type_name(value)}", 0, path, origin)
             return Value(value)
         # One value: a column of one, its leading 1 dropped.

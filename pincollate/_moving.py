@@ -15,8 +15,8 @@ import torch
 
 from ._arena import copy_to_device, is_pinned, pinned_allocator
 from ._check import carried
+from ._kinds import is_dataclass, new_dataclass
 from ._spans import pin_spans
-from ._specs import new_dataclass
 from ._trees import map_tensors
 
 __all__ = ["batch_pin_memory", "batch_to", "contents"]
@@ -113,7 +113,7 @@ def contents(batch: Any) -> Any:
 
 def _plain_again(like: Any, moved: Any) -> Any:
     """A moved batch of ``like``'s type that carries no layout (its contents changed)."""
-    if dataclasses.is_dataclass(like):
+    if is_dataclass(like):
         return new_dataclass(type(like), moved)
     if isinstance(like, tuple):
         return type(like)(*moved)

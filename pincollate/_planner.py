@@ -16,7 +16,7 @@ unequal length come back as per-sample lists, each stacked where its parts agree
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,12 +26,12 @@ from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
 from ._fill import Node, Segment, Slot, Value
-from ._items import MAX_DEPTH, Extras, Origins, Path, container_name, is_dataclass
+from ._items import MAX_DEPTH, Extras, Origins, Path, container_name
+from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from ._leaves import LeafHandler, lookup, type_name
 from ._ops import fits_int64
 from ._patterns import Renames, Settings
 from ._policies import AsList, PerSample, Policy
-from ._specs import is_namedtuple, is_sequence
 
 if TYPE_CHECKING:
     from ._patterns import FieldRules
@@ -104,7 +104,7 @@ class _Walk(ContainerWalk):
             i = next(i for i, v in enumerate(values) if v is first)
             raise self._error(
                 f"unsupported type {type_name(first)}: expected a tensor, numpy array, number, str, bytes, None, "
-                "PIL image, mapping, sequence, namedtuple or dataclass",
+                "PIL image, mapping, sequence, namedtuple or dataclass (pincollate.register_container makes a class one)",
                 i,
                 path,
                 origins,
@@ -130,14 +130,17 @@ class _Walk(ContainerWalk):
             del self._open[id(first)]
 
     def _container(self, first: Any, items: bool) -> Callable[..., Node] | None:
-        if isinstance(first, Mapping):
+        kind = kind_of(first)
+        if kind is MAPPING:
             return self._mapping
-        if is_namedtuple(first):
+        if kind is NAMEDTUPLE:
             return self._namedtuple
-        if is_dataclass(first):
+        if kind is DATACLASS:
             return self._dataclass
-        if is_sequence(first):
+        if kind is SEQUENCE:
             return self._items if items else self._sequence
+        if kind is not None:
+            return self._registered
         return None
 
     # leaves ----------------------------------------------------------------------

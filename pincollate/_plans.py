@@ -16,23 +16,21 @@ and the batch is planned again: at most two plans for any batch.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import Attr
 from ._fill import Fill, Mismatch
-from ._items import MAX_DEPTH, is_dataclass
+from ._items import MAX_DEPTH
+from ._kinds import MAPPING, SEQUENCE, kind_of
 from ._layout import Layout, Spec
 from ._leaves import lookup
 from ._ops import Op
 from ._patterns import Renames, Settings
 from ._planner import Planner
-from ._specs import is_namedtuple, is_sequence
 from ._template import NUMBERS, Template
 
 if TYPE_CHECKING:
@@ -146,23 +144,23 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     if depth > MAX_DEPTH:
         return _CAREFUL
     depth += 1
-    if isinstance(value, Mapping):
-        return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
-    if is_namedtuple(value) or (is_sequence(value) and not items):
-        names = map(Attr, value._fields) if is_namedtuple(value) else range(len(value))
-        return (
-            cls,
-            *(_signature(v, (*path, name), careful, items, depth) for name, v in zip(names, value, strict=True)),
-        )
     handler = lookup(cls)
     if handler is not None:
         return (cls, handler.signature(value)) if handler.signature is not None else cls
-    if is_dataclass(value):
-        return (
-            cls,
-            *(
-                _signature(getattr(value, f.name), (*path, Attr(f.name)), careful, items, depth)
-                for f in dataclasses.fields(value)
-            ),
-        )
-    return cls
+    kind = kind_of(value)
+    if kind is None or (kind is SEQUENCE and items):
+        return cls
+    if kind is MAPPING:
+        return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
+    try:
+        keys, children = kind.keys(value), kind.children(value)
+    except Exception:  # a registered container's flatten failed: the careful planner says why
+        return _CAREFUL
+    return (
+        cls,
+        # A registered flatten may give keys and children of two lengths: the plan then says so.
+        *(
+            (key, _signature(child, (*path, key), careful, items, depth))
+            for key, child in zip(keys, children, strict=False)
+        ),
+    )

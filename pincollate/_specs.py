@@ -7,7 +7,6 @@ namedtuples and dataclasses keep their class.
 
 from __future__ import annotations
 
-import collections.abc as abc
 import functools
 import logging
 import math
@@ -16,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._kinds import make_mapping, make_sequence, new_dataclass, registered
 from ._layout import PartSpec, Spec, TensorSpec
 from ._views import Views, carve, numpy_dtype
 
@@ -25,14 +25,10 @@ __all__ = [
     "ListSpec",
     "MappingSpec",
     "NamedTupleSpec",
+    "RegisteredSpec",
     "SequenceSpec",
     "SplitSpec",
-    "is_namedtuple",
-    "is_sequence",
     "jagged",
-    "make_mapping",
-    "make_sequence",
-    "new_dataclass",
 ]
 
 
@@ -50,36 +46,6 @@ class ListSpec(Spec):
 
     def build(self, views: Views) -> Any:
         return [child.build(views) for child in self.children]
-
-
-def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
-    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
-
-    As ``default_collate``: the type is kept where it can be built from a dict or
-    built empty and updated; otherwise the result is a ``dict``.
-    """
-    if cls is None:
-        return pairs
-    try:
-        return cls(pairs)
-    except TypeError:
-        pass
-    try:
-        out = cls()
-        out.update(pairs)
-        return out
-    except (TypeError, AttributeError):  # a read-only Mapping has no update
-        return pairs
-
-
-def make_sequence(cls: type | None, items: list[Any]) -> Any:
-    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
-    if cls is None:
-        return items
-    try:
-        return cls(items)
-    except TypeError:
-        return items
 
 
 class MappingSpec(Spec):
@@ -149,15 +115,26 @@ class NamedTupleSpec(Spec):
         return self.cls(*(child.build(views) for child in self.children))
 
 
-def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
-    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
+class RegisteredSpec(Spec):
+    """An instance of a class registered with :func:`~pincollate.register_container`.
 
-    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
+    Built as its registration's ``unflatten(keys, children)``, looked up when built, so a
+    layout made in one process builds in another that registered the class too.
     """
-    out: Any = object.__new__(cls)
-    for name, value in fields.items():
-        object.__setattr__(out, name, value)
-    return out
+
+    __slots__ = ("children", "cls", "keys")
+    _fields = ("cls", "keys", "children")
+
+    def __init__(self, cls: type, keys: Sequence[Hashable], children: Sequence[Spec]):
+        self.cls: type = cls
+        self.keys: tuple[Hashable, ...] = tuple(keys)
+        self.children: tuple[Spec, ...] = tuple(children)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.children
+
+    def build(self, views: Views) -> Any:
+        return registered(self.cls).unflatten(list(self.keys), [child.build(views) for child in self.children])
 
 
 class DataclassSpec(Spec):
@@ -271,11 +248,3 @@ class _FxNotice(logging.Filter):
 @functools.cache
 def _quiet_fx_notice() -> None:
     logging.getLogger("torch.fx._symbolic_trace").addFilter(_FxNotice())
-
-
-def is_namedtuple(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(type(value), "_fields")
-
-
-def is_sequence(value: Any) -> bool:
-    return isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray))

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._builtin_leaves import describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
-from ._items import MAX_DEPTH, container_cls, is_dataclass
+from ._items import MAX_DEPTH, container_cls
+from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
@@ -30,11 +31,10 @@ from ._specs import (
     DataclassSpec,
     MappingSpec,
     NamedTupleSpec,
+    RegisteredSpec,
     SequenceSpec,
-    is_namedtuple,
-    is_sequence,
 )
-from ._tree_ops import CarefulOp, DataclassOp, MappingOp, SequenceOp
+from ._tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 from ._views import align, pitch
 
 if TYPE_CHECKING:
@@ -124,26 +124,44 @@ class Template:
                 self.nvalues += 1
                 return ValueSpec(index), ValueOp(path, index, cls)
             return self.leaves(column, path, siblings, handler)
-        if isinstance(first, Mapping):
+        kind = kind_of(first)
+        if kind is MAPPING:
             return self.mapping(column, path, siblings)
-        if is_namedtuple(first) or (is_sequence(first) and not self.items):
+        if kind is NAMEDTUPLE or (kind is SEQUENCE and not self.items):
             if set(map(len, column)) != {len(first)}:
                 return self.part(path, siblings, column)
-            names: list[Hashable] = (
-                [Attr(name) for name in first._fields] if is_namedtuple(first) else list(range(len(first)))
-            )
+            names = kind.keys(first)
             specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
             op = SequenceOp(path, cls, len(names), singles, blocks)
-            if is_namedtuple(first):
+            if kind is NAMEDTUPLE:
                 return NamedTupleSpec(cls, specs), op
             return SequenceSpec(container_cls(cls, list), specs), op
-        if is_dataclass(first):
+        if kind is DATACLASS:
             fields = [f.name for f in dataclasses.fields(first)]
             planned = [self.plan([getattr(v, name) for v in column], (*path, Attr(name)), None) for name in fields]
             return DataclassSpec(cls, fields, [spec for spec, _ in planned]), DataclassOp(
                 path, cls, [(name, op) for name, (_, op) in zip(fields, planned, strict=True)]
             )
+        if type(kind) is Registered:
+            assert isinstance(kind, Registered)
+            return self.registered(column, path, siblings, kind)
         return self.part(path, siblings, column)
+
+    def registered(
+        self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, kind: Registered
+    ) -> tuple[Spec, Op]:
+        """A registered container class: one key set across the batch, each child planned by its key."""
+        try:
+            flat = [kind.flatten(value) for value in column]
+        except Exception:  # the careful planner names the sample
+            return self.part(path, siblings, column)
+        keys = list(flat[0][0])
+        if any(list(names) != keys or len(children) != len(keys) for names, children in flat):
+            return self.part(path, siblings, column)
+        columns = zip(*(children for _, children in flat), strict=True)
+        planned = [self.plan(list(child), (*path, key), None) for key, child in zip(keys, columns, strict=True)]
+        spec = RegisteredSpec(kind.cls, keys, [child for child, _ in planned])
+        return spec, RegisteredOp(path, kind, keys, [op for _, op in planned])
 
     def leaves(
         self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ._errors import CollateError
+from ._kinds import MAPPING, NAMEDTUPLE, SEQUENCE, kind_of
 
 __all__ = ["Normalize"]
 
@@ -103,30 +104,33 @@ class Normalize:
 def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | None = None) -> Any:
     full = path if full is None else full
     head = path[0]
-    if isinstance(tree, abc.Mapping):
-        if head not in tree:
-            raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch (its keys: {list(tree)})")
-        key: Any = head
-    elif isinstance(tree, abc.Sequence) and not isinstance(tree, (str, bytes)) and head.lstrip("-").isdigit():
-        key = int(head)
-        if not -len(tree) <= key < len(tree):
-            raise CollateError(f"Normalize: no position {key} in a batch of {len(tree)} entries ({'.'.join(full)!r})")
-    else:
+    kind = kind_of(tree)
+    if kind is None:
         raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch, a {type(tree).__name__}")
-    value = tree[key]
-    if len(path) == 1:
-        new = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+    keys = kind.keys(tree)
+    if kind is SEQUENCE or (kind is NAMEDTUPLE and head.lstrip("-").isdigit()):
+        if not head.lstrip("-").isdigit():
+            raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch, a {type(tree).__name__}")
+        index = int(head)
+        if not -len(keys) <= index < len(keys):
+            raise CollateError(f"Normalize: no position {index} in a batch of {len(keys)} entries ({'.'.join(full)!r})")
+        index %= len(keys)
+    elif head in keys:  # a key, or a field's name (an Attr is its name as a str)
+        index = keys.index(head)
     else:
-        new = _replace(value, path[1:], fn, full)
-    # A shallow copy: the batch given is never changed in place.
-    if isinstance(tree, abc.Mapping):
-        clone: Any = copy.copy(tree) if isinstance(tree, abc.MutableMapping) else dict(tree)
-        clone[key] = new
+        raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch (its keys: {keys})")
+    children = kind.children(tree)
+    value = children[index]
+    if len(path) == 1:
+        children[index] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+    else:
+        children[index] = _replace(value, path[1:], fn, full)
+    if kind is MAPPING and isinstance(tree, abc.MutableMapping):
+        # A shallow copy: the batch given is never changed in place (a Batch stays one).
+        clone = copy.copy(tree)
+        clone[keys[index]] = children[index]
         return clone
-    items = list(tree)
-    items[key] = new
-    if isinstance(tree, tuple):
-        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
-    clone = copy.copy(tree)
-    clone[key] = new
-    return clone
+    out = kind.rebuild(tree, children)
+    if out is tree:  # a Sequence type that cannot be built from its items
+        raise CollateError(f"Normalize: a {type(tree).__name__} cannot be rebuilt with {'.'.join(full)!r} replaced")
+    return out

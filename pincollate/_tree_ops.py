@@ -15,10 +15,11 @@ from typing import Any
 
 from ._errors import CollateError
 from ._fill import Fill, Mismatch
+from ._kinds import Registered
 from ._layout import Part
 from ._ops import BlockOp, NumbersOp, Op, Recipe
 
-__all__ = ["CarefulOp", "DataclassOp", "MappingOp", "SequenceOp"]
+__all__ = ["CarefulOp", "DataclassOp", "MappingOp", "RegisteredOp", "SequenceOp"]
 
 Path = tuple[Hashable, ...]
 
@@ -131,6 +132,34 @@ class DataclassOp(Op):
             raise Mismatch(self.path)
         for get, op in self.children:
             op.run(list(map(get, column)), fill)
+
+
+class RegisteredOp(Op):
+    """Instances of a registered container class with one key set, child by child."""
+
+    __slots__ = ("children", "flatten", "keys", "types")
+
+    def __init__(self, path: Path, kind: Registered, keys: Sequence[Hashable], children: Sequence[Op]):
+        super().__init__(path)
+        self.types = frozenset((kind.cls,))
+        self.flatten = kind.flatten
+        self.keys = list(keys)
+        self.children = tuple(children)
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        rows = []
+        for value in column:
+            try:
+                keys, children = self.flatten(value)
+            except Exception:  # the careful planner names the sample
+                raise Mismatch(self.path) from None
+            if list(keys) != self.keys or len(children) != len(self.keys):
+                raise Mismatch(self.path)
+            rows.append(children)
+        for op, child in zip(self.children, zip(*rows, strict=True), strict=True):
+            op.run(list(child), fill)
 
 
 class CarefulOp(Op):

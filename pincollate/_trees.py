@@ -7,14 +7,12 @@ output, a batch whose contents changed, what a transform returned).
 from __future__ import annotations
 
 import collections.abc as abc
-import copy
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 
-from ._specs import make_mapping, new_dataclass
+from ._kinds import kind_of
 
 __all__ = ["map_tensors", "nested_parts", "reachable_tensors", "tensors"]
 
@@ -29,24 +27,10 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
     """
     if isinstance(tree, torch.Tensor):
         return fn(tree)  # type: ignore[no-any-return]
-    if isinstance(tree, (str, bytes)) or tree is None:
+    kind = kind_of(tree)
+    if kind is None:
         return tree
-    if isinstance(tree, abc.Mapping):
-        pairs = {k: map_tensors(v, fn) for k, v in tree.items()}
-        return pairs if type(tree) is dict else make_mapping(type(tree), pairs)  # type: ignore[return-value]
-    if isinstance(tree, tuple):
-        if hasattr(tree, "_fields"):
-            return type(tree)(*(map_tensors(v, fn) for v in tree))
-        return type(tree)(map_tensors(v, fn) for v in tree)
-    if isinstance(tree, list):
-        clone = copy.copy(tree)
-        for i, v in enumerate(tree):
-            clone[i] = map_tensors(v, fn)
-        return clone
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        fields = {f.name: map_tensors(getattr(tree, f.name), fn) for f in dataclasses.fields(tree)}
-        return new_dataclass(type(tree), fields)  # type: ignore[no-any-return]
-    return tree
+    return kind.rebuild(tree, [map_tensors(child, fn) for child in kind.children(tree)])  # type: ignore[no-any-return]
 
 
 def tensors(tree: Any) -> Iterator[torch.Tensor]:

@@ -138,8 +138,10 @@ def test_a_worker_killed_while_it_waits_is_an_error_not_a_hang():
 @small_shm
 @pytest.mark.slow
 def test_default_collate_cannot_run_there():
-    # What the namespace is for: the same epoch fails with torch's own collate (out of
-    # shared memory, or, now and then, a hang that the loader's timeout ends).
+    # What the namespace is for: the same epoch, its batches kept (as the "keep" case
+    # keeps them), fails with torch's own collate: out of shared memory, or now and then a
+    # hang that the loader's timeout ends. Kept, so that it cannot pass by a consumer
+    # that happens to keep up with the workers on a busy machine.
     out = run_case("default", 24, 2)
     assert not out["ok"] and ("shared memory" in out["error"] or "timed out" in out["error"]), out
 

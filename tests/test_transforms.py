@@ -60,3 +60,31 @@ def test_normalize_addresses_a_position_of_tuple_batches_and_keeps_images_images
     assert isinstance(pair, tuple) and pair[0].dtype == torch.float32
     with pytest.raises(CollateError, match="no position 5 in a batch of 2 entries"):
         Normalize([0.5] * 3, [0.5] * 3, keys=5)(batch)
+
+
+def test_normalize_reaches_into_namedtuples_dataclasses_and_registered_containers():
+    import dataclasses
+    from typing import NamedTuple
+
+    from test_kinds import Point
+
+    class Inputs(NamedTuple):
+        pixels: torch.Tensor
+        ids: torch.Tensor
+
+    @dataclasses.dataclass
+    class Example:
+        inputs: Inputs
+        label: int
+
+    images = torch.full((2, 3, 2, 2), 255, dtype=torch.uint8)
+    normalize = Normalize([0.5] * 3, [0.5] * 3, keys=["x.inputs.pixels"])
+    batch = {"x": Example(Inputs(images, torch.arange(2)), 1)}
+    out = normalize(batch)
+    assert torch.equal(out["x"].inputs.pixels, torch.ones(2, 3, 2, 2))
+    assert type(out["x"]) is Example and type(out["x"].inputs) is Inputs and out["x"].label == 1
+    assert batch["x"].inputs.pixels is images  # the batch given is not changed
+    point = Normalize([0.5] * 3, [0.5] * 3, keys=["xy"])(Point(images, None))
+    assert type(point) is Point and torch.equal(point.xy, torch.ones(2, 3, 2, 2))
+    with pytest.raises(CollateError, match="its keys"):
+        Normalize([0.5] * 3, [0.5] * 3, keys=["x.inputs.image"])(batch)

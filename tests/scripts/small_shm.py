@@ -100,7 +100,7 @@ def main() -> None:
                         os.kill(iterator._workers[0].pid, signal.SIGKILL)
                     count += 1
                     good += same(batch, expected(dataset, reference, index))
-                    if case in ("keep", "kill"):
+                    if case in ("keep", "kill", "default"):
                         kept.append((index, batch))
                 del iterator
             out["ok"] = good == count == BATCHES * epochs

@@ -1,0 +1,299 @@
+"""Container kinds: how each container type is recognised, named, taken apart and rebuilt.
+
+One registry for every stage that walks a tree: planning (the template and the careful
+walk), a plan's signature, the layout's specs, the batch's consistency check, moving
+trees and transforms. Four kinds are built in, in this order of precedence: a
+**mapping** (any ``Mapping``; children by key), a **namedtuple** and a **dataclass**
+(children by field: an :class:`~pincollate._errors.Attr` in key paths), a **sequence**
+(any other ``Sequence`` but ``str``, ``bytes`` and ``bytearray``; children by position).
+A class registered with :func:`register_container` comes before all four: its children
+are named by its ``flatten``'s keys, and a batch of it is ``unflatten`` of the collated
+children.
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import copy
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from ._errors import Attr, CollateError
+from ._leaves import lookup, type_name
+
+__all__ = [
+    "DATACLASS",
+    "MAPPING",
+    "NAMEDTUPLE",
+    "SEQUENCE",
+    "Kind",
+    "Registered",
+    "is_dataclass",
+    "is_namedtuple",
+    "is_sequence",
+    "kind_of",
+    "make_mapping",
+    "make_sequence",
+    "new_dataclass",
+    "register_container",
+    "registered",
+]
+
+Flatten = Callable[[Any], tuple[Sequence[Hashable], Sequence[Any]]]
+Unflatten = Callable[[Sequence[Hashable], Sequence[Any]], Any]
+
+
+class Kind:
+    """One kind of container: the key paths and children of a value, and the value rebuilt.
+
+    ``rebuild`` keeps the value's own class (what moving a tree needs); what a collated
+    batch of the kind is made as (``default_collate``'s rules: tuples become lists, say)
+    is the layout's specs' business.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<container kind {self.name}>"
+
+    def keys(self, value: Any) -> list[Hashable]:
+        """The key-path element of each child, in order."""
+        raise NotImplementedError
+
+    def children(self, value: Any) -> list[Any]:
+        """The children, in the order of :meth:`keys`."""
+        raise NotImplementedError
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        """A value of ``value``'s class with ``children`` in place of its own."""
+        raise NotImplementedError
+
+
+class _Mapping(Kind):
+    def keys(self, value: Any) -> list[Hashable]:
+        return list(value.keys())
+
+    def children(self, value: Any) -> list[Any]:
+        return list(value.values())
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        pairs = dict(zip(value.keys(), children, strict=True))
+        return pairs if type(value) is dict else make_mapping(type(value), pairs)
+
+
+class _NamedTuple(Kind):
+    def keys(self, value: Any) -> list[Hashable]:
+        return [Attr(name) for name in value._fields]
+
+    def children(self, value: Any) -> list[Any]:
+        return list(value)
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        return type(value)(*children)
+
+
+class _Dataclass(Kind):
+    def keys(self, value: Any) -> list[Hashable]:
+        return [Attr(field.name) for field in dataclasses.fields(value)]
+
+    def children(self, value: Any) -> list[Any]:
+        return [getattr(value, field.name) for field in dataclasses.fields(value)]
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        names = [field.name for field in dataclasses.fields(value)]
+        return new_dataclass(type(value), dict(zip(names, children, strict=True)))
+
+
+class _Sequence(Kind):
+    def keys(self, value: Any) -> list[Hashable]:
+        return list(range(len(value)))
+
+    def children(self, value: Any) -> list[Any]:
+        return list(value)
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        if isinstance(value, list):
+            clone = copy.copy(value)  # a list subclass keeps its attributes
+            clone[:] = children
+            return clone
+        if isinstance(value, tuple):
+            return type(value)(children)
+        # Another Sequence type (a range, a user's class) need not build from its items.
+        return value
+
+
+class Registered(Kind):
+    """A user's container class, registered with :func:`register_container`."""
+
+    __slots__ = ("cls", "flatten", "unflatten")
+
+    def __init__(self, cls: type, flatten: Flatten, unflatten: Unflatten):
+        super().__init__(cls.__qualname__)
+        self.cls = cls
+        self.flatten = flatten
+        self.unflatten = unflatten
+
+    def keys(self, value: Any) -> list[Hashable]:
+        return list(self.flatten(value)[0])
+
+    def children(self, value: Any) -> list[Any]:
+        return list(self.flatten(value)[1])
+
+    def rebuild(self, value: Any, children: list[Any]) -> Any:
+        return self.unflatten(self.keys(value), children)
+
+
+def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
+    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
+
+    As ``default_collate``: the type is kept where it can be built from a dict or
+    built empty and updated; otherwise the result is a ``dict``.
+    """
+    if cls is None:
+        return pairs
+    try:
+        return cls(pairs)
+    except TypeError:
+        pass
+    try:
+        out = cls()
+        out.update(pairs)
+        return out
+    except (TypeError, AttributeError):  # a read-only Mapping has no update
+        return pairs
+
+
+def make_sequence(cls: type | None, items: list[Any]) -> Any:
+    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
+    if cls is None:
+        return items
+    try:
+        return cls(items)
+    except TypeError:
+        return items
+
+
+def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
+
+    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
+    """
+    out: Any = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+MAPPING: Kind = _Mapping("mapping")
+NAMEDTUPLE: Kind = _NamedTuple("namedtuple")
+DATACLASS: Kind = _Dataclass("dataclass")
+SEQUENCE: Kind = _Sequence("sequence")
+
+_registered: dict[type, Registered] = {}
+#: The kind of each class seen so far (``None``: not a container); cleared by a registration.
+_by_class: dict[type, Kind | None] = {}
+
+
+def kind_of(value: Any) -> Kind | None:
+    """The container kind of ``value``, or ``None`` for anything else (leaves included).
+
+    Example:
+        >>> import collections
+        >>> [kind_of(v).name for v in ({}, collections.OrderedDict(), [1], (1,), range(2))]
+        ['mapping', 'mapping', 'sequence', 'sequence', 'sequence']
+        >>> kind_of("text") is None and kind_of(1) is None
+        True
+    """
+    cls = type(value)
+    try:
+        return _by_class[cls]
+    except KeyError:
+        pass
+    kind = _classify(value)
+    if not isinstance(value, type):  # a class is no instance of its dataclass kind
+        _by_class[cls] = kind
+    return kind
+
+
+def _classify(value: Any) -> Kind | None:
+    found = _registered.get(type(value))
+    if found is not None:
+        return found
+    if isinstance(value, abc.Mapping):
+        return MAPPING
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return NAMEDTUPLE
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return DATACLASS
+    if isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return SEQUENCE
+    return None
+
+
+def is_namedtuple(value: Any) -> bool:
+    return kind_of(value) is NAMEDTUPLE
+
+
+def is_sequence(value: Any) -> bool:
+    """A sequence whose items a collate transposes: a list, a tuple (a namedtuple too), another ``Sequence``."""
+    kind = kind_of(value)
+    return kind is SEQUENCE or kind is NAMEDTUPLE
+
+
+def is_dataclass(value: Any) -> bool:
+    """A dataclass instance (not the class)."""
+    return kind_of(value) is DATACLASS
+
+
+def registered(cls: type) -> Registered:
+    """The registration of ``cls``, for rebuilding a collated batch of it.
+
+    Raises:
+        CollateError: ``cls`` is not registered in this process (a layout made elsewhere).
+    """
+    found = _registered.get(cls)
+    if found is None:
+        raise CollateError(
+            f"{cls.__qualname__} is no registered container in this process: call "
+            "pincollate.register_container for it here too (at import of the module that defines it)"
+        )
+    return found
+
+
+def register_container(cls: type, flatten: Flatten, unflatten: Unflatten) -> None:
+    """Collate, check and move instances of ``cls`` as containers of their children.
+
+    ``flatten(value)`` returns ``(keys, children)``: the children (tensors, numbers,
+    other containers, ...) and a hashable key naming each in key paths, in errors and
+    in field patterns. ``unflatten(keys, children)`` builds an instance from them. A
+    collated batch of ``cls`` is ``unflatten(keys, collated children)``; every sample of
+    a batch must be exactly of ``cls`` with the same keys. Register in the module that
+    defines ``cls``, so every process that unpickles a batch of it has it registered.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, register_container
+        >>> class Pair:
+        ...     def __init__(self, image, label):
+        ...         self.image, self.label = image, label
+        >>> register_container(Pair, lambda p: (["image", "label"], [p.image, p.label]), lambda keys, v: Pair(*v))
+        >>> batch = MMCollate(pin_memory=False)([Pair(torch.zeros(3), 1), Pair(torch.ones(3), 2)])
+        >>> type(batch).__name__, batch.image.shape, batch.label.tolist()
+        ('Pair', torch.Size([2, 3]), [1, 2])
+
+    Raises:
+        CollateError: ``cls`` is not a class, or is a leaf type (a tensor, an array, a
+            number, str, bytes, a registered leaf).
+    """
+    if not isinstance(cls, type):
+        raise CollateError(f"register_container takes a class, got {type_name(cls)}")
+    if lookup(cls) is not None:
+        raise CollateError(f"{cls.__qualname__} is a leaf type; it cannot be registered as a container")
+    if not callable(flatten) or not callable(unflatten):
+        raise CollateError("register_container needs flatten(value) -> (keys, children) and unflatten(keys, children)")
+    _registered[cls] = Registered(cls, flatten, unflatten)
+    _by_class.clear()  # the cache may hold this class under a built-in kind
