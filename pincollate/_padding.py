@@ -125,5 +125,6 @@ def _pad_values(dtype: torch.dtype, value: Any, rows: int, trailing: tuple[int, 
     key = (dtype, value, trailing)
     kept = _pads.get(key)
     if kept is None or kept.shape[0] < rows:
-        kept = _pads[key] = torch.full((max(rows, 1024), *trailing), value, dtype=dtype)
+        # Grown to the next power of two rows: a few sizes over a run, at most twice PAD_BYTES.
+        kept = _pads[key] = torch.full((1 << max(rows - 1, 0).bit_length(), *trailing), value, dtype=dtype)
     return kept[:rows]
