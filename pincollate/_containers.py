@@ -17,7 +17,7 @@ from typing import Any
 from ._errors import Attr
 from ._fill import Node, Tree
 from ._items import ItemWalk, Origins, Path, container_cls, container_name
-from ._kinds import MAPPING, is_sequence, kind_of, registered
+from ._kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from ._layout import Spec
 from ._leaves import type_name
 from ._specs import DataclassSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
@@ -43,13 +43,9 @@ class ContainerWalk(ItemWalk):
                 raise self._error(
                     f"expected a mapping, got {container_name(value)} ({type_name(value)})", i, path, origins
                 )
-            if value.keys() != first_keys:
+            if value.keys() != first_keys and not self.missing:
                 missing = [k for k in keys if k not in value]
                 extra = [k for k in value if k not in first_keys]
-                if self.missing:
-                    keys.extend(extra)
-                    first_keys = set(keys)
-                    continue
                 detail = "; ".join(
                     part
                     for part in (f"missing keys {missing}" if missing else "", f"extra keys {extra}" if extra else "")
@@ -61,6 +57,8 @@ class ContainerWalk(ItemWalk):
                     path,
                     origins,
                 )
+        if self.missing:
+            keys = union_keys(values)
         out_keys: list[Hashable] = []
         children: list[Node] = []
         for key in keys:

@@ -38,6 +38,7 @@ __all__ = [
     "new_dataclass",
     "register_container",
     "registered",
+    "union_keys",
 ]
 
 Flatten = Callable[[Any], tuple[Sequence[Hashable], Sequence[Any]]]
@@ -232,6 +233,29 @@ def _classify(value: Any) -> Kind | None:
     if isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray)):
         return SEQUENCE
     return None
+
+
+def union_keys(column: Sequence[Any]) -> list[Hashable]:
+    """The keys of a column of mappings some of which lack some keys (``missing="none"``).
+
+    The first present mapping's keys in its order, then each later one's new keys in
+    theirs: the order of a collated batch's keys. ``None`` entries (absent mappings) are
+    skipped.
+
+    Example:
+        >>> union_keys([{"ids": 1}, None, {"ids": 2, "pixels": 3}, {"audio": 4}])
+        ['ids', 'pixels', 'audio']
+    """
+    first = next(value for value in column if value is not None)
+    keys = list(first.keys())
+    seen: abc.Set[Hashable] = first.keys()
+    for value in column:
+        if value is not None and value.keys() != seen:
+            extra = [key for key in value if key not in seen]
+            if extra:
+                keys.extend(extra)
+                seen = set(keys)
+    return keys
 
 
 def is_namedtuple(value: Any) -> bool:

@@ -260,7 +260,10 @@ class NumbersOp(Op):
         self.get = operator.itemgetter(*self.keys)
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
-        rows = list(map(self.get, column))
+        try:
+            rows = list(map(self.get, column))
+        except KeyError:  # absent in a sample (missing="none"): these fields are planned for each batch
+            raise Mismatch(*((*self.path, key) for key in self.keys)) from None
         if len(self.keys) == 1:
             if set(map(type, rows)) != self.types:
                 raise Mismatch(self.path + self.keys)

@@ -192,6 +192,8 @@ class ConcatRecipe(Recipe):
         if self.containers is not None:
             if set(map(type, column)) - self.containers:
                 return False
+            if None in column:  # absent lists (missing="none"): no items
+                column = [() if value is None else value for value in column]
             counts = list(map(len, column))
             values = list(itertools.chain.from_iterable(column))
         if not values:
@@ -241,7 +243,7 @@ def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[to
     return tuple(zeros[:gap] for gap in range(step))
 
 
-def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> Recipe | None:
+def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, missing: bool = False) -> Recipe | None:
     """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
 
     Only columns of plain CPU tensors of one dtype and one rank (at least 1) get one,
@@ -255,7 +257,7 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> 
         return None if inner is None else wrap(inner)
     if type(policy) is Concat:
         assert isinstance(policy, Concat)
-        return _concat_recipe(column, policy, name)
+        return _concat_recipe(column, policy, name, missing)
     if not column or set(map(type, column)) != PLAIN:
         return None
     try:
@@ -283,14 +285,19 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable) -> 
     return None
 
 
-def _concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable) -> Recipe | None:
-    """A ``Concat`` recipe: per-sample tensors, or per-sample lists (or tuples) of tensors."""
+def _concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
+    """A ``Concat`` recipe: per-sample tensors, or per-sample lists (or tuples) of tensors.
+
+    With ``missing`` (``missing="none"``) a list may be absent (``None``): no items.
+    """
     containers = {type(value) for value in column}
-    if containers <= {list, tuple}:
-        values = [item for value in column for item in value]
+    lists = containers - {type(None)} if missing else containers
+    if lists and lists <= {list, tuple}:
+        values = [item for value in column if value is not None for item in value]
         recipe = recipe_for(values, None, name)
         if recipe is None:
             return None
-        return ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, frozenset(containers))
+        allowed = frozenset(lists | {type(None)}) if missing else frozenset(lists)
+        return ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, allowed)
     recipe = recipe_for(column, None, name)
     return None if recipe is None else ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, None)

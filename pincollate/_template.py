@@ -21,7 +21,7 @@ import torch
 from ._builtin_leaves import describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
 from ._items import MAX_DEPTH, container_cls
-from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of
+from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
@@ -80,7 +80,7 @@ class Template:
         if column is not None and len(path) <= MAX_DEPTH:
             policy = self.rules.lookup(path) if self.rules else None
             name = self.renames.key(path)
-            recipe = recipe_for(column, policy if policy is not None else self.default, name)
+            recipe = recipe_for(column, policy if policy is not None else self.default, name, self.missing)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)
@@ -244,17 +244,20 @@ class Template:
         first = column[0]
         first_keys = first.keys()
         if any(v.keys() != first_keys for v in column):
-            return self.part(path, siblings, column)
-        keys = list(first_keys)
+            if not self.missing:
+                return self.part(path, siblings, column)
+            keys = union_keys(column)  # absent keys are None in their columns
+        else:
+            keys = list(first_keys)
         numbers: dict[type, list[Hashable]] = {}
         gathered: list[Hashable] = []
         for key in keys:
-            child = [v[key] for v in column]
+            child = [v.get(key) for v in column]
             if type(child[0]) in NUMBERS and self.number(child, (*path, key)) is not None:
                 numbers.setdefault(type(child[0]), []).append(key)
             else:
                 gathered.append(key)
-        columns = list(zip(*([v[key] for key in gathered] for v in column), strict=True))
+        columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
         names = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
         specs, singles, blocks = self.fields(columns, path, gathered, frozenset(names))
         children = dict(zip(gathered, specs, strict=True))
@@ -268,7 +271,7 @@ class Template:
                 children[key] = TensorSpec(dtype, (n,), block.offset + j * rows * dtype.itemsize)
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
-        return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops)
+        return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
 
 
 def _shapes_differ(column: Sequence[Any]) -> bool:

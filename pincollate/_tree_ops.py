@@ -15,7 +15,7 @@ from typing import Any
 
 from ._errors import CollateError
 from ._fill import Fill, Mismatch
-from ._kinds import Registered
+from ._kinds import Registered, union_keys
 from ._layout import Part
 from ._ops import BlockOp, NumbersOp, Op, Recipe
 
@@ -52,10 +52,13 @@ class MappingOp(_Fields):
 
     Sample 0's keys must be the plan's, in order and of the same types (``True`` is
     not ``1``): the output takes its key order from sample 0, as ``default_collate``.
-    ``gathered`` are the keys whose columns the single and block ops index.
+    ``gathered`` are the keys whose columns the single and block ops index. With
+    ``missing`` (``missing="none"``) samples may lack keys, as long as the batch's keys
+    in order (:func:`~pincollate._kinds.union_keys`) are the plan's; an absent value is
+    ``None`` in its column, and its field's op takes that up.
     """
 
-    __slots__ = ("gather", "key_types", "keys", "numbers", "single", "sizes", "types")
+    __slots__ = ("gather", "gathered", "key_types", "keys", "missing", "numbers", "single", "sizes", "types")
     as_lists = True
 
     def __init__(
@@ -67,8 +70,11 @@ class MappingOp(_Fields):
         singles: Sequence[tuple[int, Op]],
         blocks: Sequence[BlockOp],
         numbers: Sequence[NumbersOp],
+        missing: bool = False,
     ):
         super().__init__(path, singles, blocks)
+        self.missing = missing
+        self.gathered = tuple(gathered)
         self.types = frozenset((cls,))
         self.keys = tuple(keys)
         self.key_types = tuple(map(type, self.keys))
@@ -82,22 +88,38 @@ class MappingOp(_Fields):
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         # One type and one size everywhere, and every key found: the key sets agree.
         first = column[0]
-        if (
-            set(map(type, column)) != self.types
-            or set(map(len, column)) != self.sizes
-            or tuple(first) != self.keys
-            or tuple(map(type, first)) != self.key_types
-        ):
+        if set(map(type, column)) != self.types:
             raise Mismatch(self.path)
-        try:
-            if self.single:
-                self.fields((list(map(self.gather, column)),), fill)  # type: ignore[arg-type]
-            elif self.gather is not None:
-                self.fields(list(zip(*map(self.gather, column), strict=True)), fill)
-            for numbers in self.numbers:
-                numbers.run(column, fill)
-        except KeyError:
-            raise Mismatch(self.path) from None
+        columns: list[Any] | None = None
+        if (
+            set(map(len, column)) == self.sizes
+            and tuple(first) == self.keys
+            and tuple(map(type, first)) == self.key_types
+        ):
+            try:
+                if self.single:
+                    columns = [list(map(self.gather, column))]  # type: ignore[arg-type]
+                elif self.gather is not None:
+                    columns = list(zip(*map(self.gather, column), strict=True))
+                else:
+                    columns = []
+            except KeyError:  # a sample of the same size with another key
+                columns = None
+        if columns is None:
+            if not self.missing:
+                raise Mismatch(self.path)
+            columns = self._with_absent(column)
+        self.fields(columns, fill)
+        for numbers in self.numbers:
+            numbers.run(column, fill)
+
+    def _with_absent(self, column: Sequence[Any]) -> list[Any]:
+        """The columns where samples lack keys (``missing="none"``): ``None`` for each absent value."""
+        keys = union_keys(column)
+        if tuple(keys) != self.keys or tuple(map(type, keys)) != self.key_types:
+            raise Mismatch(self.path)
+        rows = [tuple(value.get(key) for key in self.gathered) for value in column]
+        return list(zip(*rows, strict=True))
 
 
 class SequenceOp(_Fields):

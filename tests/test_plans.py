@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, Stack
+from pincollate._planner import Planner
 from samples import (
     LEAF_KINDS,
     PARITY,
@@ -453,3 +454,59 @@ class _Tolerant:
                 return self.collate(samples)
         except CollateError as error:
             return ("error", str(error))
+
+
+# --- missing="none": absent keys keep the plan ---------------------------------------------
+
+
+def _sparse(i: int, keys: str) -> dict:
+    """A sample with some of image, ids, pixels, label, score, meta (by letter: i d p l s m)."""
+    sample: dict = {}
+    if "i" in keys:
+        sample["image"] = torch.full((3, 2, 2), float(i))
+    if "d" in keys:
+        sample["ids"] = torch.arange(1 + i % 3)
+    if "p" in keys:
+        sample["pixels"] = [torch.full((2, 4), float(i))] * (1 + i % 2)
+    if "l" in keys:
+        sample["label"] = i
+    if "s" in keys:
+        sample["score"] = i / 4
+    if "m" in keys:
+        sample["meta"] = {"id": i, "crop": torch.ones(2) * i}
+    return sample
+
+
+_SPARSE_BATCHES = [
+    ["idplsm", "idplsm", "idplsm"],  # every key: the plan
+    ["idlsm", "idplsm", "idplsm"],  # sample 0 without pixels: the union's order is the plan's
+    ["idplsm", "idlsm", "idplsm"],  # a text-only sample
+    ["idplsm", "idplsm", "idplsm"],
+    ["idplsm", "idpsm", "idplsm"],  # a number absent: its fields are planned for each batch from now on
+    ["idplsm", "idpls", "idplsm"],  # a nested mapping absent
+    ["idplsm", "idplsm", "idplsm"],
+    ["dplsm", "idplsm", "idplsm"],  # sample 0 without the image: the union's order differs
+    ["idplsm", "idplsm", "idplsm"],
+]
+
+
+def test_absent_keys_give_what_a_careful_walk_gives_and_keep_the_plan(monkeypatch):
+    settings = {"missing": "none", "fields": {"ids": Pad(), "pixels": Concat()}}
+    collate = MMCollate(pin_memory=False, **settings)
+    reference = MMCollate(pin_memory=False, **settings)
+    reference._plans.careful.add(())  # the whole batch walked carefully, every time
+    walked: list = []
+    real = Planner.plan
+
+    def counted(self, values, path):
+        walked.append(path)
+        return real(self, values, path)
+
+    monkeypatch.setattr(Planner, "plan", counted)
+    for k, keys in enumerate(_SPARSE_BATCHES):
+        samples = [_sparse(3 * k + j, key) for j, key in enumerate(keys)]
+        walked.clear()
+        ours = collate(samples)
+        assert () not in walked or k >= 7, (k, walked)  # the root is walked only once the order differs
+        assert_identical(ours, reference(samples))
+        assert_one_buffer(ours)

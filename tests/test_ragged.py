@@ -39,6 +39,16 @@ def _lists(lengths: list[int], kind: type = int, container: type = list) -> list
     return [{"ids": container(kind(7 * i + j) for j in range(n)), "y": i} for i, n in enumerate(lengths)]
 
 
+def _items_missing(counts: list[list[int] | None]) -> list[dict[str, Any]]:
+    """Per-sample lists of items, absent (no key) where ``None``: text-only samples beside image ones."""
+    return [
+        {"y": i}
+        if sample is None
+        else {"y": i, "ids": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(sample)]}
+        for i, sample in enumerate(counts)
+    ]
+
+
 def _arrays(lengths: list[int], dtype: str = "float32", trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Numpy arrays, as soundfile or librosa give waveforms."""
     return [
@@ -155,6 +165,16 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
     ),
     "list-arrays": ({}, Arrays, [lambda: _arrays([3, 1, 4], "float64"), lambda: _arrays([2, 2], "float64")]),
     "concat-arrays": ({"fields": {"ids": Concat()}}, Arrays, [lambda: _arrays([3, 1]), lambda: _arrays([2, 0, 5])]),
+    "concat-items-missing": (
+        {"fields": {"ids": Concat()}, "missing": "none"},
+        ConcatRecipe,
+        [
+            lambda: _items_missing([[2, 1], None, [3]]),
+            lambda: _items_missing([None, [1, 1, 4]]),
+            lambda: _items_missing([[2], [1]]),
+            lambda: _items_missing([None, [], [5]]),
+        ],
+    ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
