@@ -400,6 +400,57 @@ LongLivedCollate.TestCase.settings = settings(
 test_a_long_lived_collate_agrees_with_a_fresh_one = LongLivedCollate.TestCase
 
 
+def _drop_keys(tree: Any, rng: random.Random, p: float) -> None:
+    """Delete keys of the mappings in ``tree`` at random, in place (absent keys for missing="none")."""
+    if isinstance(tree, dict):
+        for key in list(tree):
+            if rng.random() < p:
+                del tree[key]
+            else:
+                _drop_keys(tree[key], rng, p)
+    elif isinstance(tree, list):
+        for item in tree:
+            _drop_keys(item, rng, p)
+
+
+class LongLivedSparseCollate(LongLivedCollate):
+    """The same, with missing="none" and keys absent from random samples, against a careful walk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collate = MMCollate(pin_memory=False, fields=POLICIES, missing="none")
+
+    @rule(n=st.integers(1, 4), seed=st.integers(0, 2**16), p=st.sampled_from([0.0, 0.2, 0.5]))
+    def collate_a_sparse_batch(self, n: int, seed: int, p: float) -> None:
+        samples = build_mutating(self.structure, n, seed)
+        _drop_keys(samples, random.Random(seed), p)
+        reference = MMCollate(pin_memory=False, fields=POLICIES, missing="none")
+        reference._plans.careful.add(())  # the whole batch walked carefully
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a policy pattern that matches nothing here
+            try:
+                expected = reference(samples)
+            except CollateError as error:
+                with pytest.raises(CollateError) as ours:
+                    self.collate(samples)
+                assert str(ours.value) == str(error)
+                return
+            assert_identical(self.collate(samples), expected)
+
+    def collate_a_batch(self, n: int, seed: int) -> None:  # type: ignore[override]
+        self.collate_a_sparse_batch(n, seed, 0.0)
+
+    def collate_twice(self, n: int, seed: int) -> None:  # type: ignore[override]
+        self.collate_a_sparse_batch(n, seed, 0.2)
+        self.collate_a_sparse_batch(n, seed + 1, 0.2)
+
+
+LongLivedSparseCollate.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)
+)
+test_a_long_lived_sparse_collate_agrees_with_a_careful_walk = LongLivedSparseCollate.TestCase
+
+
 class _MutatingBatches(torch.utils.data.Dataset):
     """Batch ``i`` of one seeded sequence of mutating structures (``batch_size=None`` loaders)."""
 
