@@ -26,6 +26,7 @@ from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
 from ._patterns import Settings
+from ._policies import Stack
 from ._ragged import recipe_for
 from ._specs import (
     DataclassSpec,
@@ -89,6 +90,14 @@ class Template:
         """Whether ``path`` is planned anew for each batch: learnt as careful, or under a policy."""
         return path in self.careful or bool(self.rules and self.rules.lookup(path) is not None)
 
+    def stacked(self, path: Path) -> bool:
+        """Whether ``path``'s policy is ``Stack()``, which a field of tensors that agree meets as it is.
+
+        Such a field gets a fixed slot, as with no policy; a later batch that does not
+        stack plans it carefully, where ``Stack()`` names the sample and the shapes.
+        """
+        return path not in self.careful and bool(self.rules) and type(self.rules.lookup(path)) is Stack
+
     def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
         """The dtype of a column of Python numbers of one type that a block can take."""
         cls = type(column[0])
@@ -102,10 +111,17 @@ class Template:
         return dtype
 
     def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
-        if len(path) > MAX_DEPTH or self.per_batch(path) or (self.missing and any(v is None for v in column)):
+        if len(path) > MAX_DEPTH or (self.missing and any(v is None for v in column)):
             return self.part(path, siblings, column)
         first = column[0]
         cls = type(first)
+        if self.per_batch(path):
+            handler = lookup(cls)
+            if not (self.stacked(path) and handler is not None and handler.family in ("tensor", "ndarray")):
+                return self.part(path, siblings, column)
+            if set(map(type, column)) != {cls}:
+                return self.part(path, siblings, column)
+            return self.leaves(column, path, siblings, handler)
         if set(map(type, column)) != {cls}:
             return self.part(path, siblings, column)
         n = len(column)

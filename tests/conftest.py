@@ -1,10 +1,18 @@
+import os
 import weakref
 
 import pytest
 import torch
+from hypothesis import settings
 from torch.multiprocessing import reductions
 
 from leaks import Snapshot
+
+# The suite runs the same property examples every time (a failure reproduces, and a run cannot
+# pass or fail by the examples it drew); HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("suite", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -165,6 +165,9 @@ def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
         assert type(ours) is type(theirs)
         for field in dataclasses.fields(theirs):
             assert_same(getattr(ours, field.name), getattr(theirs, field.name), f"{path}.{field.name}")
+    elif isinstance(theirs, np.ndarray):  # a value kept as it is (a per-sample list, say)
+        assert type(ours) is np.ndarray and ours.dtype == theirs.dtype, f"{path}: {ours!r} != {theirs!r}"
+        assert np.array_equal(ours, theirs), f"{path}: values differ"
     else:
         assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
 
