@@ -561,3 +561,25 @@ def test_absent_keys_give_what_a_careful_walk_gives_and_keep_the_plan(monkeypatc
         assert () not in walked or k >= 7, (k, walked)  # the root is walked only once the order differs
         assert_identical(ours, reference(samples))
         assert_one_buffer(ours)
+
+
+def test_a_stack_field_whose_tensors_agree_is_planned_once(monkeypatch):
+    collate = MMCollate(pin_memory=False, fields={"x": Stack()})
+    good = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.zeros(2, 3), "y": 2}]
+    collate(good)
+
+    def walked(*args: Any) -> None:
+        raise AssertionError("the careful planner ran for a field its plan describes")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Planner, "plan", walked)
+        assert_identical(collate(good), default_collate(good))
+    ragged = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.ones(3, 3), "y": 2}]
+    with pytest.raises(CollateError, match=r"Stack\(\) needs equal shapes") as info:
+        collate(ragged)
+    assert info.value.sample == 1 and info.value.path == ("x",)
+    with monkeypatch.context() as patch:  # the failed batch taught the plan nothing
+        patch.setattr(Planner, "plan", walked)
+        assert_identical(collate(good), default_collate(good))
+    with pytest.raises(CollateError, match="Stack"):  # not tensors: Stack() says so, warm or not
+        collate([{"x": "a", "y": 1}, {"x": "b", "y": 2}])
