@@ -21,7 +21,6 @@ what it cannot.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import operator
 from collections.abc import Hashable, Sequence
@@ -33,15 +32,15 @@ from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler
 from ._layout import Part, TensorSpec
 from ._leaves import lookup
-from ._ops import TENSOR_DTYPE
-from ._packing import INT32_MAX, Concat
+from ._packed import concat_recipe
+from ._packing import Concat, Jagged
 from ._padding import fill_mask_1d, fill_padded_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
-from ._recipe import PLAIN, Recipe, converted, place
+from ._recipe import Recipe, converted, place, plain_tensors
 from ._specs import SplitSpec
 from ._views import ALIGN, pitch
 
-__all__ = ["ConcatRecipe", "ListRecipe", "PadRecipe", "recipe_for"]
+__all__ = ["ListRecipe", "PadRecipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
 
@@ -164,78 +163,6 @@ class ListRecipe(Recipe):
         return Part(SplitSpec(region, split, shapes_out))
 
 
-class ConcatRecipe(Recipe):
-    """``Concat`` of plain tensors, or of per-sample lists of them (``items``): one ``torch.cat``."""
-
-    __slots__ = ("containers", "counts_name", "item_offsets_name", "offsets_name", "tail")
-
-    def __init__(
-        self, dtype: torch.dtype, ndim: int, policy: Concat, name: Hashable, containers: frozenset[type] | None
-    ):
-        super().__init__(dtype, ndim)
-        # The trailing sizes of a shape, read at C speed.
-        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else _FIRST
-        #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
-        self.containers = containers
-        self.offsets_name = policy._extra_name(policy.offsets_key, name)
-        items = containers is not None
-        self.counts_name = policy._extra_name(policy.counts_key, name) if items else None
-        self.item_offsets_name = policy._extra_name(policy.item_offsets_key, name) if items else None
-
-    def extras(self) -> tuple[str, ...]:
-        names = (self.offsets_name, self.counts_name, self.item_offsets_name)
-        return tuple(name for name in names if name is not None)
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        counts = None
-        values = column
-        if self.containers is not None:
-            if set(map(type, column)) - self.containers:
-                return False
-            if None in column:  # absent lists (missing="none"): no items
-                column = [() if value is None else value for value in column]
-            counts = list(map(len, column))
-            values = list(itertools.chain.from_iterable(column))
-        if not values:
-            return False  # nothing to concatenate: the careful planner's empty result
-        shapes = self.shapes(values)
-        if shapes is None:
-            return False
-        trailing = shapes[0][1:]
-        if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
-            return False  # the careful planner names the value whose trailing dims differ
-        rows = list(map(_FIRST, shapes))
-        total = sum(rows)
-        if total > INT32_MAX:
-            return False
-        node = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((_CONCAT, node, values, None))
-        extras: list[tuple[str, TensorSpec]] = []
-        per_sample = rows if counts is None else _grouped(rows, counts)
-        self._extra(fill, extras, self.offsets_name, [0, *itertools.accumulate(per_sample)], torch.int32)
-        if counts is not None:
-            self._extra(fill, extras, self.counts_name, counts, torch.int64)
-            self._extra(fill, extras, self.item_offsets_name, [0, *itertools.accumulate(rows)], torch.int32)
-        fill.parts[index] = Part(node, tuple(extras))
-        return True
-
-    @staticmethod
-    def _extra(
-        fill: Fill, extras: list[tuple[str, TensorSpec]], name: str | None, values: list[int], dtype: torch.dtype
-    ) -> None:
-        if name is not None:
-            spec = place(fill, dtype, (len(values),))
-            fill.tasks.append((fill_numbers, spec, values, None))
-            extras.append((name, spec))
-
-
-def _grouped(rows: list[int], counts: list[int]) -> list[int]:
-    """Rows per sample, from rows per item and items per sample."""
-    ends = list(itertools.accumulate(counts))
-    starts = [0, *ends[:-1]]
-    return [sum(rows[a:b]) for a, b in zip(starts, ends, strict=True)]
-
-
 @functools.lru_cache(maxsize=256)
 def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
     """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
@@ -255,21 +182,13 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
         tensors, wrap = as_tensors
         inner = recipe_for(tensors, policy, name)
         return None if inner is None else wrap(inner)
-    if type(policy) is Concat:
+    if type(policy) is Concat or type(policy) is Jagged:
         assert isinstance(policy, Concat)
-        return _concat_recipe(column, policy, name, missing)
-    if not column or set(map(type, column)) != PLAIN:
+        return concat_recipe(column, policy, name, missing)
+    described = plain_tensors(column)
+    if described is None:
         return None
-    try:
-        dtypes = set(map(TENSOR_DTYPE, column))
-        ranks = {value.dim() for value in column}
-        if len(dtypes) != 1 or len(ranks) != 1 or any(v.is_nested or v.layout != torch.strided for v in column):
-            return None
-    except RuntimeError:
-        return None
-    dtype, ndim = dtypes.pop(), ranks.pop()
-    if ndim == 0 or any(v.is_quantized for v in column):
-        return None
+    dtype, ndim = described
     if policy is None:
         return ListRecipe(dtype, ndim, stacks=True)
     if type(policy) in (AsList, PerSample):
@@ -283,21 +202,3 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
             return None
         return PadRecipe(dtype, ndim, policy, name)
     return None
-
-
-def _concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
-    """A ``Concat`` recipe: per-sample tensors, or per-sample lists (or tuples) of tensors.
-
-    With ``missing`` (``missing="none"``) a list may be absent (``None``): no items.
-    """
-    containers = {type(value) for value in column}
-    lists = containers - {type(None)} if missing else containers
-    if lists and lists <= {list, tuple}:
-        values = [item for value in column if value is not None for item in value]
-        recipe = recipe_for(values, None, name)
-        if recipe is None:
-            return None
-        allowed = frozenset(lists | {type(None)}) if missing else frozenset(lists)
-        return ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, allowed)
-    recipe = recipe_for(column, None, name)
-    return None if recipe is None else ConcatRecipe(next(iter(recipe.dtypes)), recipe.ndim, policy, name, None)

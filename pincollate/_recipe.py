@@ -24,7 +24,17 @@ from ._views import align
 if TYPE_CHECKING:
     from ._policies import Policy
 
-__all__ = ["PLAIN", "Arrays", "NumberLists", "Recipe", "array_tensors", "converted", "number_tensor", "place"]
+__all__ = [
+    "PLAIN",
+    "Arrays",
+    "NumberLists",
+    "Recipe",
+    "array_tensors",
+    "converted",
+    "number_tensor",
+    "place",
+    "plain_tensors",
+]
 
 PLAIN = frozenset((torch.Tensor,))
 _STRIDED = frozenset((torch.strided,))
@@ -83,6 +93,27 @@ class Recipe:
         """Whether the extra outputs have a parent mapping and clash with none of its keys."""
         names = self.extras()
         return not names or (siblings is not None and not siblings.intersection(names))
+
+
+def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
+    """The dtype and rank of a column of plain strided tensors of one dtype and one rank (at least 1).
+
+    ``None`` for anything else (an empty column, a subclass, a nested, sparse or quantized
+    tensor, 0-d values): what the careful planner plans for each batch.
+    """
+    if not column or set(map(type, column)) != PLAIN:
+        return None
+    try:
+        dtypes = set(map(TENSOR_DTYPE, column))
+        ranks = {value.dim() for value in column}
+        if len(dtypes) != 1 or len(ranks) != 1 or any(v.is_nested or v.layout != torch.strided for v in column):
+            return None
+    except RuntimeError:
+        return None
+    dtype, ndim = dtypes.pop(), ranks.pop()
+    if ndim == 0 or any(v.is_quantized for v in column):
+        return None
+    return dtype, ndim
 
 
 def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:

@@ -144,7 +144,12 @@ class TreeDataset(Dataset):
 
 def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
     """Equal containers (types kept), dtypes, shapes and values."""
-    if isinstance(theirs, torch.Tensor):
+    if isinstance(theirs, torch.Tensor) and theirs.is_nested:
+        # Each jagged tensor has a ragged size of its own (j1, j2, ...): compare what it holds.
+        assert isinstance(ours, torch.Tensor) and ours.is_nested, f"{path}: expected a nested tensor"
+        assert_same(ours.values(), theirs.values(), f"{path}.values()")
+        assert_same(ours.offsets(), theirs.offsets(), f"{path}.offsets()")
+    elif isinstance(theirs, torch.Tensor):
         assert isinstance(ours, torch.Tensor), f"{path}: expected a tensor, got {type(ours).__name__}"
         assert ours.dtype == theirs.dtype, f"{path}: dtype {ours.dtype} != {theirs.dtype}"
         assert ours.shape == theirs.shape, f"{path}: shape {tuple(ours.shape)} != {tuple(theirs.shape)}"

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import AsList, CollateError, Concat, MMCollate, Pad, PerSample
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
+from pincollate._packed import ConcatRecipe
 from pincollate._planner import Planner
-from pincollate._ragged import ConcatRecipe, ListRecipe, PadRecipe
+from pincollate._ragged import ListRecipe, PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._views import ALIGN
 from samples import assert_identical, assert_one_buffer
@@ -174,6 +175,17 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
             lambda: _items_missing([[2], [1]]),
             lambda: _items_missing([None, [], [5]]),
         ],
+    ),
+    "jagged": ({"fields": {"ids": Jagged()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6, 0])]),
+    "jagged-rows-of-3": (
+        {"fields": {"ids": Jagged()}},
+        ConcatRecipe,
+        [lambda: _ids([3, 1], torch.float32, (3,)), lambda: _ids([2, 6], torch.float32, (3,))],
+    ),
+    "jagged-items": (
+        {"fields": {"ids": Jagged()}},
+        ConcatRecipe,
+        [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
     ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
