@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._build import new_dataclass
 from ._check import Carried, carried, is_batch
-from ._kinds import new_dataclass
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
 from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
@@ -44,6 +44,7 @@ from ._specs import (
     MappingSpec,
     NamedTupleSpec,
     RegisteredSpec,
+    RowsSpec,
     SequenceSpec,
     SplitSpec,
 )
@@ -259,6 +260,7 @@ allow_loading(
     NamedTupleSpec,
     DataclassSpec,
     RegisteredSpec,
+    RowsSpec,
     JaggedSpec,
     SplitSpec,
     Batch,

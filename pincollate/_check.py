@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ._kinds import MAPPING, is_sequence, kind_of, make_mapping, make_sequence, registered
+from ._build import make_mapping, make_sequence
+from ._kinds import MAPPING, is_sequence, kind_of, registered
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
 from ._specs import (
     DataclassSpec,
@@ -22,6 +23,7 @@ from ._specs import (
     ListSpec,
     MappingSpec,
     RegisteredSpec,
+    RowsSpec,
     SequenceSpec,
     SplitSpec,
 )
@@ -92,6 +94,8 @@ class _Check:
             )
         if kind is SplitSpec:
             return type(obj) is list and self._split(spec, obj)  # type: ignore[arg-type]
+        if kind is RowsSpec:
+            return self._rows(spec, obj)  # type: ignore[arg-type]
         if not top and not _built_as(spec, type(obj)):
             return False
         if kind is MappingSpec:
@@ -105,6 +109,13 @@ class _Check:
             )
         children = spec.children  # type: ignore[attr-defined]
         return is_sequence(obj) and len(obj) == len(children) and all(map(self.matches, children, obj))
+
+    def _rows(self, spec: RowsSpec, obj: Any) -> bool:
+        cls = _built_class(spec.cls, dict, make_mapping)
+        if type(obj) is not list or any(type(row) is not cls or tuple(row) != spec.keys for row in obj):  # type: ignore[arg-type]
+            return False
+        columns = zip(spec.keys, spec.columns, strict=True)
+        return all(self._split(column, [row[key] for row in obj]) for key, column in columns)
 
     def _split(self, spec: SplitSpec, obj: Any) -> bool:
         if not is_sequence(obj) or len(obj) != len(spec.sizes) // 2:

@@ -14,9 +14,10 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from ._build import container_cls
 from ._errors import Attr
 from ._fill import Node, Tree
-from ._items import ItemWalk, Origins, Path, container_cls, container_name
+from ._items import ItemWalk, Origins, Path, container_name
 from ._kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from ._layout import Spec
 from ._leaves import type_name

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._build import container_cls
 from ._column import Column, stack_or_list
 from ._errors import Attr, CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
@@ -33,7 +34,6 @@ __all__ = [
     "ItemWalk",
     "Origins",
     "Path",
-    "container_cls",
     "container_name",
     "merge",
 ]
@@ -50,16 +50,6 @@ def container_name(value: Any) -> str:
     """What errors call a container: its kind, or its class where that says more."""
     kind = kind_of(value)
     return kind.name if kind is MAPPING or kind is NAMEDTUPLE or kind is SEQUENCE else type_name(value)
-
-
-def container_cls(cls: type, plain: type) -> type | None:
-    """``None`` for the plain container type (``dict``, ``list``), else ``cls``.
-
-    Tuples come back as lists, as in ``default_collate``.
-    """
-    if cls is plain or (plain is list and issubclass(cls, tuple)):
-        return None
-    return cls
 
 
 class ItemWalk:
@@ -142,7 +132,11 @@ class ItemWalk:
                 raise self._error(f"unsupported type {type_name(value)}", 0, path, origin)
             return Value(value)
         # One value: a column of one, its leading 1 dropped.
-        return _unstack(stack_or_list(self._column([value], path, origin, handler)))  # type: ignore[arg-type]
+        node = stack_or_list(self._column([value], path, origin, handler))
+        if isinstance(node, Slot):
+            return _unstack(node)
+        assert isinstance(node, Tree) and len(node.children) == 1
+        return node.children[0]  # a value that is never stacked (torchvision's boxes): itself
 
     def _sequence_policy(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
         """``AsList`` or ``Stack`` on a field whose values are lists of items."""

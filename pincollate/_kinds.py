@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from ._build import make_mapping, new_dataclass
 from ._errors import Attr, CollateError
 from ._leaves import lookup, type_name
 
@@ -33,9 +34,6 @@ __all__ = [
     "is_namedtuple",
     "is_sequence",
     "kind_of",
-    "make_mapping",
-    "make_sequence",
-    "new_dataclass",
     "register_container",
     "registered",
     "union_keys",
@@ -146,47 +144,6 @@ class Registered(Kind):
 
     def rebuild(self, value: Any, children: list[Any]) -> Any:
         return self.unflatten(self.keys(value), children)
-
-
-def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
-    """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
-
-    As ``default_collate``: the type is kept where it can be built from a dict or
-    built empty and updated; otherwise the result is a ``dict``.
-    """
-    if cls is None:
-        return pairs
-    try:
-        return cls(pairs)
-    except TypeError:
-        pass
-    try:
-        out = cls()
-        out.update(pairs)
-        return out
-    except (TypeError, AttributeError):  # a read-only Mapping has no update
-        return pairs
-
-
-def make_sequence(cls: type | None, items: list[Any]) -> Any:
-    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
-    if cls is None:
-        return items
-    try:
-        return cls(items)
-    except TypeError:
-        return items
-
-
-def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
-    """An instance of the dataclass ``cls`` with ``fields`` set, ``__init__`` not run.
-
-    Fields that are not ``init`` fields are set too; a frozen class is no obstacle.
-    """
-    out: Any = object.__new__(cls)
-    for name, value in fields.items():
-        object.__setattr__(out, name, value)
-    return out
 
 
 MAPPING: Kind = _Mapping("mapping")

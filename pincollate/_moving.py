@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 import torch
 
 from ._arena import copy_to_device, is_pinned, pinned_allocator
+from ._build import new_dataclass
 from ._check import carried
-from ._kinds import is_dataclass, new_dataclass
+from ._kinds import is_dataclass
 from ._spans import pin_spans
 from ._trees import map_tensors
 

@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 
+from ._build import container_cls
 from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler
+from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._leaves import lookup
 from ._packed import concat_recipe
@@ -37,7 +39,7 @@ from ._packing import Concat, Jagged
 from ._padding import fill_mask_1d, fill_padded_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, place, plain_tensors
-from ._specs import SplitSpec
+from ._specs import RowsSpec, SplitSpec
 from ._views import ALIGN, pitch
 
 __all__ = ["ListRecipe", "PadRecipe", "recipe_for"]
@@ -163,6 +165,63 @@ class ListRecipe(Recipe):
         return Part(SplitSpec(region, split, shapes_out))
 
 
+class RowsRecipe(Recipe):
+    """``PerSample()`` of mappings of plain tensors (detection targets: boxes, labels, masks).
+
+    Every sample's mapping is of one class with one key order; each key's values, one per
+    sample, are placed as a per-sample list is (:class:`ListRecipe`), and the batch holds
+    one mapping per sample over them.
+    """
+
+    __slots__ = ("cls", "columns", "gather", "keys", "types")
+
+    def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[ListRecipe]):
+        first = columns[0]
+        super().__init__(next(iter(first.dtypes)), first.ndim)
+        self.types = frozenset((cls,))
+        self.cls = container_cls(cls, dict)
+        self.keys = tuple(keys)
+        self.columns = tuple(columns)
+        self.gather: Any = operator.itemgetter(*self.keys)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if set(map(type, column)) != self.types or any(tuple(value) != self.keys for value in column):
+            return False
+        columns = (
+            [list(map(self.gather, column))]
+            if len(self.keys) == 1
+            else list(zip(*map(self.gather, column), strict=True))
+        )
+        shapes = [recipe.shapes(values) for recipe, values in zip(self.columns, columns, strict=True)]
+        if any(found is None for found in shapes):
+            return False
+        splits = []
+        for recipe, values, found in zip(self.columns, columns, shapes, strict=True):
+            part = recipe.sized(values, found, fill)  # type: ignore[arg-type]
+            assert part is not None and isinstance(part.node, SplitSpec)  # per-sample lists never stack
+            splits.append(part.node)
+        fill.parts[index] = Part(RowsSpec(self.cls, self.keys, splits))
+        return True
+
+
+def _rows_recipe(column: Sequence[Any]) -> Recipe | None:
+    """A ``PerSample()`` recipe for mappings of one class and key order whose values are plain tensors."""
+    first = column[0]
+    cls = type(first)
+    if kind_of(first) is not MAPPING or not len(first) or set(map(type, column)) != {cls}:
+        return None
+    keys = tuple(first)
+    if any(tuple(value) != keys for value in column):
+        return None
+    columns = []
+    for key in keys:
+        described = plain_tensors([value[key] for value in column])
+        if described is None:
+            return None
+        columns.append(ListRecipe(*described, stacks=False))
+    return RowsRecipe(cls, keys, columns)
+
+
 @functools.lru_cache(maxsize=256)
 def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
     """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
@@ -185,6 +244,8 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
     if type(policy) is Concat or type(policy) is Jagged:
         assert isinstance(policy, Concat)
         return concat_recipe(column, policy, name, missing)
+    if type(policy) is PerSample and column and kind_of(column[0]) is MAPPING:
+        return _rows_recipe(column)
     described = plain_tensors(column)
     if described is None:
         return None

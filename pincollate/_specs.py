@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from ._kinds import make_mapping, make_sequence, new_dataclass, registered
+from ._build import make_mapping, make_sequence, new_dataclass
+from ._kinds import registered
 from ._layout import PartSpec, Spec, TensorSpec
 from ._views import Views, carve, numpy_dtype
 
@@ -26,6 +27,7 @@ __all__ = [
     "MappingSpec",
     "NamedTupleSpec",
     "RegisteredSpec",
+    "RowsSpec",
     "SequenceSpec",
     "SplitSpec",
     "jagged",
@@ -46,6 +48,29 @@ class ListSpec(Spec):
 
     def build(self, views: Views) -> Any:
         return [child.build(views) for child in self.children]
+
+
+class RowsSpec(Spec):
+    """One mapping per sample (``PerSample()`` of detection targets, say), of class ``cls``.
+
+    Each key's values, one per sample, lie in one region (``columns``, a
+    :class:`SplitSpec` per key); row ``i`` maps every key to its ``i``-th value.
+    """
+
+    __slots__ = ("cls", "columns", "keys")
+    _fields = ("cls", "keys", "columns")
+
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[SplitSpec]):
+        self.cls: type | None = cls
+        self.keys: tuple[Hashable, ...] = tuple(keys)
+        self.columns: tuple[SplitSpec, ...] = tuple(columns)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.columns
+
+    def build(self, views: Views) -> Any:
+        columns = [column.build(views) for column in self.columns]
+        return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in zip(*columns, strict=True)]
 
 
 class MappingSpec(Spec):

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._build import container_cls
 from ._builtin_leaves import describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
-from ._items import MAX_DEPTH, container_cls
+from ._items import MAX_DEPTH
 from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup

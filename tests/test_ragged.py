@@ -15,7 +15,7 @@ from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, Per
 from pincollate import _template as template_module
 from pincollate._packed import ConcatRecipe
 from pincollate._planner import Planner
-from pincollate._ragged import ListRecipe, PadRecipe
+from pincollate._ragged import ListRecipe, PadRecipe, RowsRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._views import ALIGN
 from samples import assert_identical, assert_one_buffer
@@ -47,6 +47,17 @@ def _items_missing(counts: list[list[int] | None]) -> list[dict[str, Any]]:
         if sample is None
         else {"y": i, "ids": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(sample)]}
         for i, sample in enumerate(counts)
+    ]
+
+
+def _targets(counts: list[int]) -> list[dict[str, Any]]:
+    """Detection samples: an image and a target dict of ``n`` boxes and labels (torchvision's format)."""
+    return [
+        {
+            "image": torch.full((3, 4, 4), i, dtype=torch.uint8),
+            "ids": {"boxes": torch.arange(4.0 * n).reshape(n, 4) + i, "labels": torch.arange(n) + 10 * i},
+        }
+        for i, n in enumerate(counts)
     ]
 
 
@@ -186,6 +197,11 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         {"fields": {"ids": Jagged()}},
         ConcatRecipe,
         [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
+    ),
+    "persample-mappings": (
+        {"fields": {"ids": PerSample()}},
+        RowsRecipe,
+        [lambda: _targets([3, 0, 5]), lambda: _targets([2, 2]), lambda: _targets([0, 0, 1, 7])],
     ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
@@ -329,6 +345,30 @@ def test_arrays_the_recipe_does_not_describe_are_planned_carefully(careful_only)
     with pytest.raises(CollateError) as warm:
         collate(mixed)
     assert str(warm.value) == str(fresh.value)
+
+
+def test_per_sample_mappings_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    boxed = _targets([2, 1])
+    for sample in boxed:
+        sample["ids"]["boxes"] = tv_tensors.BoundingBoxes(sample["ids"]["boxes"], format="XYXY", canvas_size=(4, 4))
+    reordered = _targets([1, 2])
+    reordered[1]["ids"] = {"labels": reordered[1]["ids"]["labels"], "boxes": reordered[1]["ids"]["boxes"]}
+    named = _targets([2, 1])
+    for sample in named:
+        sample["ids"]["name"] = "cat"
+    collate = MMCollate(pin_memory=False, fields={"ids": PerSample()})
+    reference = careful_only(fields={"ids": PerSample()})
+    batches = [
+        _targets([3, 1]),  # planned: a recipe
+        boxed,  # torchvision's boxes keep their type: the careful planner
+        reordered,  # another key order in one sample
+        named,  # a str beside the tensors
+        [{"image": torch.zeros(3, 4, 4, dtype=torch.uint8), "ids": [1, 2]}] * 2,  # not mappings
+        _targets([2, 5]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
 
 
 def test_number_lists_the_careful_planner_refuses_get_its_error(careful_only):
