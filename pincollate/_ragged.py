@@ -1,16 +1,16 @@
 """Ragged fields planned once: per batch, only the sizes are read.
 
-A field planned anew for each batch (ragged, or under a policy) used to be walked
-value by value by the careful planner for every batch. When the first batch of a
-structure shows the field as plain tensors of one dtype and one rank (token ids,
-waveforms, boxes, image patches: what ragged data almost always is), its plan keeps
-a *recipe* instead: the field's policy, dtype, rank and output names, settled once
-and used from that batch on. For each batch the recipe checks the column at C speed
-(one ``map`` per property: class, dtype, layout, device, shape), reads the sizes,
-computes the offsets and queues one copy per field: ``Pad`` as one masked scatter
-(or one copy per row for large values), ``Concat`` as one ``torch.cat``, a
-per-sample list as one ``torch.cat`` into a region whose views are made by one
-``split``.
+When the first batch of a structure shows a field planned per batch (ragged, or under
+a policy) as plain tensors of one dtype and one rank (token ids, waveforms, boxes,
+image patches: what ragged data almost always is), its plan keeps a *recipe*: the
+field's policy, dtype, rank and output names, settled once. For each batch the recipe
+checks the column at C speed, reads the sizes, computes the offsets and queues one
+copy per field: ``Pad`` as one masked scatter (large rows: one ``torch.cat`` with
+their padding, or a copy per row), a per-sample list as one ``torch.cat`` into a
+region whose views are made by one ``split``, ``PerSample()`` of mappings (detection
+targets) as one such list per key. ``Concat`` and ``Jagged`` are in :mod:`._packed`;
+Python number lists and numpy arrays are converted first (:mod:`._recipe`).
+:func:`recipe_for` picks the recipe.
 
 A batch the recipe does not describe (another dtype, a value that is too long for
 ``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives

@@ -1,9 +1,11 @@
 """A ragged field's recipe: what its first batch settled, and how a later batch is checked against it.
 
 :class:`Recipe` reads a column at C speed (one ``map`` per property: class, dtype,
-layout, device, shape) and hands the shapes to its subclass (:mod:`._ragged`), which
-places the field's tensors in the batch's per-batch area (:func:`place`) and queues
-their copies.
+layout, device, shape) and hands the shapes to its subclass (:mod:`._ragged`,
+:mod:`._packed`), which places the field's tensors in the batch's per-batch area
+(:func:`place`) and queues their copies. Columns that are tensors only once converted
+(token ids as Python lists, numpy arrays) get a recipe that converts each batch first
+(:class:`NumberLists`, :class:`Arrays`).
 """
 
 from __future__ import annotations
