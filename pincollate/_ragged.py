@@ -232,9 +232,11 @@ def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[to
 def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, missing: bool = False) -> Recipe | None:
     """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
 
-    Only columns of plain CPU tensors of one dtype and one rank (at least 1) get one,
-    under no policy, ``AsList``/``PerSample`` or ``Pad`` (one padded dimension, a pad
-    value that fits the dtype).
+    Columns of plain tensors of one dtype and one rank (at least 1), as they are or once
+    converted (Python number lists under a policy that reads them as sequences, numpy
+    arrays), get one under no policy, ``AsList``/``PerSample``, ``Pad`` (one padded
+    dimension, a pad value that fits the dtype), ``Concat`` and ``Jagged`` (``missing``:
+    absent item lists are no items); so do ``PerSample()`` mappings of such columns.
     """
     as_tensors = converted(column, policy)
     if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
