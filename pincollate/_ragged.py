@@ -60,12 +60,17 @@ _STACK, _CONCAT = _tensor_fills()
 
 
 class PadRecipe(Recipe):
-    """``Pad`` over one dimension of plain tensors (the one whose sizes differ, or ``dims``)."""
+    """``Pad`` over one dimension of plain tensors (the one whose sizes differ, or ``dims``).
 
-    __slots__ = ("dim", "fill_mask", "fill_values", "left", "lengths_name", "mask_name", "policy")
+    With ``missing`` (``missing="none"``) an absent value is an empty one: its row is all
+    padding, its length 0.
+    """
 
-    def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable):
+    __slots__ = ("dim", "fill_mask", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
         super().__init__(dtype, ndim)
+        self.missing = missing
         self.policy = policy
         self.left = policy.side == "left"
         dims = None if policy.dims is None else tuple(d % ndim for d in policy.dims)
@@ -77,6 +82,19 @@ class PadRecipe(Recipe):
 
     def extras(self) -> tuple[str, ...]:
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if self.missing and any(value is None for value in column):
+            present = next((value for value in column if value is not None), None)
+            if type(present) is not torch.Tensor:
+                return False  # nothing present, or not a tensor: the careful planner
+            # Empty along the padded dimension (``dims``, else the first: where that is not
+            # the one whose sizes differ, two then differ and the careful planner pads).
+            shape = list(present.shape)
+            shape[0 if self.dim is None else self.dim] = 0
+            empty = present.new_empty(shape)
+            column = [empty if value is None else value for value in column]
+        return super().run(column, fill, index)
 
     def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
         n = len(shapes)
@@ -248,6 +266,8 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
         return concat_recipe(column, policy, name, missing)
     if type(policy) is PerSample and column and kind_of(column[0]) is MAPPING:
         return _rows_recipe(column)
+    if missing and type(policy) is Pad:
+        column = [value for value in column if value is not None]  # absent values pad as empty ones
     described = plain_tensors(column)
     if described is None:
         return None
@@ -263,5 +283,5 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
             return None
         if not fits(policy.value, dtype):
             return None
-        return PadRecipe(dtype, ndim, policy, name)
+        return PadRecipe(dtype, ndim, policy, name, missing)
     return None

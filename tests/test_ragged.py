@@ -61,6 +61,12 @@ def _targets(counts: list[int]) -> list[dict[str, Any]]:
     ]
 
 
+def _absent(samples: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    """``samples`` with sample ``i``'s field absent (``missing="none"``)."""
+    del samples[i]["ids"]
+    return samples
+
+
 def _arrays(lengths: list[int], dtype: str = "float32", trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Numpy arrays, as soundfile or librosa give waveforms."""
     return [
@@ -197,6 +203,26 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         {"fields": {"ids": Jagged()}},
         ConcatRecipe,
         [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
+    ),
+    "pad-missing": (
+        {"fields": {"ids": Pad(value=-1)}, "missing": "none"},
+        PadRecipe,
+        [
+            lambda: _absent(_ids([3, 1, 4]), 1),
+            lambda: _absent(_ids([2, 6]), 0),
+            lambda: _ids([2, 2]),
+            lambda: _absent(_ids([5, 1, 2]), 2),
+        ],
+    ),
+    "pad-missing-rows-of-3": (
+        {"fields": {"ids": Pad()}, "missing": "none"},
+        PadRecipe,
+        [lambda: _absent(_ids([3, 1], trailing=(3,)), 1), lambda: _absent(_ids([2, 5, 1], trailing=(3,)), 0)],
+    ),
+    "pad-missing-dim-1": (
+        {"fields": {"ids": Pad(dims=[-1], mask_key=None)}, "missing": "none"},
+        PadRecipe,
+        [lambda: _absent(_audio([5, 9, 4]), 1), lambda: _absent(_audio([7, 3]), 0)],
     ),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
