@@ -152,6 +152,7 @@ DATACLASS: Kind = _Dataclass("dataclass")
 SEQUENCE: Kind = _Sequence("sequence")
 
 _registered: dict[type, Registered] = {}
+_CLASSES_KEPT = 4096
 #: The kind of each class seen so far (``None``: not a container); cleared by a registration.
 _by_class: dict[type, Kind | None] = {}
 
@@ -173,6 +174,8 @@ def kind_of(value: Any) -> Kind | None:
         pass
     kind = _classify(value)
     if not isinstance(value, type):  # a class is no instance of its dataclass kind
+        if len(_by_class) >= _CLASSES_KEPT:
+            _by_class.clear()  # classes made on the fly (a namedtuple per sample): start again
         _by_class[cls] = kind
     return kind
 

@@ -104,6 +104,16 @@ def test_every_value_has_one_kind(value, kind):
     assert kind_of(value) is kind  # the second answer comes from the per-class cache
 
 
+def test_classes_made_on_the_fly_do_not_grow_the_cache(monkeypatch):
+    from pincollate import _kinds
+
+    monkeypatch.setattr(_kinds, "_CLASSES_KEPT", 8)
+    for i in range(40):
+        cls = collections.namedtuple(f"Row{i}", ["a"])  # a new class per sample
+        assert kind_of(cls(1)) is NAMEDTUPLE
+    assert len(_kinds._by_class) <= 8
+
+
 def test_a_registered_class_has_its_own_kind():
     kind = kind_of(Point(1, 2))
     assert isinstance(kind, Registered) and kind.cls is Point
