@@ -118,8 +118,13 @@ class _Check:
         return all(self._split(column, [row[key] for row in obj]) for key, column in columns)
 
     def _split(self, spec: SplitSpec, obj: Any) -> bool:
-        if not is_sequence(obj) or len(obj) != len(spec.sizes) // 2:
+        if not is_sequence(obj) or len(obj) != len(spec.sizes) // 2 + len(spec.absent):
             return False
+        if spec.absent:
+            if any(obj[i] is not None for i in spec.absent):
+                return False
+            gone = set(spec.absent)
+            obj = [value for i, value in enumerate(obj) if i not in gone]
         dtype = spec.region.dtype
         for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
             if not (

@@ -142,19 +142,34 @@ class ListRecipe(Recipe):
     """Per-sample tensors: stacked where this batch's shapes agree (no policy), else a list.
 
     The list lies in one region, each value starting aligned; one ``torch.cat`` fills it
-    and one ``split`` views it.
+    and one ``split`` views it. With ``missing`` (``missing="none"``) an absent value is
+    ``None`` in the list (and the batch is not stacked).
     """
 
-    __slots__ = ("stacks",)
+    __slots__ = ("missing", "stacks")
 
-    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool):
+    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool, missing: bool = False):
         super().__init__(dtype, ndim)
         self.stacks = stacks
+        self.missing = missing
 
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if not (self.missing and any(value is None for value in column)):
+            return super().run(column, fill, index)
+        absent = [i for i, value in enumerate(column) if value is None]
+        present = [value for value in column if value is not None]
+        shapes = self.shapes(present) if present else None
+        if shapes is None:
+            return False  # all absent, or not what the recipe takes: the careful planner
+        fill.parts[index] = self.sized(present, shapes, fill, absent)
+        return True
+
+    def sized(
+        self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill, absent: Sequence[int] = ()
+    ) -> Part:
         dtype = next(iter(self.dtypes))
         first = shapes[0]
-        if self.stacks and all(shape == first for shape in shapes):
+        if self.stacks and not absent and all(shape == first for shape in shapes):
             stacked = place(fill, dtype, (len(shapes), *first))
             fill.tasks.append((_STACK, stacked, column, None))
             return Part(stacked)
@@ -180,7 +195,7 @@ class ListRecipe(Recipe):
             pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((_CONCAT, region, pieces, None))
-        return Part(SplitSpec(region, split, shapes_out))
+        return Part(SplitSpec(region, split, shapes_out, absent))
 
 
 class RowsRecipe(Recipe):
@@ -266,16 +281,16 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
         return concat_recipe(column, policy, name, missing)
     if type(policy) is PerSample and column and kind_of(column[0]) is MAPPING:
         return _rows_recipe(column)
-    if missing and type(policy) is Pad:
-        column = [value for value in column if value is not None]  # absent values pad as empty ones
+    if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
+        column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     described = plain_tensors(column)
     if described is None:
         return None
     dtype, ndim = described
     if policy is None:
-        return ListRecipe(dtype, ndim, stacks=True)
+        return ListRecipe(dtype, ndim, stacks=True, missing=missing)
     if type(policy) in (AsList, PerSample):
-        return ListRecipe(dtype, ndim, stacks=False)
+        return ListRecipe(dtype, ndim, stacks=False, missing=missing)
     if type(policy) is Pad:
         assert isinstance(policy, Pad)
         dims = policy.dims

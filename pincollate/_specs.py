@@ -187,16 +187,24 @@ class SplitSpec(Spec):
 
     ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
     it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
-    rows are the values' rows.
+    rows are the values' rows. ``absent`` are the list's positions that hold ``None``
+    (values absent with ``missing="none"``), in ascending order.
     """
 
-    __slots__ = ("region", "shapes", "sizes")
-    _fields = ("region", "sizes", "shapes")
+    __slots__ = ("absent", "region", "shapes", "sizes")
+    _fields = ("region", "sizes", "shapes", "absent")
 
-    def __init__(self, region: TensorSpec, sizes: Sequence[int], shapes: Sequence[tuple[int, ...]] | None = None):
+    def __init__(
+        self,
+        region: TensorSpec,
+        sizes: Sequence[int],
+        shapes: Sequence[tuple[int, ...]] | None = None,
+        absent: Sequence[int] = (),
+    ):
         self.region: TensorSpec = region
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.shapes: tuple[tuple[int, ...], ...] | None = None if shapes is None else tuple(shapes)
+        self.absent: tuple[int, ...] = tuple(absent)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.region,)
@@ -205,13 +213,18 @@ class SplitSpec(Spec):
         dtype = self.region.dtype
         as_numpy = numpy_dtype(dtype)
         source = views.source
+        out: list[torch.Tensor | None]
         if source is None or as_numpy is None:
-            return [views.tensor(dtype, shape, offset) for offset, shape in self.places()]
-        # Views.tensor, less its checks: a detection batch makes two such lists, a tensor per image.
-        return [
-            torch.empty(shape, dtype=dtype) if 0 in shape else carve(source, as_numpy, shape, offset)
-            for offset, shape in self.places()
-        ]
+            out = [views.tensor(dtype, shape, offset) for offset, shape in self.places()]
+        else:
+            # Views.tensor, less its checks: a detection batch makes two such lists, a tensor per image.
+            out = [
+                torch.empty(shape, dtype=dtype) if 0 in shape else carve(source, as_numpy, shape, offset)
+                for offset, shape in self.places()
+            ]
+        for position in self.absent:
+            out.insert(position, None)
+        return out
 
     def places(self) -> list[tuple[int, tuple[int, ...]]]:
         """Each value's byte offset in the buffer and its shape."""

@@ -224,6 +224,21 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         PadRecipe,
         [lambda: _absent(_audio([5, 9, 4]), 1), lambda: _absent(_audio([7, 3]), 0)],
     ),
+    "list-missing": (
+        {"missing": "none"},
+        ListRecipe,
+        [
+            lambda: _absent(_ids([3, 1, 4]), 1),
+            lambda: _absent(_ids([2, 2, 2]), 0),  # the others agree: still a list, as the careful planner gives
+            lambda: _ids([2, 2]),
+            lambda: _absent(_ids([5, 1, 2]), 2),
+        ],
+    ),
+    "aslist-missing": (
+        {"fields": {"ids": AsList()}, "missing": "none"},
+        ListRecipe,
+        [lambda: _absent(_audio([5, 9, 4]), 1), lambda: _absent(_audio([7, 3]), 0)],
+    ),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
         RowsRecipe,
