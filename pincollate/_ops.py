@@ -11,6 +11,7 @@ containers and of parts planned per batch are in :mod:`._tree_ops`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -131,7 +132,7 @@ class StackOp(Op):
 JOIN_BYTES = 1024
 
 
-def _stack_joined(region: torch.Tensor, payload: tuple[list[torch.Tensor], torch.dtype]) -> None:
+def _stack_joined(region: torch.Tensor, values: list[torch.Tensor], *, dtype: torch.dtype) -> None:
     """Stack a block's values, then copy them in only if their promoted dtype is the block's.
 
     ``torch.stack`` into ``out=`` casts whatever it gets; without ``out=`` its result takes
@@ -142,7 +143,6 @@ def _stack_joined(region: torch.Tensor, payload: tuple[list[torch.Tensor], torch
     own field: exactly what ``torch.stack`` of that field alone, as ``default_collate``
     does, would give. A CUDA or sparse column stacks, and is refused here.
     """
-    values, dtype = payload
     stacked = torch.stack(values)
     if stacked.dtype != dtype or not stacked.is_cpu or stacked.layout != torch.strided:
         raise TypeError(f"a block of {dtype} stacked as {stacked.dtype} on {stacked.device}, {stacked.layout}")
@@ -159,7 +159,7 @@ class BlockOp(Op):
     (:func:`_stack_joined`), which costs an extra copy of the block instead.
     """
 
-    __slots__ = ("block", "dtype", "index", "joined", "pad", "paths", "shape")
+    __slots__ = ("block", "dtype", "fill", "index", "joined", "pad", "paths", "shape")
 
     def __init__(
         self,
@@ -178,6 +178,7 @@ class BlockOp(Op):
         self.dtype = dtype
         self.shape: tuple[int, ...] = shape
         self.joined = math.prod(shape) * dtype.itemsize <= JOIN_BYTES
+        self.fill: Filler = functools.partial(_stack_joined, dtype=dtype) if self.joined else _stack
         # Rows stacked after each field so that the next one starts aligned.
         self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype),) * pad
 
@@ -201,18 +202,14 @@ class BlockOp(Op):
             ok = False
         if not ok:
             raise Mismatch(*self.blame(values))
-        if self.joined:
-            fill.tasks.append((_stack_joined, self.block, (values, dtype), self))
-        else:
-            fill.tasks.append((_stack, self.block, values, self))
+        fill.tasks.append((self.fill, self.block, values, self))
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
-        values = payload[0] if type(payload) is tuple else payload
-        rows = len(values) // len(self.paths)
+        rows = len(payload) // len(self.paths)
         n = rows - len(self.pad)
         bad = []
         for j, path in enumerate(self.paths):
-            column = values[j * rows : j * rows + n]
+            column = payload[j * rows : j * rows + n]
             if not all(type(v) is torch.Tensor and v.dtype == self.dtype and v.shape == self.shape for v in column):
                 bad.append(path)
         return tuple(bad) or self.paths
