@@ -16,6 +16,7 @@ from ._packing import Concat
 from ._policies import Pad
 
 __all__ = [
+    "Collate",
     "Images",
     "TimmStylePrefetcher",
     "audio_by_hand",

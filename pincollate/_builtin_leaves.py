@@ -21,7 +21,7 @@ from ._layout import Wrap
 from ._leaves import LeafHandler, register_leaf
 from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 
-__all__ = ["describe_tensor", "fill_numbers", "number_dtype", "torch_dtype"]
+__all__ = ["concat_tensors", "describe_tensor", "fill_numbers", "number_dtype", "stack_tensors", "torch_dtype"]
 
 Path = tuple[Hashable, ...]
 
@@ -47,11 +47,11 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
     return value.dtype, tuple(value.shape)
 
 
-def _fill_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+def stack_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
     torch.stack(values, out=region)
 
 
-def _concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+def concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
     torch.cat(values, out=region)
 
 
@@ -75,11 +75,11 @@ register_leaf(
         "Tensor",
         "tensor",
         describe_tensor,
-        _fill_tensors,
+        stack_tensors,
         wrap=_subclass_wrap,
         key=TENSOR_DTYPE,
         signature=_tensor_signature,
-        concat=_concat_tensors,
+        concat=concat_tensors,
         fill_one=_copy_tensor,
     ),
 )

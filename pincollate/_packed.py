@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 
-from ._builtin_leaves import fill_numbers
+from ._builtin_leaves import concat_tensors, fill_numbers
 from ._fill import Fill
 from ._layout import Part, Spec, TensorSpec
-from ._leaves import lookup
 from ._packing import INT32_MAX, Concat, Jagged
 from ._recipe import Recipe, place, plain_tensors
 from ._specs import JaggedSpec
@@ -27,15 +26,6 @@ from ._specs import JaggedSpec
 __all__ = ["ConcatRecipe", "concat_recipe"]
 
 _FIRST = operator.itemgetter(0)
-
-
-def _cat() -> Any:
-    handler = lookup(torch.Tensor)
-    assert handler is not None and handler.concat is not None
-    return handler.concat
-
-
-_CONCAT = _cat()
 
 
 class ConcatRecipe(Recipe):
@@ -87,7 +77,7 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((_CONCAT, concatenated, values, None))
+        fill.tasks.append((concat_tensors, concatenated, values, None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
         per_sample = rows if counts is None else _grouped(rows, counts)

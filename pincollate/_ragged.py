@@ -29,11 +29,10 @@ from typing import Any
 import torch
 
 from ._build import container_cls
-from ._builtin_leaves import fill_numbers
+from ._builtin_leaves import concat_tensors, fill_numbers, stack_tensors
 from ._fill import Fill, Filler
 from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
-from ._leaves import lookup
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
 from ._padding import fill_mask_1d, fill_padded_1d
@@ -45,18 +44,6 @@ from ._views import ALIGN, pitch
 __all__ = ["ListRecipe", "PadRecipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
-
-_FIRST = operator.itemgetter(0)
-
-
-def _tensor_fills() -> tuple[Filler, Filler]:
-    """Plain tensors' stack and concatenation, from the leaf registry."""
-    handler = lookup(torch.Tensor)
-    assert handler is not None and handler.fill is not None and handler.concat is not None
-    return handler.fill, handler.concat
-
-
-_STACK, _CONCAT = _tensor_fills()
 
 
 class PadRecipe(Recipe):
@@ -171,7 +158,7 @@ class ListRecipe(Recipe):
         first = shapes[0]
         if self.stacks and not absent and all(shape == first for shape in shapes):
             stacked = place(fill, dtype, (len(shapes), *first))
-            fill.tasks.append((_STACK, stacked, column, None))
+            fill.tasks.append((stack_tensors, stacked, column, None))
             return Part(stacked)
         trailing: tuple[int, ...] = tuple(first[1:])
         itemsize = dtype.itemsize
@@ -194,7 +181,7 @@ class ListRecipe(Recipe):
             zeros = _zeros(dtype, trailing, step)
             pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
         region = place(fill, dtype, (sum(split), *trailing))
-        fill.tasks.append((_CONCAT, region, pieces, None))
+        fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent))
 
 

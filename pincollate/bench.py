@@ -19,7 +19,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,14 +26,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from ._bench_breakdown import format_breakdown, worker_breakdown
 from ._bench_gpu import run_gpu
-from ._bench_methods import methods, padding_bytes
+from ._bench_methods import Collate, methods, padding_bytes
 from ._bench_report import format_table, machine, plot
 from ._collate import MMCollate
 from .datasets import SCENARIOS, InMemory, _Repeat
 
 __all__ = ["format_table", "machine", "main", "methods", "run", "run_gpu", "worker_breakdown"]
-
-Collate = Callable[[list[Any]], Any]
 
 
 # --- measuring ---------------------------------------------------------------------------
