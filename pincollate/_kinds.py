@@ -44,7 +44,7 @@ Unflatten = Callable[[Sequence[Hashable], Sequence[Any]], Any]
 
 
 class Kind:
-    """One kind of container: the key paths and children of a value, and the value rebuilt.
+    """One kind of container: a value's children with their key-path names, and the value rebuilt.
 
     ``rebuild`` keeps the value's own class (what moving a tree needs); what a collated
     batch of the kind is made as (``default_collate``'s rules: tuples become lists, say)
@@ -59,62 +59,52 @@ class Kind:
     def __repr__(self) -> str:
         return f"<container kind {self.name}>"
 
-    def keys(self, value: Any) -> list[Hashable]:
-        """The key-path element of each child, in order."""
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
+        """The key-path element of each child, and the children, in order."""
         raise NotImplementedError
+
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
+        """A value of ``value``'s class with ``children`` (named ``keys``) in place of its own."""
+        raise NotImplementedError
+
+    def keys(self, value: Any) -> list[Hashable]:
+        return self.flatten(value)[0]
 
     def children(self, value: Any) -> list[Any]:
-        """The children, in the order of :meth:`keys`."""
-        raise NotImplementedError
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
-        """A value of ``value``'s class with ``children`` in place of its own."""
-        raise NotImplementedError
+        return self.flatten(value)[1]
 
 
 class _Mapping(Kind):
-    def keys(self, value: Any) -> list[Hashable]:
-        return list(value.keys())
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
+        return list(value.keys()), list(value.values())
 
-    def children(self, value: Any) -> list[Any]:
-        return list(value.values())
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
-        pairs = dict(zip(value.keys(), children, strict=True))
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
+        pairs = dict(zip(keys, children, strict=True))
         return pairs if type(value) is dict else make_mapping(type(value), pairs)
 
 
 class _NamedTuple(Kind):
-    def keys(self, value: Any) -> list[Hashable]:
-        return [Attr(name) for name in value._fields]
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
+        return [Attr(name) for name in value._fields], list(value)
 
-    def children(self, value: Any) -> list[Any]:
-        return list(value)
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
         return type(value)(*children)
 
 
 class _Dataclass(Kind):
-    def keys(self, value: Any) -> list[Hashable]:
-        return [Attr(field.name) for field in dataclasses.fields(value)]
-
-    def children(self, value: Any) -> list[Any]:
-        return [getattr(value, field.name) for field in dataclasses.fields(value)]
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
         names = [field.name for field in dataclasses.fields(value)]
-        return new_dataclass(type(value), dict(zip(names, children, strict=True)))
+        return [Attr(name) for name in names], [getattr(value, name) for name in names]
+
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
+        return new_dataclass(type(value), {str(key): child for key, child in zip(keys, children, strict=True)})
 
 
 class _Sequence(Kind):
-    def keys(self, value: Any) -> list[Hashable]:
-        return list(range(len(value)))
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
+        return list(range(len(value))), list(value)
 
-    def children(self, value: Any) -> list[Any]:
-        return list(value)
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
         if isinstance(value, list):
             clone = copy.copy(value)  # a list subclass keeps its attributes
             clone[:] = children
@@ -128,22 +118,20 @@ class _Sequence(Kind):
 class Registered(Kind):
     """A user's container class, registered with :func:`register_container`."""
 
-    __slots__ = ("cls", "flatten", "unflatten")
+    __slots__ = ("cls", "unflatten", "user_flatten")
 
     def __init__(self, cls: type, flatten: Flatten, unflatten: Unflatten):
         super().__init__(cls.__qualname__)
         self.cls = cls
-        self.flatten = flatten
+        self.user_flatten = flatten
         self.unflatten = unflatten
 
-    def keys(self, value: Any) -> list[Hashable]:
-        return list(self.flatten(value)[0])
+    def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
+        keys, children = self.user_flatten(value)
+        return list(keys), list(children)
 
-    def children(self, value: Any) -> list[Any]:
-        return list(self.flatten(value)[1])
-
-    def rebuild(self, value: Any, children: list[Any]) -> Any:
-        return self.unflatten(self.keys(value), children)
+    def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
+        return self.unflatten(keys, children)
 
 
 MAPPING: Kind = _Mapping("mapping")

@@ -153,7 +153,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     if kind is MAPPING:
         return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
     try:
-        keys, children = kind.keys(value), kind.children(value)
+        keys, children = kind.flatten(value)
     except Exception:  # a registered container's flatten failed: the careful planner says why
         return _CAREFUL
     return (

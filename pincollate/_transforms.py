@@ -107,7 +107,7 @@ def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | 
     kind = kind_of(tree)
     if kind is None:
         raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch, a {type(tree).__name__}")
-    keys = kind.keys(tree)
+    keys, children = kind.flatten(tree)
     if kind is SEQUENCE or (kind is NAMEDTUPLE and head.lstrip("-").isdigit()):
         if not head.lstrip("-").isdigit():
             raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch, a {type(tree).__name__}")
@@ -119,7 +119,6 @@ def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | 
         index = keys.index(head)
     else:
         raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch (its keys: {keys})")
-    children = kind.children(tree)
     value = children[index]
     if len(path) == 1:
         children[index] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
@@ -130,7 +129,7 @@ def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | 
         clone = copy.copy(tree)
         clone[keys[index]] = children[index]
         return clone
-    out = kind.rebuild(tree, children)
+    out = kind.rebuild(tree, keys, children)
     if out is tree:  # a Sequence type that cannot be built from its items
         raise CollateError(f"Normalize: a {type(tree).__name__} cannot be rebuilt with {'.'.join(full)!r} replaced")
     return out

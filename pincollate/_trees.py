@@ -30,7 +30,8 @@ def map_tensors(tree: T, fn: Callable[[torch.Tensor], Any]) -> T:
     kind = kind_of(tree)
     if kind is None:
         return tree
-    return kind.rebuild(tree, [map_tensors(child, fn) for child in kind.children(tree)])  # type: ignore[no-any-return]
+    keys, children = kind.flatten(tree)
+    return kind.rebuild(tree, keys, [map_tensors(child, fn) for child in children])  # type: ignore[no-any-return]
 
 
 def tensors(tree: Any) -> Iterator[torch.Tensor]:
