@@ -85,6 +85,8 @@ class _NestedDataset(Dataset[Any]):
 
 
 class _RaggedDataset(Dataset[Any]):
+    seed = 7
+
     def __init__(self, length: int = 512, max_tokens: int = 512):
         self.length = length
         self.max_tokens = max_tokens
@@ -92,24 +94,20 @@ class _RaggedDataset(Dataset[Any]):
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        g = _gen(index, 7)
+    def _tokens(self, index: int) -> torch.Tensor:
+        g = _gen(index, self.seed)
         n = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
-        return {"tokens": torch.randint(0, 32000, (n,), generator=g), "label": index % 10}
-
-
-class _TokenListDataset(Dataset[Any]):
-    def __init__(self, length: int = 512, max_tokens: int = 512):
-        self.length = length
-        self.max_tokens = max_tokens
-
-    def __len__(self) -> int:
-        return self.length
+        return torch.randint(0, 32000, (n,), generator=g)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        g = _gen(index, 8)
-        n = int(torch.randint(16, self.max_tokens + 1, (), generator=g))
-        return {"input_ids": torch.randint(0, 32000, (n,), generator=g).tolist(), "label": index % 10}
+        return {"tokens": self._tokens(index), "label": index % 10}
+
+
+class _TokenListDataset(_RaggedDataset):
+    seed = 8
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return {"input_ids": self._tokens(index).tolist(), "label": index % 10}
 
 
 class _VideoDataset(Dataset[Any]):
