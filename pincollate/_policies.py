@@ -37,6 +37,10 @@ class Policy:
     takes_items = False
     #: Whether a per-sample list of Python numbers is one 1-D sequence (token ids).
     numbers_as_sequence = False
+    #: Whether tensors that agree are what the policy makes of them anyway (a stack, as
+    #: with no policy): the plan then gives them a fixed slot and plans the field for a
+    #: batch only where they do not agree.
+    fixed_when_uniform = False
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         """Return the field's node and its extra outputs keyed by their names.
@@ -72,6 +76,8 @@ class Stack(Policy):
         ...
         pincollate.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
     """
+
+    fixed_when_uniform = True
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         if not column.handler.stackable:

@@ -27,7 +27,6 @@ from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
 from ._patterns import Settings
-from ._policies import Stack
 from ._ragged import recipe_for
 from ._specs import (
     DataclassSpec,
@@ -91,13 +90,14 @@ class Template:
         """Whether ``path`` is planned anew for each batch: learnt as careful, or under a policy."""
         return path in self.careful or bool(self.rules and self.rules.lookup(path) is not None)
 
-    def stacked(self, path: Path) -> bool:
-        """Whether ``path``'s policy is ``Stack()``, which a field of tensors that agree meets as it is.
+    def fixed(self, path: Path) -> bool:
+        """Whether ``path``'s policy takes tensors that agree as they are (``Stack()``).
 
         Such a field gets a fixed slot, as with no policy; a later batch that does not
-        stack plans it carefully, where ``Stack()`` names the sample and the shapes.
+        agree plans it carefully, where the policy names the sample and the shapes.
         """
-        return path not in self.careful and bool(self.rules) and type(self.rules.lookup(path)) is Stack
+        policy = self.rules.lookup(path) if self.rules and path not in self.careful else None
+        return policy is not None and policy.fixed_when_uniform
 
     def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
         """The dtype of a column of Python numbers of one type that a block can take."""
@@ -118,7 +118,7 @@ class Template:
         cls = type(first)
         if self.per_batch(path):
             handler = lookup(cls)
-            if not (self.stacked(path) and handler is not None and handler.family in ("tensor", "ndarray")):
+            if not (self.fixed(path) and handler is not None and handler.family in ("tensor", "ndarray")):
                 return self.part(path, siblings, column)
             if set(map(type, column)) != {cls}:
                 return self.part(path, siblings, column)
