@@ -100,7 +100,10 @@ class Tape(collections.abc.Sequence):  # type: ignore[type-arg]
     ids=repr,
 )
 def test_every_value_has_one_kind(value, kind):
+    from pincollate import _kinds
+
     assert kind_of(value) is kind
+    assert isinstance(value, type) or _kinds._by_class[type(value)] is kind  # kept per class
     assert kind_of(value) is kind  # the second answer comes from the per-class cache
 
 

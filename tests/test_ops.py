@@ -75,3 +75,16 @@ def test_a_small_block_of_sparse_tensors_gets_a_fresh_collates_error():
     with pytest.raises(CollateError) as info:
         collate(sparse)
     assert str(info.value) == str(fresh.value)
+
+
+def test_a_small_block_is_checked_by_its_stack_and_a_large_one_by_reading():
+    # The fast path: were the promotion check bypassed (every block read value by value),
+    # the results above would not change; this says which path each block takes.
+    from pincollate import _ops
+
+    for size, joined in ((4, True), (JOIN_BYTES // 4 + 16, False)):  # rows of 64-byte multiples: a block
+        collate = MMCollate(pin_memory=False)
+        collate(_block([torch.float32] * 3, size=size))
+        (block,) = collate._plans.last.op.blocks
+        assert block.joined is joined
+        assert (getattr(block.fill, "func", None) is _ops._stack_joined) is joined

@@ -446,3 +446,40 @@ def test_extras_that_clash_with_a_key_are_left_to_the_careful_error():
     collate = MMCollate(pin_memory=False, fields={"ids": Pad()})
     with pytest.raises(CollateError, match="clashes"):
         collate([{"ids": torch.arange(i + 1), "ids_mask": 0} for i in range(2)])
+
+
+def test_large_rows_padded_at_one_end_are_written_by_one_concatenation(monkeypatch):
+    # The fast path of fill_padded_1d: bypassed, the results (tested above) would not change.
+    from pincollate import _padding
+
+    calls = []
+    real = _padding._pad_values
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(_padding, "_pad_values", counted)
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad(value=-3)})
+    collate(_ids([40000, 70000, 0]))
+    assert len(calls) == 1
+    collate(_ids([3, 1]))  # small: one masked scatter instead
+    assert len(calls) == 1
+
+
+def test_int_lists_are_read_by_numpy(monkeypatch):
+    # The fast path of number_tensor: bypassed (torch.tensor of the list), results would not change.
+    from pincollate import _recipe
+
+    calls = []
+    real = np.array
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("dtype"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_recipe.np, "array", counted)
+    assert _recipe.number_tensor([[1, 2, True], [3]]).tolist() == [1, 2, 1, 3]
+    assert calls == [np.int64]
+    assert _recipe.number_tensor([[1.5], [2]]).dtype == torch.float32  # a float: torch.tensor's inference
+    assert calls == [np.int64]
