@@ -33,6 +33,7 @@ class Recipe(Protocol):
 
 __all__ = [
     "JOIN_BYTES",
+    "PLAIN",
     "TENSOR_DTYPE",
     "TENSOR_SHAPE",
     "BlockOp",
@@ -78,7 +79,8 @@ class Op:
         return (self.path,)
 
 
-_PLAIN = frozenset((torch.Tensor,))
+#: The exact class of a plain tensor column, as ``set(map(type, column))`` reads it.
+PLAIN = frozenset((torch.Tensor,))
 
 
 def _stack(region: torch.Tensor, values: Sequence[torch.Tensor]) -> None:
@@ -193,7 +195,7 @@ class BlockOp(Op):
         dtype = self.dtype
         try:
             # Exact classes first: a tensor subclass passes the dtype getter.
-            ok = set(map(type, values)) == _PLAIN and all(
+            ok = set(map(type, values)) == PLAIN and all(
                 column[0].shape == self.shape and column[0].dtype == dtype for column in columns
             )
             if ok and not self.joined:

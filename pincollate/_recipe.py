@@ -20,7 +20,7 @@ import torch
 
 from ._fill import Fill
 from ._layout import Part, TensorSpec
-from ._ops import ARRAY_DTYPE, TENSOR_DTYPE, TENSOR_SHAPE
+from ._ops import ARRAY_DTYPE, PLAIN, TENSOR_DTYPE, TENSOR_SHAPE
 from ._views import align
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ __all__ = [
     "plain_tensors",
 ]
 
-PLAIN = frozenset((torch.Tensor,))
 _STRIDED = frozenset((torch.strided,))
 _TRUE = frozenset((True,))
 _LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
