@@ -25,10 +25,43 @@ from ._errors import CollateError
 from ._layout import Part, Spec, TensorSpec, ValueSpec, Wrap
 from ._views import Views, align
 
-__all__ = ["ColumnPlanner", "Fill", "Filler", "Mismatch", "Node", "Owner", "Segment", "Slot", "Tree", "Value"]
+__all__ = [
+    "ColumnPlanner",
+    "Fill",
+    "Filler",
+    "Mismatch",
+    "Node",
+    "Owner",
+    "Regions",
+    "Segment",
+    "Slot",
+    "Target",
+    "Tree",
+    "Value",
+]
 
 Path = tuple[Hashable, ...]
-Filler = Callable[[torch.Tensor, Any], None]
+#: A copy: ``fill(region, payload)``; the region is a tensor of the buffer, or a tuple of
+#: them for a :class:`Regions` target.
+Filler = Callable[[Any, Any], None]
+
+
+class Target(Protocol):
+    """Where a queued copy writes: a :class:`~pincollate._layout.TensorSpec`, or :class:`Regions`."""
+
+    def region(self, views: Views) -> Any: ...
+
+
+class Regions:
+    """Several tensors one copy writes (a padded field and its mask): their regions, as a tuple."""
+
+    __slots__ = ("specs",)
+
+    def __init__(self, *specs: TensorSpec):
+        self.specs = specs
+
+    def region(self, views: Views) -> tuple[torch.Tensor, ...]:
+        return tuple(spec.region(views) for spec in self.specs)
 
 
 class Owner(Protocol):
@@ -156,7 +189,7 @@ class Fill:
 
     def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int):
         self.planner: ColumnPlanner = planner
-        self.tasks: list[tuple[Filler, TensorSpec, Any, Owner | None]] = []
+        self.tasks: list[tuple[Filler, Target, Any, Owner | None]] = []
         self.values: list[Any] = [None] * nvalues
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
         self.offset: int = offset

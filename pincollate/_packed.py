@@ -20,6 +20,7 @@ from ._builtin_leaves import concat_tensors, fill_numbers
 from ._fill import Fill
 from ._layout import Part, Spec, TensorSpec
 from ._packing import INT32_MAX, Concat, Jagged
+from ._padding import nonempty
 from ._recipe import Recipe, place, plain_tensors
 from ._specs import JaggedSpec
 
@@ -77,7 +78,7 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((concat_tensors, concatenated, values, None))
+        fill.tasks.append((concat_tensors, concatenated, nonempty(values), None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
         per_sample = rows if counts is None else _grouped(rows, counts)

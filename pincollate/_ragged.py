@@ -30,12 +30,12 @@ import torch
 
 from ._build import container_cls
 from ._builtin_leaves import concat_tensors, fill_numbers, stack_tensors
-from ._fill import Fill, Filler
+from ._fill import Fill, Filler, Regions
 from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
-from ._padding import fill_mask_1d, fill_padded_1d
+from ._padding import fill_padded_1d, fill_padded_and_mask_1d, nonempty
 from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, place, plain_tensors
 from ._specs import RowsSpec, SplitSpec
@@ -53,7 +53,7 @@ class PadRecipe(Recipe):
     padding, its length 0.
     """
 
-    __slots__ = ("dim", "fill_mask", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
+    __slots__ = ("dim", "fill_both", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
 
     def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
         super().__init__(dtype, ndim)
@@ -65,7 +65,7 @@ class PadRecipe(Recipe):
         self.lengths_name = policy._extra_name(policy.lengths_key, name)
         self.mask_name = policy._extra_name(policy.mask_key, name)
         self.fill_values: Filler = functools.partial(fill_padded_1d, value=policy.value, left=self.left)
-        self.fill_mask: Filler = functools.partial(fill_mask_1d, left=self.left)
+        self.fill_both: Filler = functools.partial(fill_padded_and_mask_1d, value=policy.value, left=self.left)
 
     def extras(self) -> tuple[str, ...]:
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
@@ -111,16 +111,17 @@ class PadRecipe(Recipe):
         sizes[dim] = policy._round(longest)
         node = place(fill, next(iter(self.dtypes)), (n, *sizes))
         payload = (column, lengths, dim)
-        fill.tasks.append((self.fill_values, node, payload, None))
         extras: list[tuple[str, TensorSpec]] = []
-        lengths_spec = None
         if self.lengths_name is not None:
             lengths_spec = place(fill, torch.int64, (n,))
             fill.tasks.append((fill_numbers, lengths_spec, lengths, None))
             extras.append((self.lengths_name, lengths_spec))
-        if self.mask_name is not None:
+        if self.mask_name is None:
+            fill.tasks.append((self.fill_values, node, payload, None))
+        else:
             mask = place(fill, torch.bool, (n, sizes[dim]))
-            fill.tasks.append((self.fill_mask, mask, lengths, None))
+            # One copy writes both: the mask says where the values go.
+            fill.tasks.append((self.fill_both, Regions(node, mask), payload, None))
             extras.append((self.mask_name, mask))
         return Part(node, tuple(extras))
 
@@ -180,6 +181,7 @@ class ListRecipe(Recipe):
         if any(gaps):
             zeros = _zeros(dtype, trailing, step)
             pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
+        pieces = nonempty(pieces)
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent))

@@ -38,10 +38,6 @@ __all__ = [
     "plain_tensors",
 ]
 
-_STRIDED = frozenset((torch.strided,))
-_TRUE = frozenset((True,))
-_LAYOUT: Any = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
-_IS_CPU: Any = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
 _LISTS = frozenset((list, tuple))
 _NUMBERS = frozenset((bool, int, float))
 _ARRAYS = frozenset((np.ndarray,))
@@ -69,14 +65,14 @@ class Recipe:
         return True
 
     def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
-        """The values' shapes if they are plain CPU strided tensors of the planned dtype and rank."""
+        """The values' shapes if they are plain tensors of the planned dtype and rank.
+
+        Their device and layout are checked by the copies themselves: a copy from a
+        sparse, meta or accelerator tensor into the buffer raises, and the op that ran
+        the recipe (its owner) has the batch planned again, carefully.
+        """
         try:
-            if (
-                set(map(type, values)) != PLAIN
-                or set(map(TENSOR_DTYPE, values)) != self.dtypes
-                or set(map(_LAYOUT, values)) != _STRIDED
-                or set(map(_IS_CPU, values)) != _TRUE
-            ):
+            if set(map(type, values)) != PLAIN or set(map(TENSOR_DTYPE, values)) != self.dtypes:
                 return None
             shapes = list(map(TENSOR_SHAPE, values))  # a nested tensor has no shape: it raises
         except (TypeError, AttributeError, RuntimeError):
@@ -99,15 +95,19 @@ class Recipe:
 def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
     """The dtype and rank of a column of plain strided tensors of one dtype and one rank (at least 1).
 
-    ``None`` for anything else (an empty column, a subclass, a nested, sparse or quantized
-    tensor, 0-d values): what the careful planner plans for each batch.
+    ``None`` for anything else (an empty column, a subclass, a nested, sparse, quantized
+    or non-CPU tensor, 0-d values): what the careful planner plans (or refuses) for each batch.
     """
     if not column or set(map(type, column)) != PLAIN:
         return None
     try:
         dtypes = set(map(TENSOR_DTYPE, column))
         ranks = {value.dim() for value in column}
-        if len(dtypes) != 1 or len(ranks) != 1 or any(v.is_nested or v.layout != torch.strided for v in column):
+        if (
+            len(dtypes) != 1
+            or len(ranks) != 1
+            or any(v.is_nested or v.layout != torch.strided or not v.is_cpu for v in column)
+        ):
             return None
     except RuntimeError:
         return None

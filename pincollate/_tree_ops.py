@@ -203,8 +203,15 @@ class CarefulOp(Op):
         self.recipe: Recipe | None = recipe
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if self.recipe is not None and self.recipe.run(column, fill, self.index):
-            return
+        if self.recipe is not None:
+            tasks = fill.tasks
+            start = len(tasks)
+            if self.recipe.run(column, fill, self.index):
+                # A recipe's copy that fails (a sparse or meta tensor, which its checks leave
+                # to the copy) has the batch planned again, this field carefully.
+                for i in range(start, len(tasks)):
+                    tasks[i] = (*tasks[i][:3], self)
+                return
         node, extras = fill.planner.plan(column, self.path)
         if extras:
             if self.siblings is None:

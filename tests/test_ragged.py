@@ -483,3 +483,41 @@ def test_int_lists_are_read_by_numpy(monkeypatch):
     assert calls == [np.int64]
     assert _recipe.number_tensor([[1.5], [2]]).dtype == torch.float32  # a float: torch.tensor's inference
     assert calls == [np.int64]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"ids": Pad()}, {"ids": Pad(mask_key="m")}, {"ids": Concat()}, {"ids": Jagged()}, {"ids": AsList()}],
+    ids=["list", "pad", "pad-mask", "concat", "jagged", "aslist"],
+)
+@pytest.mark.parametrize("odd", ["sparse", "meta"])
+def test_a_warm_recipe_leaves_device_and_layout_to_its_copy_and_gets_the_careful_error(fields, odd):
+    # The recipes read no value's device or layout (_recipe.Recipe.shapes); the copy refuses
+    # such a value and its op (CarefulOp) has the batch planned again. Without that owner
+    # (tasks left with None in _tree_ops.CarefulOp.run) the error is "cannot copy values".
+    bad = torch.arange(2).to_sparse() if odd == "sparse" else torch.empty(2, dtype=torch.int64, device="meta")
+    batch = [{"ids": torch.arange(3), "y": 0}, {"ids": bad, "y": 1}]
+    warm = MMCollate(pin_memory=False, fields=fields)
+    warm(_ids([3, 1]))
+    warm(_ids([2, 5]))
+    with pytest.raises(CollateError) as fresh_error:
+        MMCollate(pin_memory=False, fields=fields)(batch)
+    with pytest.raises(CollateError) as warm_error:
+        warm(batch)
+    assert str(warm_error.value) == str(fresh_error.value)
+    assert warm_error.value.sample == 1 and warm_error.value.path == ("ids",)
+    assert_identical(warm(_ids([4, 2])), MMCollate(pin_memory=False, fields=fields)(_ids([4, 2])))
+
+
+@pytest.mark.parametrize("odd", ["sparse", "meta"])
+def test_warm_per_sample_targets_leave_device_and_layout_to_their_copy(odd):
+    bad = torch.arange(2).to_sparse() if odd == "sparse" else torch.empty(2, dtype=torch.int64, device="meta")
+    batch = _targets([2, 1])
+    batch[1]["ids"]["labels"] = bad
+    warm = MMCollate(pin_memory=False, fields={"ids": PerSample()})
+    warm(_targets([1, 3]))
+    with pytest.raises(CollateError) as fresh_error:
+        MMCollate(pin_memory=False, fields={"ids": PerSample()})(batch)
+    with pytest.raises(CollateError) as warm_error:
+        warm(batch)
+    assert str(warm_error.value) == str(fresh_error.value)
