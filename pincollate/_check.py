@@ -126,7 +126,7 @@ class _Check:
             gone = set(spec.absent)
             obj = [value for i, value in enumerate(obj) if i not in gone]
         dtype = spec.region.dtype
-        for tensor, (offset, shape) in zip(obj, spec.places(), strict=True):
+        for tensor, offset, shape in zip(obj, *spec.places(), strict=True):
             if not (
                 isinstance(tensor, torch.Tensor)
                 and (tensor.data_ptr() == self.base + offset or not tensor.numel())

@@ -21,6 +21,7 @@ what it cannot.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Hashable, Sequence
@@ -35,7 +36,7 @@ from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
-from ._padding import fill_padded_1d, fill_padded_and_mask_1d, nonempty
+from ._padding import fill_padded_1d, fill_padded_and_mask_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, place, plain_tensors
 from ._specs import RowsSpec, SplitSpec
@@ -44,6 +45,8 @@ from ._views import ALIGN, pitch
 __all__ = ["ListRecipe", "PadRecipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
+
+_FIRST = operator.itemgetter(0)
 
 
 class PadRecipe(Recipe):
@@ -157,16 +160,17 @@ class ListRecipe(Recipe):
     ) -> Part:
         dtype = next(iter(self.dtypes))
         first = shapes[0]
-        if self.stacks and not absent and all(shape == first for shape in shapes):
+        distinct = set(shapes)  # torch.Size hashes as a tuple: one C-level pass
+        if self.stacks and not absent and len(distinct) == 1:
             stacked = place(fill, dtype, (len(shapes), *first))
             fill.tasks.append((stack_tensors, stacked, column, None))
             return Part(stacked)
         trailing: tuple[int, ...] = tuple(first[1:])
         itemsize = dtype.itemsize
         width: int = math.prod(trailing)
-        if width and all(shape[1:] == trailing for shape in shapes):
+        if width and (self.ndim == 1 or len({shape[1:] for shape in distinct}) == 1):
             # Rows of one width: the region is (rows, *trailing), split along its rows.
-            counts = [shape[0] for shape in shapes]
+            counts = list(map(_FIRST, shapes))
             step = pitch(1, width * itemsize)  # each value's rows round up to this
             shapes_out = None
         else:
@@ -176,12 +180,14 @@ class ListRecipe(Recipe):
             column = [value.reshape(-1) for value in column]
             shapes_out = tuple(tuple(shape) for shape in shapes)
         gaps = [-count % step for count in counts]
-        split = [size for pair in zip(counts, gaps, strict=True) for size in pair]
-        pieces = list(column)
-        if any(gaps):
-            zeros = _zeros(dtype, trailing, step)
-            pieces = [piece for value, gap in zip(column, gaps, strict=True) for piece in (value, zeros[gap])]
-        pieces = nonempty(pieces)
+        split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
+        zeros = _zeros(dtype, trailing, step)
+        # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
+        pieces = [
+            piece
+            for value, count, gap in zip(column, counts, gaps, strict=True)
+            for piece in ((value, zeros[gap]) if gap else (value,) if count else ())
+        ] or [column[0]]
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent))

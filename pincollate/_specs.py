@@ -8,6 +8,7 @@ namedtuples and dataclasses keep their class.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 from collections.abc import Hashable, Sequence
@@ -18,7 +19,7 @@ import torch
 from ._build import make_mapping, make_sequence, new_dataclass
 from ._kinds import registered
 from ._layout import PartSpec, Spec, TensorSpec
-from ._views import Views, carve, numpy_dtype
+from ._views import Views, carve_many, numpy_dtype
 
 __all__ = [
     "DataclassSpec",
@@ -213,31 +214,32 @@ class SplitSpec(Spec):
         dtype = self.region.dtype
         as_numpy = numpy_dtype(dtype)
         source = views.source
+        offsets, shapes = self.places()
         out: list[torch.Tensor | None]
         if source is None or as_numpy is None:
-            out = [views.tensor(dtype, shape, offset) for offset, shape in self.places()]
+            out = [views.tensor(dtype, shape, offset) for offset, shape in zip(offsets, shapes, strict=True)]
         else:
-            # Views.tensor, less its checks: a detection batch makes two such lists, a tensor per image.
-            out = [
-                torch.empty(shape, dtype=dtype) if 0 in shape else carve(source, as_numpy, shape, offset)
-                for offset, shape in self.places()
-            ]
+            # Views.tensor, at once: a detection batch makes two such lists, a tensor per image.
+            out = carve_many(source, as_numpy, shapes, offsets)  # type: ignore[assignment]
+            counts = self.sizes[0::2]
+            if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
+                for i in [i for i, count in enumerate(counts) if not count]:
+                    out[i] = torch.empty(shapes[i], dtype=dtype)
         for position in self.absent:
             out.insert(position, None)
         return out
 
-    def places(self) -> list[tuple[int, tuple[int, ...]]]:
-        """Each value's byte offset in the buffer and its shape."""
+    def places(self) -> tuple[list[int], list[tuple[int, ...]]]:
+        """Each value's byte offset in the buffer, and each value's shape."""
         region = self.region
-        row = math.prod(region.shape[1:]) * region.dtype.itemsize
-        out = []
+        trailing = region.shape[1:]
+        row = math.prod(trailing) * region.dtype.itemsize
         start = region.offset
-        for j in range(0, len(self.sizes), 2):
-            rows = self.sizes[j]
-            shape = (rows, *region.shape[1:]) if self.shapes is None else self.shapes[j // 2]
-            out.append((start, shape))
-            start += (rows + self.sizes[j + 1]) * row
-        return out
+        # Rows before each value: the sum of the sizes (values and gaps) before it.
+        before = itertools.accumulate(self.sizes[:-1], initial=0)
+        offsets = [start + rows * row for rows in itertools.islice(before, 0, None, 2)]
+        shapes = [(rows, *trailing) for rows in self.sizes[0::2]] if self.shapes is None else list(self.shapes)
+        return offsets, shapes
 
 
 class JaggedSpec(Spec):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -17,9 +18,19 @@ import numpy as np
 import torch
 
 from ._arena import is_pinned
-from ._ownership import hold
+from ._ownership import hold, hold_all
 
-__all__ = ["ALIGN", "Views", "align", "carve", "contiguous_strides", "exposed", "numpy_dtype", "pitch"]
+__all__ = [
+    "ALIGN",
+    "Views",
+    "align",
+    "carve",
+    "carve_many",
+    "contiguous_strides",
+    "exposed",
+    "numpy_dtype",
+    "pitch",
+]
 
 #: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
@@ -72,6 +83,18 @@ def carve(source: np.ndarray[Any, Any], as_numpy: np.dtype[Any], shape: tuple[in
     ``source`` (and so the buffer) even after ``share_memory_`` moves its bytes away.
     """
     return hold(torch.from_numpy(np.ndarray(shape, as_numpy, source, offset)), source)
+
+
+def carve_many(
+    source: np.ndarray[Any, Any], as_numpy: np.dtype[Any], shapes: Sequence[tuple[int, ...]], offsets: Sequence[int]
+) -> list[torch.Tensor]:
+    """:func:`carve` for many tensors (a per-sample list), each with a storage of its own.
+
+    Made by ``map`` at C speed, about a third cheaper per tensor than :func:`carve` one
+    by one. An empty one should be replaced by ``torch.empty``'s (see :meth:`Views.tensor`).
+    """
+    arrays = map(np.ndarray, shapes, itertools.repeat(as_numpy), itertools.repeat(source), offsets)
+    return hold_all(list(map(torch.from_numpy, arrays)), source)
 
 
 @functools.lru_cache(maxsize=4096)
