@@ -23,7 +23,7 @@ import torch
 
 from ._errors import CollateError
 from ._layout import Part, Spec, TensorSpec, ValueSpec, Wrap
-from ._views import Views, align
+from ._views import Bulk, Views, align
 
 __all__ = [
     "ColumnPlanner",
@@ -185,9 +185,10 @@ class Fill:
     batch's buffer size.
     """
 
-    __slots__ = ("offset", "parts", "planner", "tasks", "values")
+    __slots__ = ("bulk", "offset", "parts", "planner", "tasks", "values")
 
-    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int):
+    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int, bulk: Bulk | None = None):
+        self.bulk: Bulk | None = bulk  # the plan's fixed tensors, made at once
         self.planner: ColumnPlanner = planner
         self.tasks: list[tuple[Filler, Target, Any, Owner | None]] = []
         self.values: list[Any] = [None] * nvalues
@@ -218,7 +219,7 @@ class Fill:
         Raises:
             Mismatch: a cached plan's copy failed (a shape that differs, say).
         """
-        views = Views(buffer, self.values)
+        views = Views(buffer, self.values, bulk=self.bulk)
         # Copies into the buffer are never part of a graph (``out=`` refuses one). The
         # switch itself, not torch.no_grad(): a context manager object per batch costs
         # more than a small batch's copy.

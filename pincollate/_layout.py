@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._views import Views, align, carve, contiguous_strides, numpy_dtype
+from ._views import Bulk, Views, align, carve, contiguous_strides, numpy_dtype
 
-__all__ = ["Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Wrap"]
+__all__ = ["Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "Wrap", "bulk_of"]
 
 
 class Wrap:
@@ -184,6 +184,20 @@ def _walk(spec: Spec) -> Iterator[Spec]:
         yield from _walk(child)
 
 
+def bulk_of(root: Spec) -> Bulk:
+    """The tensors of ``root`` (not of its parts) that a :class:`Views` makes at once.
+
+    Those with bytes, in a dtype numpy has; the others are made one by one.
+    """
+    specs = [spec for spec in _walk(root) if type(spec) is TensorSpec and spec._numpy is not None]
+    return (
+        tuple(map(id, specs)),
+        tuple(spec._numpy for spec in specs),  # type: ignore[misc]
+        tuple(spec.shape for spec in specs),
+        tuple(spec.offset for spec in specs),
+    )
+
+
 def _recast(spec: Spec, cast: Any) -> Spec:
     """``spec`` with every tensor spec replaced by ``cast(spec)``."""
     if isinstance(spec, TensorSpec):
@@ -227,12 +241,19 @@ class Layout:
         24
     """
 
-    __slots__ = ("nbytes", "parts", "root")
+    __slots__ = ("_bulk", "nbytes", "parts", "root")
 
-    def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = ()):
+    def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = (), bulk: Bulk | None = None):
         self.root: Spec = root
         self.nbytes: int = nbytes
         self.parts: tuple[Part, ...] = tuple(parts)
+        self._bulk: Bulk | None = bulk  # the root's, where the caller has it (a cached plan)
+
+    def bulk(self) -> Bulk:
+        """The root's tensors a :class:`Views` makes at once (:func:`bulk_of`), found once."""
+        if self._bulk is None:
+            self._bulk = bulk_of(self.root)
+        return self._bulk
 
     def build(self, buffer: torch.Tensor, values: Sequence[Any] = (), views: Views | None = None) -> Any:
         """The output tree over ``buffer`` (a flat ``uint8`` tensor), every tensor in it.
@@ -244,7 +265,7 @@ class Layout:
                 f"expected a flat uint8 buffer of at least {self.nbytes} bytes, got {buffer.dtype} of shape {tuple(buffer.shape)}"
             )
         if views is None:
-            views = Views(buffer, values, self.parts)
+            views = Views(buffer, values, self.parts, self.bulk())
         else:
             views.parts = self.parts
         return self.root.build(views)

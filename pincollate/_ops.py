@@ -51,6 +51,7 @@ Path = tuple[Hashable, ...]
 TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
 TENSOR_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
 ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
+_FIRST = operator.itemgetter(0)
 
 
 def fits_int64(value: int) -> bool:
@@ -161,7 +162,7 @@ class BlockOp(Op):
     (:func:`_stack_joined`), which costs an extra copy of the block instead.
     """
 
-    __slots__ = ("block", "dtype", "fill", "index", "joined", "pad", "paths", "shape")
+    __slots__ = ("block", "dtype", "dtypes", "fill", "index", "joined", "pad", "paths", "shape", "shapes")
 
     def __init__(
         self,
@@ -179,6 +180,8 @@ class BlockOp(Op):
         self.block: TensorSpec = block
         self.dtype = dtype
         self.shape: tuple[int, ...] = shape
+        self.dtypes = frozenset((dtype,))
+        self.shapes = frozenset((torch.Size(shape),))
         self.joined = math.prod(shape) * dtype.itemsize <= JOIN_BYTES
         self.fill: Filler = functools.partial(_stack_joined, dtype=dtype) if self.joined else _stack
         # Rows stacked after each field so that the next one starts aligned.
@@ -192,15 +195,15 @@ class BlockOp(Op):
                 values += self.pad
         else:
             values = list(itertools.chain.from_iterable(columns))
-        dtype = self.dtype
         try:
             # Exact classes first: a tensor subclass passes the dtype getter.
-            ok = set(map(type, values)) == PLAIN and all(
-                column[0].shape == self.shape and column[0].dtype == dtype for column in columns
-            )
+            ok = set(map(type, values)) == PLAIN
+            if ok:
+                firsts = list(map(_FIRST, columns))
+                ok = set(map(TENSOR_SHAPE, firsts)) == self.shapes and set(map(TENSOR_DTYPE, firsts)) == self.dtypes
             if ok and not self.joined:
-                ok = set(map(TENSOR_DTYPE, values)) == {dtype}
-        except TypeError:
+                ok = set(map(TENSOR_DTYPE, values)) == self.dtypes
+        except (TypeError, RuntimeError):  # a nested tensor has no shape
             ok = False
         if not ok:
             raise Mismatch(*self.blame(values))

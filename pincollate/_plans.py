@@ -26,7 +26,7 @@ import torch
 from ._fill import Fill, Mismatch
 from ._items import MAX_DEPTH
 from ._kinds import MAPPING, SEQUENCE, kind_of
-from ._layout import Layout, Spec
+from ._layout import Layout, Spec, bulk_of
 from ._leaves import lookup
 from ._ops import Op
 from ._patterns import Renames, Settings
@@ -52,7 +52,7 @@ class Plan:
     ``size`` is its batch size: the ops check each sample, not how many there are.
     """
 
-    __slots__ = ("key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
+    __slots__ = ("bulk", "key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
 
     def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
         self.size: int = size
@@ -61,18 +61,19 @@ class Plan:
         self.nbytes: int = nbytes
         self.nvalues: int = nvalues
         self.nparts: int = nparts
-        self.layout = Layout(template, nbytes) if nparts == 0 else None
+        self.bulk = bulk_of(template)
+        self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
-        fill = Fill(planner, self.nvalues, self.nparts, self.nbytes)
+        fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
         self.op.run(samples, fill)
         layout = self.layout
         if layout is None:
-            layout = Layout(self.template, fill.offset, fill.parts)
+            layout = Layout(self.template, fill.offset, fill.parts, self.bulk)
         return layout, fill
 
 

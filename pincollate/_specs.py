@@ -220,7 +220,7 @@ class SplitSpec(Spec):
             out = [views.tensor(dtype, shape, offset) for offset, shape in zip(offsets, shapes, strict=True)]
         else:
             # Views.tensor, at once: a detection batch makes two such lists, a tensor per image.
-            out = carve_many(source, as_numpy, shapes, offsets)  # type: ignore[assignment]
+            out = carve_many(source, itertools.repeat(as_numpy), shapes, offsets)  # type: ignore[assignment]
             counts = self.sizes[0::2]
             if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
                 for i in [i for i, count in enumerate(counts) if not count]:
