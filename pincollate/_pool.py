@@ -6,6 +6,7 @@ its size; a small one is made fresh for each batch, with nothing to hand back.
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import torch
@@ -34,14 +35,18 @@ class Recycled:
     often as the C allocator hands its memory back to the kernel, which depends on
     what else allocates. Batches of one structure have about one size, so the last
     few buffers are kept and each batch gets a lease of one (:mod:`._ownership`): a
-    storage of exactly its bytes, handed out again under the one rule there. A kept
-    buffer serves batches from two thirds of its size up; at most ``slots`` are kept.
+    storage of exactly its bytes, handed out again under the one rule there. Ragged
+    batches vary in size from batch to batch, so a new buffer is made for the largest
+    of the last ``window`` requests (with headroom; at most twice this one), and a kept
+    one serves any batch from a third of its size up: the smallest idle one that fits.
+    At most ``slots`` are kept.
     """
 
-    def __init__(self, slots: int = 2, least: int = 1 << 20):
+    def __init__(self, slots: int = 2, least: int = 1 << 20, window: int = 16):
         self.slots = slots
         self.least = least
         self.kept: list[_Kept] = []
+        self.recent: collections.deque[int] = collections.deque(maxlen=window)
         self.lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
@@ -50,15 +55,17 @@ class Recycled:
         if nbytes < self.least:
             return owned(nbytes)  # not recycled: nothing to hand back
         with self.lock:
+            self.recent.append(nbytes)
             found = None
             for kept in self.kept:
                 capacity = kept.owner.numel()
-                if not kept.busy and nbytes <= capacity <= nbytes * 3 // 2:
-                    found = kept
-                    break
+                if not kept.busy and nbytes <= capacity <= 3 * nbytes:
+                    if found is None or capacity < found.owner.numel():
+                        found = kept
             if found is None:
-                capacity = capacity_for(nbytes)
-                found = _Kept(torch.empty(capacity, dtype=torch.uint8))
+                # Room for the recent batches, but never more than this one could use again.
+                wanted = min(max(self.recent), 2 * nbytes)
+                found = _Kept(torch.empty(capacity_for(wanted), dtype=torch.uint8))
                 self.kept.append(found)
                 if len(self.kept) > self.slots:
                     idle = [kept for kept in self.kept if not kept.busy]
@@ -69,6 +76,7 @@ class Recycled:
     def clear(self) -> None:
         with self.lock:
             self.kept.clear()
+            self.recent.clear()
 
 
 def owned(nbytes: int) -> torch.Tensor:

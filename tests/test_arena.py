@@ -111,3 +111,35 @@ def test_the_pinned_cache_is_trimmed_only_when_it_would_free_something(monkeypat
     monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: emptied.append(True), raising=False)
     assert arena.trim_pinned(4 << 30) is trims
     assert emptied == ([True] if trims else [])
+
+
+def test_ragged_batch_sizes_reuse_the_kept_buffers_while_the_last_batch_is_held():
+    # Sizes vary by up to 1.7x from batch to batch (a VLM's padded ids and image patches),
+    # and a loop holds the last batch while the next one is collated: after the first
+    # round of sizes, every batch is served by a kept buffer (made for the largest recent
+    # size; kept buffers made for each batch's own size were replaced every other batch).
+    arena._recycled.clear()
+    collate = MMCollate(pin_memory=False)
+    sizes = [1254400, 2134720, 1527360, 1937024, 1479424, 2001408, 1777344, 1482112] * 4
+    kept = []
+    held = None
+    for i, nbytes in enumerate(sizes):
+        held = collate([{"x": torch.full((nbytes // 8,), i, dtype=torch.int64)}])
+        kept.append(len(arena._recycled.kept))
+        assert held["x"][0, 0].item() == i
+        if i == 7:
+            made = [k.owner.data_ptr() for k in arena._recycled.kept]
+    assert [k.owner.data_ptr() for k in arena._recycled.kept] == made  # nothing made after the first round
+    assert max(kept) <= arena._recycled.slots
+    del held
+    arena._recycled.clear()
+
+
+def test_a_large_batch_does_not_make_later_buffers_large():
+    arena._recycled.clear()
+    big = arena.allocate(64 << 20, "plain")
+    del big
+    small = arena.allocate(2 << 20, "plain")
+    assert all(kept.owner.numel() <= 3 * (2 << 20) for kept in arena._recycled.kept if kept.busy)
+    del small
+    arena._recycled.clear()
