@@ -56,12 +56,8 @@ class Recycled:
             return owned(nbytes)  # not recycled: nothing to hand back
         with self.lock:
             self.recent.append(nbytes)
-            found = None
-            for kept in self.kept:
-                capacity = kept.owner.numel()
-                if not kept.busy and nbytes <= capacity <= 3 * nbytes:
-                    if found is None or capacity < found.owner.numel():
-                        found = kept
+            fitting = [kept for kept in self.kept if not kept.busy and nbytes <= kept.owner.numel() <= 3 * nbytes]
+            found = min(fitting, key=lambda kept: kept.owner.numel(), default=None)
             if found is None:
                 # Room for the recent batches, but never more than this one could use again.
                 wanted = min(max(self.recent), 2 * nbytes)
