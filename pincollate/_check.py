@@ -126,9 +126,11 @@ class _Check:
             gone = set(spec.absent)
             obj = [value for i, value in enumerate(obj) if i not in gone]
         dtype = spec.region.dtype
-        for tensor, offset, shape in zip(obj, *spec.places(), strict=True):
+        classes: list[type] = [torch.Tensor] * len(obj) if spec.wraps is None else [wrap.cls for wrap in spec.wraps]
+        for tensor, cls, offset, shape in zip(obj, classes, *spec.places(), strict=True):
             if not (
                 isinstance(tensor, torch.Tensor)
+                and type(tensor) is cls
                 and (tensor.data_ptr() == self.base + offset or not tensor.numel())
                 and tensor.dtype == dtype
                 and tensor.shape == shape

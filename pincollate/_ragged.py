@@ -33,12 +33,13 @@ from ._build import container_cls
 from ._builtin_leaves import concat_tensors, fill_numbers, stack_tensors
 from ._fill import Fill, Filler, Regions
 from ._kinds import MAPPING, kind_of
-from ._layout import Part, TensorSpec
+from ._layout import Part, TensorSpec, Wrap
+from ._leaves import lookup
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
 from ._padding import fill_padded_1d, fill_padded_and_mask_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
-from ._recipe import Recipe, converted, place, plain_tensors
+from ._recipe import Recipe, converted, kept_tensors, place, plain_tensors
 from ._specs import RowsSpec, SplitSpec
 from ._views import ALIGN, pitch
 
@@ -133,16 +134,23 @@ class ListRecipe(Recipe):
     """Per-sample tensors: stacked where this batch's shapes agree (no policy), else a list.
 
     The list lies in one region, each value starting aligned; one ``torch.cat`` fills it
-    and one ``split`` views it. With ``missing`` (``missing="none"``) an absent value is
-    ``None`` in the list (and the batch is not stacked).
+    and each value's tensor is made over its bytes. With ``missing`` (``missing="none"``)
+    an absent value is ``None`` in the list (and the batch is not stacked). A tensor
+    subclass (``cls``) comes back as its class: each value wrapped as its leaf handler
+    says, with its own metadata (a box's format and canvas size) where it has some.
     """
 
-    __slots__ = ("missing", "stacks")
+    __slots__ = ("missing", "per_value", "stacks", "wrap")
 
-    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool, missing: bool = False):
-        super().__init__(dtype, ndim)
-        self.stacks = stacks
+    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool, missing: bool = False, cls: type = torch.Tensor):
+        super().__init__(dtype, ndim, cls)
         self.missing = missing
+        handler = lookup(cls) if cls is not torch.Tensor else None
+        #: How a value's view becomes its class (``None``: a plain tensor), and whether
+        #: that depends on the value (metadata) or only on the class.
+        self.wrap = None if handler is None else handler.wrap
+        self.per_value = handler is not None and handler.meta is not None
+        self.stacks = stacks and (handler is None or handler.stackable)
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         if not (self.missing and any(value is None for value in column)):
@@ -161,10 +169,14 @@ class ListRecipe(Recipe):
         dtype = next(iter(self.dtypes))
         first = shapes[0]
         distinct = set(shapes)  # torch.Size hashes as a tuple: one C-level pass
+        wrap = self.wrap
         if self.stacks and not absent and len(distinct) == 1:
-            stacked = place(fill, dtype, (len(shapes), *first))
+            stacked = place(fill, dtype, (len(shapes), *first), None if wrap is None else wrap(column[0]))
             fill.tasks.append((stack_tensors, stacked, column, None))
             return Part(stacked)
+        wraps: Sequence[Wrap | None] | None = None
+        if wrap is not None:
+            wraps = tuple(map(wrap, column)) if self.per_value else (wrap(column[0]),) * len(column)
         trailing: tuple[int, ...] = tuple(first[1:])
         itemsize = dtype.itemsize
         width: int = math.prod(trailing)
@@ -190,7 +202,7 @@ class ListRecipe(Recipe):
         ] or [column[0]]
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
-        return Part(SplitSpec(region, split, shapes_out, absent))
+        return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
 
 
 class RowsRecipe(Recipe):
@@ -233,7 +245,11 @@ class RowsRecipe(Recipe):
 
 
 def _rows_recipe(column: Sequence[Any]) -> Recipe | None:
-    """A ``PerSample()`` recipe for mappings of one class and key order whose values are plain tensors."""
+    """A ``PerSample()`` recipe for mappings of one class and key order whose values are tensors.
+
+    Each key's values are plain tensors, or of one subclass kept as its class
+    (torchvision's ``BoundingBoxes`` and ``Mask`` in detection targets).
+    """
     first = column[0]
     cls = type(first)
     if kind_of(first) is not MAPPING or not len(first) or set(map(type, column)) != {cls}:
@@ -243,10 +259,11 @@ def _rows_recipe(column: Sequence[Any]) -> Recipe | None:
         return None
     columns = []
     for key in keys:
-        described = plain_tensors([value[key] for value in column])
+        described = kept_tensors([value[key] for value in column])
         if described is None:
             return None
-        columns.append(ListRecipe(*described, stacks=False))
+        dtype, ndim, kept = described
+        columns.append(ListRecipe(dtype, ndim, stacks=False, cls=kept))
     return RowsRecipe(cls, keys, columns)
 
 
@@ -278,14 +295,15 @@ def recipe_for(column: Sequence[Any], policy: Policy | None, name: Hashable, mis
         return _rows_recipe(column)
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
+    if policy is None or type(policy) in (AsList, PerSample):
+        kept = kept_tensors(column)
+        if kept is None:
+            return None
+        return ListRecipe(kept[0], kept[1], stacks=policy is None, missing=missing, cls=kept[2])
     described = plain_tensors(column)
     if described is None:
         return None
     dtype, ndim = described
-    if policy is None:
-        return ListRecipe(dtype, ndim, stacks=True, missing=missing)
-    if type(policy) in (AsList, PerSample):
-        return ListRecipe(dtype, ndim, stacks=False, missing=missing)
     if type(policy) is Pad:
         assert isinstance(policy, Pad)
         dims = policy.dims

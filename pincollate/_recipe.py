@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ._fill import Fill
-from ._layout import Part, TensorSpec
+from ._layout import Part, TensorSpec, Wrap
+from ._leaves import lookup
 from ._ops import ARRAY_DTYPE, PLAIN, TENSOR_DTYPE, TENSOR_SHAPE
 from ._views import align
 
@@ -33,6 +34,7 @@ __all__ = [
     "Recipe",
     "array_tensors",
     "converted",
+    "kept_tensors",
     "number_tensor",
     "place",
     "plain_tensors",
@@ -45,13 +47,20 @@ _WRITEABLE: Any = operator.attrgetter("flags.writeable")
 
 
 class Recipe:
-    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`."""
+    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`.
 
-    __slots__ = ("dtypes", "ndim")
+    ``cls`` is the values' exact class: ``torch.Tensor``, or a tensor subclass kept as
+    its class (torchvision's ``tv_tensors``, a user's subclass) by the recipes that
+    list values per sample.
+    """
 
-    def __init__(self, dtype: torch.dtype, ndim: int):
+    __slots__ = ("dtypes", "ndim", "subclass", "types")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, cls: type = torch.Tensor):
         self.dtypes = frozenset((dtype,))
         self.ndim = ndim
+        self.types = frozenset((cls,))
+        self.subclass = cls is not torch.Tensor
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
@@ -65,18 +74,27 @@ class Recipe:
         return True
 
     def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
-        """The values' shapes if they are plain tensors of the planned dtype and rank.
+        """The values' shapes if they are tensors of the planned class, dtype and rank.
 
         Their device and layout are checked by the copies themselves: a copy from a
         sparse, meta or accelerator tensor into the buffer raises, and the op that ran
         the recipe (its owner) has the batch planned again, carefully.
         """
         try:
-            if set(map(type, values)) != PLAIN or set(map(TENSOR_DTYPE, values)) != self.dtypes:
+            if set(map(type, values)) != self.types:
                 return None
-            shapes = list(map(TENSOR_SHAPE, values))  # a nested tensor has no shape: it raises
-        except (TypeError, AttributeError, RuntimeError):
+            if self.subclass:
+                # A subclass's own __torch_function__ would run for every dtype and shape read.
+                with torch._C.DisableTorchFunctionSubclass():
+                    return self._shapes(values)
+            return self._shapes(values)
+        except (TypeError, AttributeError, RuntimeError):  # a nested tensor has no shape
             return None
+
+    def _shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
+        if set(map(TENSOR_DTYPE, values)) != self.dtypes:
+            return None
+        shapes = list(map(TENSOR_SHAPE, values))
         return shapes if set(map(len, shapes)) == {self.ndim} else None
 
     def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
@@ -100,6 +118,36 @@ def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
     """
     if not column or set(map(type, column)) != PLAIN:
         return None
+    return _described(column)
+
+
+def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
+    """:func:`plain_tensors`, or a column of one tensor subclass the collate keeps as its class.
+
+    The subclass's leaf handler (``tv_tensors`` are registered on first sight) must be a
+    tensor one that says how a view is wrapped, and either stack values whose metadata
+    agree (``Image``, ``Mask``, a user's subclass) or never stack them (``BoundingBoxes``).
+    Returns the dtype, the rank and the class.
+    """
+    classes = set(map(type, column)) if column else set()
+    if len(classes) != 1:
+        return None
+    cls = classes.pop()
+    if cls is not torch.Tensor:
+        handler = lookup(cls)
+        if (
+            handler is None
+            or handler.family != "tensor"
+            or handler.wrap is None
+            or (handler.meta is not None and handler.stackable)
+        ):
+            return None
+    with torch._C.DisableTorchFunctionSubclass():
+        described = _described(column)
+    return None if described is None else (*described, cls)
+
+
+def _described(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
     try:
         dtypes = set(map(TENSOR_DTYPE, column))
         ranks = {value.dim() for value in column}
@@ -117,10 +165,10 @@ def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
     return dtype, ndim
 
 
-def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec:
+def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...], wrap: Wrap | None = None) -> TensorSpec:
     """The next tensor of the batch's per-batch area, as :meth:`Fill.place` places one."""
     offset = fill.offset
-    spec = TensorSpec(dtype, shape, offset)
+    spec = TensorSpec(dtype, shape, offset, wrap)
     fill.offset = align(offset + spec.nbytes)
     return spec
 

@@ -18,7 +18,7 @@ import torch
 
 from ._build import make_mapping, make_sequence, new_dataclass
 from ._kinds import registered
-from ._layout import PartSpec, Spec, TensorSpec
+from ._layout import PartSpec, Spec, TensorSpec, Wrap
 from ._views import Views, carve_many, numpy_dtype
 
 __all__ = [
@@ -189,11 +189,13 @@ class SplitSpec(Spec):
     ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
     it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
     rows are the values' rows. ``absent`` are the list's positions that hold ``None``
-    (values absent with ``missing="none"``), in ascending order.
+    (values absent with ``missing="none"``), in ascending order. ``wraps`` (one per
+    value) make each a tensor subclass (a torchvision ``BoundingBoxes`` with its own
+    format and canvas size, say); ``None`` for plain tensors.
     """
 
-    __slots__ = ("absent", "region", "shapes", "sizes")
-    _fields = ("region", "sizes", "shapes", "absent")
+    __slots__ = ("absent", "region", "shapes", "sizes", "wraps")
+    _fields = ("region", "sizes", "shapes", "absent", "wraps")
 
     def __init__(
         self,
@@ -201,11 +203,13 @@ class SplitSpec(Spec):
         sizes: Sequence[int],
         shapes: Sequence[tuple[int, ...]] | None = None,
         absent: Sequence[int] = (),
+        wraps: Sequence[Wrap] | None = None,
     ):
         self.region: TensorSpec = region
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.shapes: tuple[tuple[int, ...], ...] | None = None if shapes is None else tuple(shapes)
         self.absent: tuple[int, ...] = tuple(absent)
+        self.wraps: tuple[Wrap, ...] | None = None if wraps is None else tuple(wraps)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return (self.region,)
@@ -225,6 +229,8 @@ class SplitSpec(Spec):
             if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
                 for i in [i for i, count in enumerate(counts) if not count]:
                     out[i] = torch.empty(shapes[i], dtype=dtype)
+        if self.wraps is not None:
+            out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
         for position in self.absent:
             out.insert(position, None)
         return out

@@ -142,6 +142,13 @@ class TreeDataset(Dataset):
         return self.items[index]
 
 
+class UserTensor(torch.Tensor):
+    """A user's tensor subclass: a collate keeps it as its class, as torch.stack does."""
+
+
+torch.serialization.add_safe_globals([UserTensor])  # a saved batch of them loads with weights_only=True
+
+
 def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
     """Equal containers (types kept), dtypes, shapes and values."""
     if isinstance(theirs, torch.Tensor) and theirs.is_nested:
@@ -390,3 +397,11 @@ def assert_identical(ours: Any, theirs: Any, path: str = "batch") -> None:
     ours_types = [type(t) for t in tensors(ours)]
     theirs_types = [type(t) for t in tensors(theirs)]
     assert ours_types == theirs_types, f"{path}: tensor classes {ours_types} != {theirs_types}"
+    # A subclass's metadata (torchvision boxes: their format and canvas size) too.
+    ours_meta = [_metadata(t) for t in tensors(ours)]
+    theirs_meta = [_metadata(t) for t in tensors(theirs)]
+    assert ours_meta == theirs_meta, f"{path}: tensor metadata {ours_meta} != {theirs_meta}"
+
+
+def _metadata(t: torch.Tensor) -> dict[str, Any]:
+    return {name: getattr(t, name) for name in ("format", "canvas_size", "clamping_mode") if hasattr(t, name)}

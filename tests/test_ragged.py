@@ -18,7 +18,7 @@ from pincollate._planner import Planner
 from pincollate._ragged import ListRecipe, PadRecipe, RowsRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._views import ALIGN
-from samples import assert_identical, assert_one_buffer
+from samples import UserTensor, assert_identical, assert_one_buffer
 
 
 def _ids(lengths: list[int], dtype: torch.dtype = torch.int64, trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
@@ -59,6 +59,32 @@ def _targets(counts: list[int]) -> list[dict[str, Any]]:
         }
         for i, n in enumerate(counts)
     ]
+
+
+def _boxes(counts: list[int], targets: bool = False) -> list[dict[str, Any]]:
+    """torchvision's detection samples: boxes with their own canvas size, a mask, labels."""
+    from torchvision import tv_tensors
+
+    samples = []
+    for i, n in enumerate(counts):
+        boxes = tv_tensors.BoundingBoxes(
+            torch.arange(4.0 * n).reshape(n, 4) + i, format="XYXY", canvas_size=(32 + i, 48 - i)
+        )
+        if targets:
+            mask = tv_tensors.Mask(torch.full((n, 2, 3), i, dtype=torch.uint8))
+            samples.append({"ids": {"boxes": boxes, "masks": mask, "labels": torch.arange(n) + i}})
+        else:
+            samples.append({"ids": boxes, "y": i})
+    return samples
+
+
+def _images(sizes: list[int], cls: Any = None) -> list[dict[str, Any]]:
+    """Images of several heights, as torchvision's ``tv_tensors.Image`` (or a user's subclass)."""
+    if cls is None:
+        from torchvision import tv_tensors
+
+        cls = tv_tensors.Image
+    return [{"ids": torch.full((3, h, 4), i, dtype=torch.uint8).as_subclass(cls), "y": i} for i, h in enumerate(sizes)]
 
 
 def _absent(samples: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
@@ -238,6 +264,19 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         {"fields": {"ids": AsList()}, "missing": "none"},
         ListRecipe,
         [lambda: _absent(_audio([5, 9, 4]), 1), lambda: _absent(_audio([7, 3]), 0)],
+    ),
+    "list-tv-images": ({}, ListRecipe, [lambda: _images([3, 1, 4]), lambda: _images([2, 2]), lambda: _images([5, 1])]),
+    "list-subclass": (
+        {},
+        ListRecipe,
+        [lambda: _images([3, 1], UserTensor), lambda: _images([2, 2], UserTensor), lambda: _images([1, 6], UserTensor)],
+    ),
+    "list-tv-boxes": ({}, ListRecipe, [lambda: _boxes([3, 0, 5]), lambda: _boxes([2, 2]), lambda: _boxes([1, 4])]),
+    "aslist-tv-boxes": ({"fields": {"ids": AsList()}}, ListRecipe, [lambda: _boxes([3, 1]), lambda: _boxes([2, 2])]),
+    "persample-tv-targets": (
+        {"fields": {"ids": PerSample()}},
+        RowsRecipe,
+        [lambda: _boxes([3, 0, 5], True), lambda: _boxes([2, 2], True), lambda: _boxes([0, 1], True)],
     ),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
