@@ -81,16 +81,21 @@ class ConcatRecipe(Recipe):
         fill.tasks.append((concat_tensors, concatenated, nonempty(values), None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
-        per_sample = rows if counts is None else _grouped(rows, counts)
+        item_offsets = [0, *itertools.accumulate(rows)]
+        # Sample i's rows end where its last item's do.
+        offsets = (
+            item_offsets if counts is None else [item_offsets[end] for end in itertools.accumulate(counts, initial=0)]
+        )
         if self.jagged:
-            offsets = place(fill, torch.int64, (len(per_sample) + 1,))
-            fill.tasks.append((fill_numbers, offsets, [0, *itertools.accumulate(per_sample)], None))
-            node = JaggedSpec(concatenated, offsets, min(per_sample, default=0), max(per_sample, default=0))
-        self._extra(fill, extras, self.offsets_name, [0, *itertools.accumulate(per_sample)], torch.int32)
+            spec = place(fill, torch.int64, (len(offsets),))
+            fill.tasks.append((fill_numbers, spec, offsets, None))
+            per_sample = list(map(operator.sub, offsets[1:], offsets))
+            node = JaggedSpec(concatenated, spec, min(per_sample, default=0), max(per_sample, default=0))
+        self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
         if counts is not None:
             self._extra(fill, extras, self.counts_name, counts, torch.int64)
             offsets_dtype = torch.int64 if self.jagged else torch.int32  # as the policy's own offsets
-            self._extra(fill, extras, self.item_offsets_name, [0, *itertools.accumulate(rows)], offsets_dtype)
+            self._extra(fill, extras, self.item_offsets_name, item_offsets, offsets_dtype)
         fill.parts[index] = Part(node, tuple(extras))
         return True
 
@@ -102,13 +107,6 @@ class ConcatRecipe(Recipe):
             spec = place(fill, dtype, (len(values),))
             fill.tasks.append((fill_numbers, spec, values, None))
             extras.append((name, spec))
-
-
-def _grouped(rows: list[int], counts: list[int]) -> list[int]:
-    """Rows per sample, from rows per item and items per sample."""
-    ends = list(itertools.accumulate(counts))
-    starts = [0, *ends[:-1]]
-    return [sum(rows[a:b]) for a, b in zip(starts, ends, strict=True)]
 
 
 def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
