@@ -36,6 +36,7 @@ import torch
 from ._build import new_dataclass
 from ._check import Carried, carried, is_batch
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
+from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
 from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
     DataclassSpec,
@@ -44,9 +45,7 @@ from ._specs import (
     MappingSpec,
     NamedTupleSpec,
     RegisteredSpec,
-    RowsSpec,
     SequenceSpec,
-    SplitSpec,
 )
 from ._views import Views, exposed
 
@@ -263,6 +262,7 @@ allow_loading(
     RowsSpec,
     JaggedSpec,
     SplitSpec,
+    ItemsSpec,
     Batch,
     BatchList,
     _rebuild_namedtuple,

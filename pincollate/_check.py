@@ -17,15 +17,14 @@ import torch
 from ._build import make_mapping, make_sequence
 from ._kinds import MAPPING, is_sequence, kind_of, registered
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
+from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
 from ._specs import (
     DataclassSpec,
     JaggedSpec,
     ListSpec,
     MappingSpec,
     RegisteredSpec,
-    RowsSpec,
     SequenceSpec,
-    SplitSpec,
 )
 
 __all__ = ["Carried", "carried", "is_batch"]
@@ -96,6 +95,8 @@ class _Check:
             return type(obj) is list and self._split(spec, obj)  # type: ignore[arg-type]
         if kind is RowsSpec:
             return self._rows(spec, obj)  # type: ignore[arg-type]
+        if kind is ItemsSpec:
+            return self._items(spec, obj)  # type: ignore[arg-type]
         if not top and not _built_as(spec, type(obj)):
             return False
         if kind is MappingSpec:
@@ -116,6 +117,19 @@ class _Check:
             return False
         columns = zip(spec.keys, spec.columns, strict=True)
         return all(self._split(column, [row[key] for row in obj]) for key, column in columns)
+
+    def _items(self, spec: ItemsSpec, obj: Any) -> bool:
+        if type(obj) is not list or len(obj) != len(spec.groups):
+            return False
+        units: list[Any] = []
+        for count, value in zip(spec.groups, obj, strict=True):
+            if count < 0:
+                units.append(value)
+            elif type(value) is list and len(value) == count:
+                units += value
+            else:
+                return False
+        return self._split(spec.units, units)
 
     def _split(self, spec: SplitSpec, obj: Any) -> bool:
         if not is_sequence(obj) or len(obj) != len(spec.sizes) // 2 + len(spec.absent):

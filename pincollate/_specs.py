@@ -8,9 +8,7 @@ namedtuples and dataclasses keep their class.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
-import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -18,8 +16,8 @@ import torch
 
 from ._build import make_mapping, make_sequence, new_dataclass
 from ._kinds import registered
-from ._layout import PartSpec, Spec, TensorSpec, Wrap
-from ._views import Views, carve_many, numpy_dtype
+from ._layout import PartSpec, Spec, TensorSpec
+from ._views import Views
 
 __all__ = [
     "DataclassSpec",
@@ -28,9 +26,7 @@ __all__ = [
     "MappingSpec",
     "NamedTupleSpec",
     "RegisteredSpec",
-    "RowsSpec",
     "SequenceSpec",
-    "SplitSpec",
     "jagged",
 ]
 
@@ -49,29 +45,6 @@ class ListSpec(Spec):
 
     def build(self, views: Views) -> Any:
         return [child.build(views) for child in self.children]
-
-
-class RowsSpec(Spec):
-    """One mapping per sample (``PerSample()`` of detection targets, say), of class ``cls``.
-
-    Each key's values, one per sample, lie in one region (``columns``, a
-    :class:`SplitSpec` per key); row ``i`` maps every key to its ``i``-th value.
-    """
-
-    __slots__ = ("cls", "columns", "keys")
-    _fields = ("cls", "keys", "columns")
-
-    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[SplitSpec]):
-        self.cls: type | None = cls
-        self.keys: tuple[Hashable, ...] = tuple(keys)
-        self.columns: tuple[SplitSpec, ...] = tuple(columns)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return self.columns
-
-    def build(self, views: Views) -> Any:
-        columns = [column.build(views) for column in self.columns]
-        return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in zip(*columns, strict=True)]
 
 
 class MappingSpec(Spec):
@@ -181,71 +154,6 @@ class DataclassSpec(Spec):
         return new_dataclass(
             self.cls, {name: child.build(views) for name, child in zip(self.names, self.children, strict=True)}
         )
-
-
-class SplitSpec(Spec):
-    """A list of per-sample tensors lying in one ``region``, each starting aligned.
-
-    ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
-    it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
-    rows are the values' rows. ``absent`` are the list's positions that hold ``None``
-    (values absent with ``missing="none"``), in ascending order. ``wraps`` (one per
-    value) make each a tensor subclass (a torchvision ``BoundingBoxes`` with its own
-    format and canvas size, say); ``None`` for plain tensors.
-    """
-
-    __slots__ = ("absent", "region", "shapes", "sizes", "wraps")
-    _fields = ("region", "sizes", "shapes", "absent", "wraps")
-
-    def __init__(
-        self,
-        region: TensorSpec,
-        sizes: Sequence[int],
-        shapes: Sequence[tuple[int, ...]] | None = None,
-        absent: Sequence[int] = (),
-        wraps: Sequence[Wrap] | None = None,
-    ):
-        self.region: TensorSpec = region
-        self.sizes: tuple[int, ...] = tuple(sizes)
-        self.shapes: tuple[tuple[int, ...], ...] | None = None if shapes is None else tuple(shapes)
-        self.absent: tuple[int, ...] = tuple(absent)
-        self.wraps: tuple[Wrap, ...] | None = None if wraps is None else tuple(wraps)
-
-    def children_specs(self) -> tuple[Spec, ...]:
-        return (self.region,)
-
-    def build(self, views: Views) -> Any:
-        dtype = self.region.dtype
-        as_numpy = numpy_dtype(dtype)
-        source = views.source
-        offsets, shapes = self.places()
-        out: list[torch.Tensor | None]
-        if source is None or as_numpy is None:
-            out = [views.tensor(dtype, shape, offset) for offset, shape in zip(offsets, shapes, strict=True)]
-        else:
-            # Views.tensor, at once: a detection batch makes two such lists, a tensor per image.
-            out = carve_many(source, itertools.repeat(as_numpy), shapes, offsets)  # type: ignore[assignment]
-            counts = self.sizes[0::2]
-            if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
-                for i in [i for i, count in enumerate(counts) if not count]:
-                    out[i] = torch.empty(shapes[i], dtype=dtype)
-        if self.wraps is not None:
-            out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
-        for position in self.absent:
-            out.insert(position, None)
-        return out
-
-    def places(self) -> tuple[list[int], list[tuple[int, ...]]]:
-        """Each value's byte offset in the buffer, and each value's shape."""
-        region = self.region
-        trailing = region.shape[1:]
-        row = math.prod(trailing) * region.dtype.itemsize
-        start = region.offset
-        # Rows before each value: the sum of the sizes (values and gaps) before it.
-        before = itertools.accumulate(self.sizes[:-1], initial=0)
-        offsets = [start + rows * row for rows in itertools.islice(before, 0, None, 2)]
-        shapes = [(rows, *trailing) for rows in self.sizes[0::2]] if self.shapes is None else list(self.shapes)
-        return offsets, shapes
 
 
 class JaggedSpec(Spec):

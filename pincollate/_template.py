@@ -26,7 +26,7 @@ from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_o
 from ._layout import PartSpec, Spec, TensorSpec, ValueSpec
 from ._leaves import lookup
 from ._ops import TENSOR_SHAPE, BlockOp, NumbersOp, Op, StackOp, ValueOp, fits_int64
-from ._patterns import Settings
+from ._patterns import ITEMS, Settings
 from ._ragged import recipe_for
 from ._specs import (
     DataclassSpec,
@@ -79,9 +79,10 @@ class Template:
         self.nparts += 1
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH:
-            policy = self.rules.lookup(path) if self.rules else None
-            name = self.renames.key(path)
-            recipe = recipe_for(column, policy if policy is not None else self.default, name, self.missing)
+            policy = (self.rules.lookup(path) if self.rules else None) or self.default
+            # Items (several images per sample) only where no field rule names them.
+            items = None if self.rules and self.rules.lookup((*path, ITEMS)) is not None else self.items
+            recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)

@@ -1,4 +1,4 @@
-"""Ragged fields planned once (pincollate/_ragged.py): same results as the careful planner, faster."""
+"""Ragged fields planned once (the recipes: _ragged, _listed, _packed, _recipe): the careful planner's results, faster."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import torch
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
+from pincollate._listed import ItemsRecipe, ListRecipe, RowsRecipe
 from pincollate._packed import ConcatRecipe
 from pincollate._planner import Planner
-from pincollate._ragged import ListRecipe, PadRecipe, RowsRecipe
+from pincollate._ragged import PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
+from pincollate._trees import tensors
 from pincollate._views import ALIGN
 from samples import UserTensor, assert_identical, assert_one_buffer
 
@@ -278,6 +280,19 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         RowsRecipe,
         [lambda: _boxes([3, 0, 5], True), lambda: _boxes([2, 2], True), lambda: _boxes([0, 1], True)],
     ),
+    "items": (
+        {"sequences": "items"},
+        ItemsRecipe,
+        [
+            lambda: _items([[2, 2], [3], [1, 4]]),  # stacked, stacked, listed
+            lambda: _items([[2, 2], [2, 2]]),  # every sample stacked alike: one tensor
+            lambda: _items([[2, 2], [2]]),  # stacked alike but for their counts: a list
+            lambda: _items([[1], [], [5, 5, 5]]),  # an empty list
+            lambda: _items([[3], [3], [3]]),
+            lambda: _items([[0, 2], [0, 0]]),  # items with no rows
+        ],
+    ),
+    "items-differing-lengths": ({}, ItemsRecipe, [lambda: _items([[2, 2], [3]]), lambda: _items([[1, 4], [2], []])]),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
         RowsRecipe,
@@ -341,10 +356,7 @@ def test_every_tensor_of_a_recipe_starts_aligned_and_the_batch_keeps_its_layout(
         batch = collate(build())
         assert batch.layout is not None and batch.buffer is not None
         base = batch.buffer.data_ptr()
-        tensors = [
-            t for v in batch.values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor)
-        ]
-        assert all((t.data_ptr() - base) % ALIGN == 0 for t in tensors)
+        assert all((t.data_ptr() - base) % ALIGN == 0 for t in tensors(batch) if t.numel())
         again = pickle.loads(pickle.dumps(batch))
         assert_identical(again, batch)
         assert again.layout == batch.layout
@@ -560,3 +572,36 @@ def test_warm_per_sample_targets_leave_device_and_layout_to_their_copy(odd):
     with pytest.raises(CollateError) as warm_error:
         warm(batch)
     assert str(warm_error.value) == str(fresh_error.value)
+
+
+def test_transposed_lists_of_one_length_are_left_to_the_careful_planner(careful_only):
+    # sequences="transpose": lists are items only where their lengths differ (the recipe);
+    # lists of one length are transposed, position by position, as default_collate does.
+    collate = MMCollate(pin_memory=False)
+    reference = careful_only()
+    for batch in (_items([[2, 2], [3]]), _items([[2, 1], [3, 3]]), _items([[1], [2, 2, 2]]), _items([[2], [2]])):
+        assert_identical(collate(batch), reference(batch))
+    assert type(collate(_items([[2, 1], [3, 3]]))["ids"]) is list and len(collate(_items([[2, 1], [3, 3]]))["ids"]) == 2
+
+
+def test_items_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False, sequences="items", missing="none")
+    reference = careful_only(sequences="items", missing="none")
+    batches = [
+        _items([[2, 2], [3]]),  # planned: a recipe
+        [{"ids": [torch.zeros(2, 3)]}, {"ids": None}],  # a missing list
+        [{"ids": [torch.zeros(2, 3)]}, {"ids": [torch.zeros(2, 3, dtype=torch.int64)]}],  # two dtypes: promoted
+        [{"ids": [torch.zeros(2, 3)]}, {"ids": [torch.zeros(3)]}],  # two ranks
+        [{"ids": [torch.zeros(2, 3)]}, {"ids": [1, 2]}],  # numbers, not tensors
+        _items([[1, 1], [4]]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+
+
+def test_a_field_rule_on_items_is_applied_by_the_careful_planner():
+    # A rule for the items ("ids.*") pads each sample's items: no item recipe for the field.
+    collate = MMCollate(pin_memory=False, sequences="items", fields={"ids.*": Pad(lengths_key=None, mask_key=None)})
+    out = collate(_items([[2, 3], [1]]))
+    assert not any(getattr(op, "recipe", None) for _, op, _ in collate._plans.last.op.singles)
+    assert [tuple(t.shape) for t in out["ids"]] == [(2, 3, 3), (1, 1, 3)]
