@@ -17,7 +17,7 @@ import torch
 
 from ._build import make_mapping
 from ._layout import Spec, TensorSpec, Wrap
-from ._views import Views, carve_many, numpy_dtype
+from ._views import Views, carve_many, numpy_dtype, standin_dtype
 
 __all__ = ["ItemsSpec", "RowsSpec", "SplitSpec"]
 
@@ -56,14 +56,16 @@ class SplitSpec(Spec):
     def build(self, views: Views) -> Any:
         dtype = self.region.dtype
         as_numpy = numpy_dtype(dtype)
+        standin = standin_dtype(dtype) if as_numpy is None else None
         source = views.source
         offsets, shapes = self.places()
         out: list[torch.Tensor | None]
-        if source is None or as_numpy is None:
+        if source is None or (as_numpy is None and standin is None):
             out = [views.tensor(dtype, shape, offset) for offset, shape in zip(offsets, shapes, strict=True)]
         else:
             # Views.tensor, at once: a detection batch makes two such lists, a tensor per image.
-            out = carve_many(source, itertools.repeat(as_numpy), shapes, offsets)  # type: ignore[assignment]
+            carved = carve_many(source, itertools.repeat(as_numpy or standin), shapes, offsets)  # type: ignore[arg-type]
+            out = [tensor.view(dtype) for tensor in carved] if standin is not None else carved  # type: ignore[assignment]
             counts = self.sizes[0::2]
             if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
                 for i in [i for i, count in enumerate(counts) if not count]:

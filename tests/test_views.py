@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate._views import ALIGN, Views, carve, numpy_dtype
+from pincollate import MMCollate
+from pincollate._ownership import holder
+from pincollate._views import ALIGN, Views, carve, numpy_dtype, standin_dtype
 
 
 def _buffer(nbytes: int = 4 * ALIGN) -> torch.Tensor:
@@ -34,8 +36,21 @@ def test_each_tensor_has_a_storage_over_its_own_bytes(dtype):
         t.resize_(64)  # cannot grow over the next tensor
 
 
-def test_bfloat16_has_no_numpy_dtype_and_takes_the_other_path():
+def test_bfloat16_has_no_numpy_dtype_and_is_carved_as_a_stand_in():
     assert numpy_dtype(torch.bfloat16) is None and numpy_dtype(torch.float32) == np.dtype("float32")
+    assert standin_dtype(torch.bfloat16) == np.dtype("uint16") and standin_dtype(torch.float32) is None
+    # The stand-in's view back is the carved tensor's own storage, which holds the buffer.
+    buffer = _buffer()
+    t = Views(buffer, []).tensor(torch.bfloat16, (4,), ALIGN)
+    assert holder(t.untyped_storage()) is not None and t.untyped_storage().nbytes() == 8
+
+
+def test_a_per_sample_list_of_bfloat16_tensors_each_has_a_storage_over_its_own_bytes():
+    values = [torch.randn(n, 3).to(torch.bfloat16) for n in (2, 5, 1)]
+    out = MMCollate(pin_memory=False)([{"x": v} for v in values])["x"]
+    for got, value in zip(out, values, strict=True):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, value)
+        assert got.untyped_storage().nbytes() == got.nbytes
 
 
 def test_a_tensor_with_no_elements_has_an_empty_storage_of_its_own():
