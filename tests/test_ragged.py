@@ -274,6 +274,11 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         [lambda: _images([3, 1], UserTensor), lambda: _images([2, 2], UserTensor), lambda: _images([1, 6], UserTensor)],
     ),
     "list-tv-boxes": ({}, ListRecipe, [lambda: _boxes([3, 0, 5]), lambda: _boxes([2, 2]), lambda: _boxes([1, 4])]),
+    "list-tv-boxes-missing": (
+        {"missing": "none"},
+        ListRecipe,
+        [lambda: _absent(_boxes([3, 1, 2]), 1), lambda: _boxes([2, 2]), lambda: _absent(_boxes([0, 4]), 0)],
+    ),
     "aslist-tv-boxes": ({"fields": {"ids": AsList()}}, ListRecipe, [lambda: _boxes([3, 1]), lambda: _boxes([2, 2])]),
     "persample-tv-targets": (
         {"fields": {"ids": PerSample()}},
