@@ -53,19 +53,32 @@ class MappingSpec(Spec):
     A :class:`PartSpec` child puts its part's extras right after its key.
     """
 
-    __slots__ = ("children", "cls", "keys")
+    __slots__ = ("_fast", "children", "cls", "keys")
     _fields = ("cls", "keys", "children")
 
     def __init__(self, cls: type | None, keys: Sequence[Hashable], children: Sequence[Spec]):
         self.cls: type | None = cls
         self.keys: tuple[Hashable, ...] = tuple(keys)
         self.children: tuple[Spec, ...] = tuple(children)
+        self._fast = _fast_pairs(self.keys, self.children)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.children
 
     def pairs(self, views: Views) -> dict[Hashable, Any]:
-        out: dict[Hashable, Any] = {}
+        fast = self._fast
+        if fast is not None:
+            tensor_keys, ids, others, ordered = fast
+            try:
+                # The plain tensors a Views made at once, by one C-level pass; the rest built.
+                out: dict[Hashable, Any] = dict(zip(tensor_keys, map(views.made.__getitem__, ids), strict=True))
+            except KeyError:  # not made at once: pinned memory, or a mapping within a part
+                pass
+            else:
+                for key, child in others:
+                    out[key] = child.build(views)
+                return out if ordered else {key: out[key] for key in self.keys}
+        out = {}
         for key, child in zip(self.keys, self.children, strict=True):
             if type(child) is PartSpec:
                 part = views.parts[child.index]
@@ -78,6 +91,24 @@ class MappingSpec(Spec):
 
     def build(self, views: Views) -> Any:
         return make_mapping(self.cls, self.pairs(views))
+
+
+def _fast_pairs(
+    keys: tuple[Hashable, ...], children: tuple[Spec, ...]
+) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[tuple[Hashable, Spec], ...], bool] | None:
+    """How :meth:`MappingSpec.pairs` builds at once: its plain tensors' keys and spec ids, the other
+    children, and whether the tensors' keys come first; ``None`` with a part among the children
+    (its extras go right after its key) or fewer than four plain tensors (nothing to gain).
+    """
+    if any(type(child) is PartSpec for child in children):
+        return None
+    plain = [type(child) is TensorSpec and child.wrap is None and child._numpy is not None for child in children]
+    if sum(plain) < 4:
+        return None
+    tensors = [(key, id(child)) for key, child, is_plain in zip(keys, children, plain, strict=True) if is_plain]
+    others = tuple((key, child) for key, child, is_plain in zip(keys, children, plain, strict=True) if not is_plain)
+    ordered = all(plain[: len(tensors)])
+    return tuple(key for key, _ in tensors), tuple(ident for _, ident in tensors), others, ordered
 
 
 class SequenceSpec(Spec):

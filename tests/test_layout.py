@@ -14,7 +14,7 @@ from pincollate._trees import tensors
 from pincollate._views import ALIGN
 from pincollate.bench import methods
 from pincollate.datasets import SCENARIOS
-from samples import PARITY
+from samples import PARITY, assert_identical
 
 
 def _layout() -> Layout:
@@ -108,3 +108,40 @@ def test_every_leaf_of_every_sample_tree_starts_on_64_bytes(name):
     for _ in range(2):
         leaves = list(tensors(collate(PARITY[name]())))
         assert all(t.data_ptr() % ALIGN == 0 for t in leaves if t.numel())
+
+
+def _wide(i: int) -> dict:
+    """Plain tensors with a string, a torchvision image and a ragged field among them."""
+    from torchvision import tv_tensors
+
+    return {
+        "a": torch.full((2,), i),
+        "b": torch.full((3,), float(i)),
+        "name": f"s{i}",
+        "c": torch.full((1,), i, dtype=torch.uint8),
+        "img": tv_tensors.Image(torch.full((3, 2, 2), i, dtype=torch.uint8)),
+        "d": torch.full((2, 2), i, dtype=torch.int32),
+        "e": torch.full((4,), i % 2 == 0),
+    }
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_a_mapping_of_many_tensors_is_built_at_once_in_key_order(monkeypatch, ragged):
+    # MappingSpec.pairs takes its plain tensors from those the Views made at once (one
+    # C-level pass) and builds the rest; the keys keep the samples' order. Without that
+    # path every tensor spec would be built on its own (counted here).
+    samples = [_wide(i) for i in range(3)]
+    if ragged:  # a part among the children: its extras go after its key, built one by one
+        for i, sample in enumerate(samples):
+            sample["c"] = torch.arange(i + 1, dtype=torch.uint8)
+    collate = MMCollate(pin_memory=False)
+    first = collate(samples)
+    built = []
+    real = TensorSpec.build
+    monkeypatch.setattr(TensorSpec, "build", lambda self, views: built.append(self) or real(self, views))
+    out = collate(samples)
+    assert list(out) == list(samples[0])
+    assert_identical(out, first)
+    assert out["name"] == ["s0", "s1", "s2"] and torch.equal(out["d"][2], torch.full((2, 2), 2, dtype=torch.int32))
+    # Built on their own: the image (a tv_tensor, wrapped), and with a part every tensor.
+    assert len(built) == (1 if not ragged else 5)
