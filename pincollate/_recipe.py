@@ -125,8 +125,9 @@ def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
     """:func:`plain_tensors`, or a column of one tensor subclass the collate keeps as its class.
 
     The subclass's leaf handler (``tv_tensors`` are registered on first sight) must be a
-    tensor one that says how a view is wrapped, and either stack values whose metadata
-    agree (``Image``, ``Mask``, a user's subclass) or never stack them (``BoundingBoxes``).
+    tensor one that says how a view is wrapped, copies as plain tensors are copied, and
+    either stack values whose metadata agree (``Image``, ``Mask``, a user's subclass) or
+    never stack them (``BoundingBoxes``).
     Returns the dtype, the rank and the class.
     """
     classes = set(map(type, column)) if column else set()
@@ -134,12 +135,16 @@ def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
         return None
     cls = classes.pop()
     if cls is not torch.Tensor:
-        handler = lookup(cls)
+        handler, base = lookup(cls), lookup(torch.Tensor)
         if (
             handler is None
+            or base is None
             or handler.family != "tensor"
             or handler.wrap is None
             or (handler.meta is not None and handler.stackable)
+            # Copied as plain tensors are: a handler of its own that copies otherwise keeps the careful walk.
+            or handler.fill is not base.fill
+            or handler.concat is not base.concat
         ):
             return None
     with torch._C.DisableTorchFunctionSubclass():

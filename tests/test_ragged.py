@@ -610,3 +610,27 @@ def test_a_field_rule_on_items_is_applied_by_the_careful_planner():
     out = collate(_items([[2, 3], [1]]))
     assert not any(getattr(op, "recipe", None) for _, op, _ in collate._plans.last.op.singles)
     assert [tuple(t.shape) for t in out["ids"]] == [(2, 3, 3), (1, 1, 3)]
+
+
+def test_a_subclass_with_a_copy_of_its_own_keeps_the_careful_walk():
+    # A registered leaf handler whose fill is its own (here: it doubles every value) is not
+    # bypassed by the list recipe, which copies as plain tensors are copied.
+    from pincollate import LeafHandler, register_leaf
+    from pincollate._leaves import lookup
+
+    class Doubled(torch.Tensor):
+        pass
+
+    base = lookup(torch.Tensor)
+
+    def doubled(region: torch.Tensor, values: list[Any]) -> None:
+        torch.stack([v.as_subclass(torch.Tensor) * 2 for v in values], out=region)
+
+    register_leaf(
+        Doubled,
+        LeafHandler("Doubled", "tensor", base.describe, doubled, wrap=lambda v: None, key=base.key),
+    )
+    collate = MMCollate(pin_memory=False)
+    batches = [[{"x": torch.ones(n).as_subclass(Doubled)} for n in counts] for counts in ([1, 2], [3, 1])]
+    for batch in batches:
+        assert [t.tolist() for t in collate(batch)["x"]] == [[2.0] * len(s["x"]) for s in batch]
