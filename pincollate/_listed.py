@@ -243,9 +243,6 @@ class ItemsRecipe(Recipe):
         fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
         return True
 
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
-        raise NotImplementedError  # run places the part itself
-
 
 def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
     # (B, k, *shape): the batch's items in order, k per sample.

@@ -47,7 +47,7 @@ _WRITEABLE: Any = operator.attrgetter("flags.writeable")
 
 
 class Recipe:
-    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`.
+    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`, or :meth:`run` whole.
 
     ``cls`` is the values' exact class: ``torch.Tensor``, or a tensor subclass kept as
     its class (torchvision's ``tv_tensors``, a user's subclass) by the recipes that
