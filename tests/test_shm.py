@@ -65,10 +65,17 @@ def run_case(case: str, mib: float, workers: int, *extra: str) -> dict:
     return out
 
 
-def check_warning(out: dict) -> None:
-    assert out["warnings"] == 1, out  # one per loader, however many workers and batches
-    assert "/dev/shm is too small" in out["warning"] and "it has 64 MiB" in out["warning"]
-    assert "--shm-size" in out["warning"]
+def check_warning(out: dict, *, surely: bool = True) -> None:
+    """One warning per loader, however many workers and batches.
+
+    ``surely=False`` where whether any batch waits depends on timing: two workers of 24 MiB
+    slots fill 48 MiB of the 64, and a worker's second batch waits only if the consumer
+    still holds its first (a quick consumer has let go, and the slot is reused).
+    """
+    assert out["warnings"] == 1 if surely else out["warnings"] <= 1, out
+    if out["warnings"]:
+        assert "/dev/shm is too small" in out["warning"] and "it has 64 MiB" in out["warning"]
+        assert "--shm-size" in out["warning"]
 
 
 @small_shm
@@ -85,7 +92,8 @@ def test_an_epoch_completes_with_the_right_values(mib, workers):
     if mib == 4:
         assert out["warnings"] == 0, out  # everything fits: nothing to say
     else:
-        check_warning(out)
+        # 48 MiB slots: the second worker's first batch cannot fit beside the first's slot.
+        check_warning(out, surely=mib != 24)
 
 
 @small_shm
@@ -103,7 +111,7 @@ def test_without_memfd_what_does_not_fit_crosses_by_pipe(case):
 def test_persistent_workers_over_three_epochs():
     out = run_case("persistent", 24, 2)
     assert out["ok"] and out["batches"] == 12, out
-    check_warning(out)
+    check_warning(out, surely=False)  # at most one over three epochs
     assert out["shm_left_mib"] == 0, out
 
 
