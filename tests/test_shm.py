@@ -130,7 +130,7 @@ def test_batches_kept_by_the_consumer_stay_intact():
 def test_ragged_batches_with_a_policy():
     out = run_case("ragged", 24, 2)
     assert out["ok"], out
-    check_warning(out)
+    check_warning(out, surely=False)  # 24 MiB slots: as the epoch case
 
 
 @small_shm
