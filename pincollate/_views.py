@@ -81,7 +81,8 @@ def _standins() -> dict[torch.dtype, np.dtype[Any]]:
     """Dtypes numpy lacks (bfloat16, float8), each with numpy's unsigned integer of its size.
 
     A tensor of one is carved as that integer and viewed back: the same storage of its own,
-    a quarter of what ``torch.frombuffer`` costs.
+    and a per-sample list of them is made in one pass (:func:`carve_many`) instead of one
+    ``torch.frombuffer`` each.
     """
     found: dict[torch.dtype, np.dtype[Any]] = {}
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
