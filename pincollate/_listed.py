@@ -26,12 +26,12 @@ from ._kinds import MAPPING, kind_of
 from ._layout import Part, Wrap
 from ._leaves import lookup
 from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
+from ._ops import FIRST
 from ._recipe import Recipe, kept_tensors, place, plain_tensors
 from ._views import ALIGN, pitch
 
 __all__ = ["ItemsRecipe", "ListRecipe", "RowsRecipe", "items_recipe", "rows_recipe"]
 
-_FIRST = operator.itemgetter(0)
 _SEQUENCES = frozenset((list, tuple))
 
 
@@ -87,7 +87,7 @@ class ListRecipe(Recipe):
         width: int = math.prod(trailing)
         if width and (self.ndim == 1 or len({shape[1:] for shape in distinct}) == 1):
             # Rows of one width: the region is (rows, *trailing), split along its rows.
-            counts = list(map(_FIRST, shapes))
+            counts = list(map(FIRST, shapes))
             step = pitch(1, width * itemsize)  # each value's rows round up to this
             shapes_out = None
         else:

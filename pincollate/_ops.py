@@ -32,6 +32,7 @@ class Recipe(Protocol):
 
 
 __all__ = [
+    "FIRST",
     "JOIN_BYTES",
     "PLAIN",
     "TENSOR_DTYPE",
@@ -51,7 +52,8 @@ Path = tuple[Hashable, ...]
 TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
 TENSOR_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
 ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
-_FIRST = operator.itemgetter(0)
+#: The first item of a sequence (a shape's leading size, a column's first value), read at C speed.
+FIRST: Callable[[Any], Any] = operator.itemgetter(0)
 
 
 def fits_int64(value: int) -> bool:
@@ -199,7 +201,7 @@ class BlockOp(Op):
             # Exact classes first: a tensor subclass passes the dtype getter.
             ok = set(map(type, values)) == PLAIN
             if ok:
-                firsts = list(map(_FIRST, columns))
+                firsts = list(map(FIRST, columns))
                 ok = set(map(TENSOR_SHAPE, firsts)) == self.shapes and set(map(TENSOR_DTYPE, firsts)) == self.dtypes
             if ok and not self.joined:
                 ok = set(map(TENSOR_DTYPE, values)) == self.dtypes

@@ -19,14 +19,13 @@ import torch
 from ._builtin_leaves import concat_tensors, fill_numbers
 from ._fill import Fill
 from ._layout import Part, Spec, TensorSpec
+from ._ops import FIRST
 from ._packing import INT32_MAX, Concat, Jagged
 from ._padding import nonempty
 from ._recipe import Recipe, place, plain_tensors
 from ._specs import JaggedSpec
 
 __all__ = ["ConcatRecipe", "concat_recipe"]
-
-_FIRST = operator.itemgetter(0)
 
 
 class ConcatRecipe(Recipe):
@@ -42,7 +41,7 @@ class ConcatRecipe(Recipe):
     ):
         super().__init__(dtype, ndim)
         # The trailing sizes of a shape, read at C speed.
-        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else _FIRST
+        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else FIRST
         #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
         self.containers = containers
         self.jagged = isinstance(policy, Jagged)
@@ -73,7 +72,7 @@ class ConcatRecipe(Recipe):
         trailing = shapes[0][1:]
         if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
             return False  # the careful planner names the value whose trailing dims differ
-        rows = list(map(_FIRST, shapes))
+        rows = list(map(FIRST, shapes))
         total = sum(rows)
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
