@@ -145,3 +145,20 @@ def test_a_mapping_of_many_tensors_is_built_at_once_in_key_order(monkeypatch, ra
     assert out["name"] == ["s0", "s1", "s2"] and torch.equal(out["d"][2], torch.full((2, 2), 2, dtype=torch.int32))
     # Built on their own: the image (a tv_tensor, wrapped), and with a part every tensor.
     assert len(built) == (1 if not ragged else 5)
+
+
+def test_a_fixed_layouts_tensors_are_made_at_once(monkeypatch):
+    # Layout.bulk: a cached plan's fixed tensors are made in one pass when the views are
+    # made (carve_many), so neither filling nor building makes one on its own. Bypassed
+    # (no bulk), each would be made by TensorSpec._make, counted here.
+    made = []
+    real = TensorSpec._make
+    monkeypatch.setattr(TensorSpec, "_make", lambda self, views: made.append(self) or real(self, views))
+    collate = MMCollate(pin_memory=False)
+    samples = [{"a": torch.full((3, 4), float(i)), "b": torch.arange(i, i + 7), "c": i} for i in range(4)]
+    collate(samples)
+    made.clear()
+    out = collate(samples)
+    # Only the number block's region, which is no output tensor, is made on its own.
+    assert not {id(spec) for spec in made} & {id(spec) for spec in out.layout.tensors()} and len(made) == 1
+    assert torch.equal(out["b"][3], torch.arange(3, 10)) and out["a"].untyped_storage().nbytes() == out["a"].nbytes

@@ -634,3 +634,49 @@ def test_a_subclass_with_a_copy_of_its_own_keeps_the_careful_walk():
     batches = [[{"x": torch.ones(n).as_subclass(Doubled)} for n in counts] for counts in ([1, 2], [3, 1])]
     for batch in batches:
         assert [t.tolist() for t in collate(batch)["x"]] == [[2.0] * len(s["x"]) for s in batch]
+
+
+def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monkeypatch):
+    # The small path of _padding._padded_1d: one numpy boolean assignment (torch's masked
+    # scatter only for dtypes numpy lacks), the mask computed once for values and mask
+    # output. Bypassed, the results (tested above) would not change.
+    from pincollate import _padding
+
+    scatters, masks = [], []
+    real_scatter, real_valid = torch.Tensor.masked_scatter_, _padding.valid_1d
+    monkeypatch.setattr(torch.Tensor, "masked_scatter_", lambda *a: scatters.append(1) or real_scatter(*a))
+    monkeypatch.setattr(_padding, "valid_1d", lambda *a, **k: masks.append(1) or real_valid(*a, **k))
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad(mask_key="ids_mask")})
+    collate(_ids([3, 1]))
+    scatters.clear(), masks.clear()
+    out = collate(_ids([2, 5]))
+    assert out["ids_mask"].sum().item() == 7
+    assert scatters == [] and masks == [1]
+    bfloat16 = MMCollate(pin_memory=False, fields={"ids": Pad(mask_key="ids_mask")})
+    bfloat16(_ids([3, 1], dtype=torch.bfloat16))  # no numpy dtype: the masked scatter
+    assert scatters == [1]
+
+
+def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
+    # An empty 1-D tensor sends torch.cat off its fast path (_padding.nonempty); the list,
+    # items and Concat recipes leave them out. Given one, the results would not change.
+    from pincollate import _listed, _packed
+
+    seen = []
+    real = _listed.concat_tensors
+
+    def checked(region: torch.Tensor, pieces: list[torch.Tensor]) -> None:
+        seen.append(len(pieces))
+        assert all(piece.numel() for piece in pieces) or len(pieces) == 1
+        real(region, pieces)
+
+    monkeypatch.setattr(_listed, "concat_tensors", checked)
+    monkeypatch.setattr(_packed, "concat_tensors", checked)
+    for settings in ({}, {"fields": {"ids": Concat()}}):
+        collate = MMCollate(pin_memory=False, **settings)
+        for lengths in ([3, 0, 2], [0, 4, 0, 1]):
+            collate(_ids(lengths))
+    items = MMCollate(pin_memory=False, sequences="items")
+    for counts in ([[0, 2], [1]], [[0], [3, 0]]):
+        items(_items(counts))
+    assert len(seen) == 6
