@@ -19,6 +19,7 @@ from ._views import numpy_dtype
 __all__ = [
     "PAD_BYTES",
     "SCATTER_BYTES",
+    "TRIANGLE_ROWS",
     "box",
     "fill_mask",
     "fill_mask_1d",
@@ -59,17 +60,46 @@ def fill_padded(
             fill(target.unsqueeze(0), [item])
 
 
+#: Masks of rows up to this long are gathered from a kept triangle (at most this squared, in bytes).
+TRIANGLE_ROWS = 1024
+
+_triangles: list[np.ndarray[Any, Any]] = [np.tri(65, 64, -1, dtype=bool)]
+
+
+def _triangle(size: int) -> np.ndarray[Any, Any]:
+    """A kept ``(n + 1, n)`` boolean array, ``n >= size``: row ``k`` is ``k`` Trues, then Falses.
+
+    Only read, never written: threads share it; one that grows it replaces it.
+    """
+    kept = _triangles[0]
+    if kept.shape[1] < size:
+        n = 1 << (size - 1).bit_length()
+        kept = _triangles[0] = np.tri(n + 1, n, -1, dtype=bool)
+    return kept
+
+
 def valid_1d(lengths: Sequence[int], size: int, left: bool, out: np.ndarray[Any, Any] | None = None) -> Any:
     """``(B, size)``: ``True`` where a value of each length lies, padded on the left or the right.
 
-    ``mask[i, j] = j < length[i]`` (on the left, ``j >= size - length[i]``): one
-    broadcast comparison, in numpy (for a batch's few thousand places torch's
-    comparison costs three times as much to dispatch as to run).
+    ``mask[i, j] = j < length[i]`` (on the left, ``j >= size - length[i]``). Rows up to
+    :data:`TRIANGLE_ROWS` long are gathered from a kept triangle (one fancy index, a
+    row copy each: half the cost of numpy's broadcast comparison, a sixth of torch's);
+    longer ones are that comparison.
 
     Example:
         >>> valid_1d([1, 3], 3, left=False).astype(int).tolist()
         [[1, 0, 0], [1, 1, 1]]
+        >>> valid_1d([1, 3], 3, left=True).astype(int).tolist()
+        [[0, 0, 1], [1, 1, 1]]
     """
+    if size <= TRIANGLE_ROWS:
+        rows = _triangle(size)[lengths, :size]
+        if left:
+            rows = rows[:, ::-1]
+        if out is None:
+            return rows
+        out[...] = rows
+        return out
     bounds = np.array(lengths, dtype=np.int64)[:, None]
     positions = np.arange(size)
     if left:

@@ -657,6 +657,32 @@ def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monk
     assert scatters == [1]
 
 
+@pytest.mark.parametrize("left", [False, True])
+@pytest.mark.parametrize("size", [1, 3, 64, 65, 700, 1024, 1025, 3000])
+def test_valid_1d_gathers_short_rows_from_the_triangle_and_compares_long_ones(size, left, monkeypatch):
+    # Both paths of _padding.valid_1d against the definition, with and without ``out``;
+    # a triangle grown for a long row still serves short ones.
+    from pincollate import _padding
+
+    generator = torch.Generator().manual_seed(size)
+    lengths = [0, size, *torch.randint(0, size + 1, (9,), generator=generator).tolist()]
+    positions = np.arange(size)[None, :]
+    bounds = np.array(lengths)[:, None]
+    expected = positions >= size - bounds if left else positions < bounds
+    grown = []
+    real_tri = np.tri
+    monkeypatch.setattr(np, "tri", lambda *a, **k: grown.append(a) or real_tri(*a, **k))
+    assert (_padding.valid_1d(lengths, size, left) == expected).all()
+    out = np.ones((len(lengths), size), dtype=bool)
+    assert _padding.valid_1d(lengths, size, left, out=out) is out and (out == expected).all()
+    short = [0, 2, 3]
+    assert _padding.valid_1d(short, 3, left).tolist() == [[j >= 3 - n if left else j < n for j in range(3)] for n in short]
+    # Rows up to TRIANGLE_ROWS long come from one kept triangle, grown to a power of two.
+    on_triangle = size <= _padding.TRIANGLE_ROWS
+    assert _padding._triangles[0].shape[1] >= (size if on_triangle else 0)
+    assert all(shape[1] <= _padding.TRIANGLE_ROWS for shape in grown)
+
+
 def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
     # An empty 1-D tensor sends torch.cat off its fast path (_padding.nonempty); the list,
     # items and Concat recipes leave them out. Given one, the results would not change.
