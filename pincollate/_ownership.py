@@ -43,16 +43,16 @@ made the lease. The checks cost two finalizers per batch, nothing per tensor.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["Lease", "grant", "hold", "holder", "live", "verdict"]
+__all__ = ["Lease", "bytes_of", "grant", "hold", "holder", "live", "verdict"]
 
 #: ``done(reusable)``: the lease is over; ``reusable`` is False for retired memory.
 Done = Callable[[bool], None]
@@ -119,19 +119,22 @@ def _died(lease: Lease) -> None:
     _settle(lease, alive=False)
 
 
-def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) -> torch.Tensor:
-    """A flat ``uint8`` tensor over ``nbytes`` bytes at ``ptr``, leased under the rule above.
+def grant(memory: np.ndarray[Any, Any], done: Done, *, shared: bool, keep: Any = None) -> torch.Tensor:
+    """A flat ``uint8`` tensor over ``memory``'s bytes, leased under the rule above.
 
-    ``done(reusable)`` is called once, in this process, when the memory may be handed
-    out again (``True``) or must be retired (``False``). ``keep`` stays referenced
-    until then. The tensor's storage covers exactly these bytes, so saving or
-    pickling a batch writes its own size, and it cannot be resized over a neighbour.
+    ``memory`` is a 1-D ``uint8`` array over exactly the bytes, made for this lease alone
+    (a fresh slice: ``array[:nbytes]``); the lease's storage holds it for exactly as long as
+    it holds these bytes. ``done(reusable)`` is called once, in this process, when the
+    memory may be handed out again (``True``) or must be retired (``False``). ``keep``
+    stays referenced until then. The tensor's storage covers exactly these bytes, so
+    saving or pickling a batch writes its own size, and it cannot be resized over a
+    neighbour.
 
     Example:
         >>> import torch
-        >>> owner = torch.zeros(256, dtype=torch.uint8)
+        >>> owner = torch.zeros(256, dtype=torch.uint8).numpy()
         >>> answers = []
-        >>> lease = grant(owner.data_ptr(), 128, answers.append, shared=False)
+        >>> lease = grant(owner[:128], answers.append, shared=False)
         >>> view = lease[:8].numpy()
         >>> del lease
         >>> answers  # the numpy view still reads it
@@ -140,15 +143,18 @@ def grant(ptr: int, nbytes: int, done: Done, *, shared: bool, keep: Any = None) 
         >>> answers
         [True]
     """
-    memory = (ctypes.c_uint8 * nbytes).from_address(ptr)
-    buffer = torch.frombuffer(memory, dtype=torch.uint8)
+    buffer = torch.from_numpy(memory)
     lease = Lease(done, shared, keep)
     _live[id(lease)] = lease
-    # The storage holds ``memory`` (the buffer it was made from) for exactly as long as it
-    # holds these bytes: until it dies, or until share_memory_ swaps its pointer.
+    # The storage holds ``memory`` until it dies, or until share_memory_ swaps its pointer.
     weakref.finalize(memory, _released, lease).atexit = False
     weakref.finalize(buffer.untyped_storage(), _died, lease).atexit = False
     return buffer
+
+
+def bytes_of(storage: torch.UntypedStorage) -> np.ndarray[Any, Any]:
+    """A ``uint8`` array over all of ``storage`` (it holds the storage), to slice leases from."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
 
 
 def hold(tensor: torch.Tensor, owner: Any) -> torch.Tensor:

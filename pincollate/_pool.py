@@ -18,10 +18,11 @@ __all__ = ["Recycled", "owned"]
 
 
 class _Kept:
-    __slots__ = ("busy", "owner")
+    __slots__ = ("array", "busy", "owner")
 
     def __init__(self, owner: torch.Tensor):
         self.owner = owner
+        self.array = owner.numpy()
         self.busy = False
 
     def over(self, reusable: bool) -> None:
@@ -67,7 +68,7 @@ class Recycled:
                     idle = [kept for kept in self.kept if not kept.busy]
                     self.kept.remove(idle[0] if idle else self.kept[0])  # a busy one lives on in its lease
             found.busy = True
-        return _ownership.grant(found.owner.data_ptr(), nbytes, found.over, shared=False, keep=found)
+        return _ownership.grant(found.array[:nbytes], found.over, shared=False, keep=found)
 
     def clear(self) -> None:
         with self.lock:

@@ -58,10 +58,11 @@ def _alive(pid: int, started: str | None) -> bool:
 class _Mapping:
     """The receiver's mapping of one slot generation (registered with CUDA, if asked)."""
 
-    __slots__ = ("generation", "ptr", "registered", "storage")
+    __slots__ = ("array", "generation", "ptr", "registered", "storage")
 
     def __init__(self, storage: torch.UntypedStorage, generation: int, pin: bool):
         self.storage = storage
+        self.array = _ownership.bytes_of(storage)
         self.generation = generation
         self.ptr = storage.data_ptr()
         self.registered = pin and _registration.register(storage)
@@ -198,7 +199,7 @@ def lease(header: Header, index: int, generation: int, storage: Any, nbytes: int
     if mapping is None or mapping.generation != generation:
         raise RuntimeError(f"pincollate: slot {index} of a worker's ring is not mapped in this process")
     over = functools.partial(receiver.release, index)
-    return _ownership.grant(mapping.ptr, nbytes, over, shared=True, keep=mapping)
+    return _ownership.grant(mapping.array[:nbytes], over, shared=True, keep=mapping)
 
 
 def leased(tensor: torch.Tensor) -> bool:

@@ -70,10 +70,11 @@ def words(storage: torch.UntypedStorage, count: int) -> Any:
 
 
 class _Slot:
-    __slots__ = ("busy", "capacity", "generation", "pending", "ptr", "retired", "sent", "storage")
+    __slots__ = ("array", "busy", "capacity", "generation", "pending", "ptr", "retired", "sent", "storage")
 
     def __init__(self, storage: torch.UntypedStorage, generation: int):
         self.storage = storage
+        self.array = _ownership.bytes_of(storage)
         self.ptr = storage.data_ptr()
         self.capacity = storage.nbytes()
         self.generation = generation
@@ -145,7 +146,7 @@ class _Ring:
             slot = self.slots[fits]
             assert slot is not None
             slot.busy = slot.pending = True
-            return _ownership.grant(slot.ptr, nbytes, functools.partial(self._over, slot), shared=True)
+            return _ownership.grant(slot.array[:nbytes], functools.partial(self._over, slot), shared=True)
 
     def could_take(self, nbytes: int) -> bool:
         """Whether a slot of this ring big enough for ``nbytes`` may come back."""

@@ -113,7 +113,7 @@ def outside_buffer(nbytes: int, pin: Any) -> torch.Tensor:
         mapping = mmap.mmap(fd, nbytes)
         view = np.frombuffer(mapping, dtype=np.uint8)
         # Leased like every buffer handed out: it stays mapped while anything can read it.
-        buffer = _ownership.grant(view.ctypes.data, nbytes, _nothing, shared=True, keep=view)
+        buffer = _ownership.grant(view[:nbytes], _nothing, shared=True, keep=view)
         how = "outside /dev/shm (anonymous shared memory)"
     else:
         buffer = torch.empty(nbytes, dtype=torch.uint8)
@@ -172,7 +172,7 @@ def map_memfd(fd: int, nbytes: int) -> torch.Tensor:
     finally:
         os.close(fd)
     view = np.frombuffer(mapping, dtype=np.uint8)
-    return _ownership.grant(view.ctypes.data, nbytes, _nothing, shared=True, keep=view)
+    return _ownership.grant(view[:nbytes], _nothing, shared=True, keep=view)
 
 
 _notice: list[Any] = []  # [key, text] once this worker has something to say, until it is sent

@@ -217,8 +217,8 @@ def test_saving_a_batch_inside_a_worker_writes_its_own_bytes(no_leaks):
 def test_a_lease_alive_at_a_fork_is_retired():
     answers = []
     owner = torch.zeros(4096, dtype=torch.uint8)
-    shared = _ownership.grant(owner.data_ptr(), 1024, answers.append, shared=True)
-    plain = _ownership.grant(owner.data_ptr() + 2048, 1024, answers.append, shared=False)
+    shared = _ownership.grant(owner.numpy()[:1024], answers.append, shared=True)
+    plain = _ownership.grant(owner.numpy()[2048:3072], answers.append, shared=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -233,7 +233,7 @@ def test_a_lease_alive_at_a_fork_is_retired():
 def test_a_storage_that_moved_comes_back_only_once_it_died():
     answers = []
     owner = torch.zeros(4096, dtype=torch.uint8)
-    lease = _ownership.grant(owner.data_ptr(), 1024, answers.append, shared=False)
+    lease = _ownership.grant(owner.numpy()[:1024], answers.append, shared=False)
     array = lease[100:].numpy()
     lease.share_memory_()  # the storage moves; the array still points at the old memory
     assert answers == [] and lease.data_ptr() != owner.data_ptr()
