@@ -35,7 +35,7 @@ import torch
 
 from ._build import new_dataclass
 from ._check import Carried, carried, is_batch
-from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec, Wrap
+from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
 from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
 from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
@@ -48,6 +48,7 @@ from ._specs import (
     SequenceSpec,
 )
 from ._views import Views, exposed
+from ._wrap import Wrap
 
 __all__ = [
     "Batch",

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from ._errors import CollateError
-from ._layout import Wrap
 from ._leaves import LeafHandler, register_leaf
 from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
+from ._wrap import Wrap
 
 __all__ = ["concat_tensors", "describe_tensor", "fill_numbers", "number_dtype", "stack_tensors", "torch_dtype"]
 

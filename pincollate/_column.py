@@ -17,9 +17,9 @@ import torch
 
 from ._errors import CollateError
 from ._fill import Node, Segment, Slot, Tree, Value
-from ._layout import Wrap
 from ._leaves import LeafHandler, lookup, type_name
 from ._specs import ListSpec
+from ._wrap import Wrap
 
 __all__ = ["Column", "Path", "stack_or_list", "stacked_class"]
 

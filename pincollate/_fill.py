@@ -22,8 +22,9 @@ from typing import Any, Protocol
 import torch
 
 from ._errors import CollateError
-from ._layout import Part, Spec, TensorSpec, ValueSpec, Wrap
+from ._layout import Part, Spec, TensorSpec, ValueSpec
 from ._views import Bulk, Views, align
+from ._wrap import Wrap
 
 __all__ = [
     "ColumnPlanner",

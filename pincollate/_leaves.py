@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ._fill import Filler
-from ._layout import Wrap
+from ._wrap import Wrap
 
 __all__ = ["LeafHandler", "lookup", "on_first_sight", "register_leaf", "type_name"]
 
@@ -45,7 +45,7 @@ class LeafHandler:
             leaves that are not tensors (strings), which are returned as a list.
         fill: ``fill(region, values)`` copies values into ``region``, whose first
             dimension indexes the values.
-        wrap: ``wrap(value)`` gives the :class:`~pincollate._layout.Wrap` that turns a
+        wrap: ``wrap(value)`` gives the :class:`~pincollate._wrap.Wrap` that turns a
             plain view into a value's type (a tensor subclass and its metadata), or
             ``None`` for a plain tensor.
         key: what must agree across a column for a cached plan to stack it, beside

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from ._build import make_mapping
-from ._layout import Spec, TensorSpec, Wrap
+from ._layout import Spec, TensorSpec
 from ._views import Views, carve_many, numpy_dtype, standin_dtype
+from ._wrap import Wrap
 
 __all__ = ["ItemsSpec", "RowsSpec", "SplitSpec"]
 

@@ -23,12 +23,13 @@ from ._build import container_cls
 from ._builtin_leaves import concat_tensors, stack_tensors
 from ._fill import Fill
 from ._kinds import MAPPING, kind_of
-from ._layout import Part, Wrap
+from ._layout import Part
 from ._leaves import lookup
 from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
 from ._ops import FIRST
 from ._recipe import Recipe, kept_tensors, place, plain_tensors
 from ._views import ALIGN, pitch
+from ._wrap import Wrap
 
 __all__ = ["ItemsRecipe", "ListRecipe", "RowsRecipe", "items_recipe", "rows_recipe"]
 

@@ -12,9 +12,10 @@ import torch
 
 from ._column import Column
 from ._fill import Node, Segment, Slot, Tree
-from ._layout import Spec, Wrap
+from ._layout import Spec
 from ._policies import Policy, int_node
 from ._specs import JaggedSpec
+from ._wrap import Wrap
 
 __all__ = ["INT32_MAX", "Concat", "Jagged"]
 

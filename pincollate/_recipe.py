@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from ._fill import Fill
-from ._layout import Part, TensorSpec, Wrap
+from ._layout import Part, TensorSpec
 from ._leaves import lookup
 from ._ops import ARRAY_DTYPE, PLAIN, TENSOR_DTYPE, TENSOR_SHAPE
 from ._views import align
+from ._wrap import Wrap
 
 if TYPE_CHECKING:
     from ._policies import Policy

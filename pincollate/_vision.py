@@ -15,8 +15,8 @@ import torch
 
 from ._builtin_leaves import torch_dtype
 from ._errors import CollateError
-from ._layout import Wrap
 from ._leaves import LeafHandler, lookup, on_first_sight, register_leaf
+from ._wrap import Wrap
 
 __all__ = ["register_pil", "register_tv_tensors"]
 

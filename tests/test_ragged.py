@@ -676,7 +676,9 @@ def test_valid_1d_gathers_short_rows_from_the_triangle_and_compares_long_ones(si
     out = np.ones((len(lengths), size), dtype=bool)
     assert _padding.valid_1d(lengths, size, left, out=out) is out and (out == expected).all()
     short = [0, 2, 3]
-    assert _padding.valid_1d(short, 3, left).tolist() == [[j >= 3 - n if left else j < n for j in range(3)] for n in short]
+    assert _padding.valid_1d(short, 3, left).tolist() == [
+        [j >= 3 - n if left else j < n for j in range(3)] for n in short
+    ]
     # Rows up to TRIANGLE_ROWS long come from one kept triangle, grown to a power of two.
     on_triangle = size <= _padding.TRIANGLE_ROWS
     assert _padding._triangles[0].shape[1] >= (size if on_triangle else 0)

@@ -1,0 +1,40 @@
+"""How a plain view of the buffer becomes a tensor subclass again (``tv_tensors``, a user's own)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["Wrap"]
+
+
+class Wrap:
+    """How a plain view becomes a tensor subclass (a torchvision ``tv_tensors`` type).
+
+    ``meta`` holds keyword metadata as sorted pairs (a box format and canvas size);
+    with metadata the class's ``_wrap`` builds the output, else ``as_subclass``.
+    """
+
+    __slots__ = ("cls", "meta")
+
+    def __init__(self, cls: type, meta: tuple[tuple[str, Any], ...] = ()):
+        self.cls: type = cls
+        self.meta: tuple[tuple[str, Any], ...] = meta
+
+    def __call__(self, view: torch.Tensor) -> torch.Tensor:
+        if self.meta:
+            return self.cls._wrap(view, **dict(self.meta))  # type: ignore[attr-defined,no-any-return]
+        return view.as_subclass(self.cls)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Wrap and self.cls is other.cls and self.meta == other.meta
+
+    def __hash__(self) -> int:
+        return hash((self.cls, self.meta))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Wrap, (self.cls, self.meta))
+
+    def __repr__(self) -> str:
+        return f"Wrap({self.cls.__name__}{', ' if self.meta else ''}{', '.join(f'{k}={v!r}' for k, v in self.meta)})"
