@@ -172,7 +172,9 @@ def _padded_1d(
         as_numpy = numpy_dtype(region.dtype)
         if dim == 0 and as_numpy is not None:
             # numpy's boolean assignment: the masked scatter, at half its cost.
-            region.numpy()[valid] = torch.cat(nonempty(values)).numpy()
+            # No length 0: no empty piece to leave out (what nonempty reads every value for).
+            pieces = values if 0 not in lengths else nonempty(values)
+            region.numpy()[valid] = torch.cat(pieces).numpy()
             return
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
         shape[dim + 1] = size

@@ -31,6 +31,7 @@ from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._listed import ListRecipe, items_recipe, rows_recipe
 from ._packed import concat_recipe
+from ._ops import FIRST
 from ._packing import Concat, Jagged
 from ._padding import fill_padded_1d, fill_padded_and_mask_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
@@ -82,7 +83,7 @@ class PadRecipe(Recipe):
         n = len(shapes)
         if self.ndim == 1:
             dim = 0
-            lengths = [shape[0] for shape in shapes]
+            lengths = list(map(FIRST, shapes))
             sizes = [max(lengths)]
         else:
             per_dim = list(zip(*shapes, strict=True))

@@ -652,6 +652,9 @@ def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monk
     out = collate(_ids([2, 5]))
     assert out["ids_mask"].sum().item() == 7
     assert scatters == [] and masks == [1]
+    # A value of length 0 is left out of the concatenation (torch.cat's slow path), the row all padding.
+    out = collate(_ids([2, 0, 3]))
+    assert out["ids"].tolist() == [[7, 8, 0], [0, 0, 0], [7, 8, 9]] and out["ids_lengths"].tolist() == [2, 0, 3]
     bfloat16 = MMCollate(pin_memory=False, fields={"ids": Pad(mask_key="ids_mask")})
     bfloat16(_ids([3, 1], dtype=torch.bfloat16))  # no numpy dtype: the masked scatter
     assert scatters == [1]
