@@ -173,7 +173,7 @@ def _padded_1d(
         if dim == 0 and as_numpy is not None:
             # numpy's boolean assignment: the masked scatter, at half its cost.
             # No length 0: no empty piece to leave out (what nonempty reads every value for).
-            pieces = values if 0 not in lengths else nonempty(values)
+            pieces = nonempty(values) if 0 in lengths else values if type(values) is list else list(values)
             region.numpy()[valid] = torch.cat(pieces).numpy()
             return
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
