@@ -1,6 +1,6 @@
 """``MMCollate``: plan a batch once per structure, allocate its one buffer, fill it.
 
-The pipeline, one module per stage: :mod:`._plans` finds the batch's cached plan
+The pipeline, one module per stage: :mod:`._cache` finds the batch's cached plan
 (or plans it), :mod:`._fill` gathers and checks each field and copies it into its
 slot, :mod:`._arena` allocates the buffer, :mod:`._batch` returns the views.
 """
@@ -15,14 +15,14 @@ from typing import Any, Literal
 from . import _ring
 from ._arena import Kind, PinMode, allocate, resolve_kind
 from ._batch import carries, make_batch
+from ._cache import Plan, Plans
+from ._careful import Planner
 from ._errors import CollateError
 from ._fill import Mismatch
 from ._kinds import is_sequence
 from ._layout import Layout
 from ._leaves import type_name
 from ._patterns import FieldRules, Renames, Settings
-from ._planner import Planner
-from ._plans import Plan, Plans
 from ._policies import Policy
 
 __all__ = ["MMCollate", "mm_collate"]

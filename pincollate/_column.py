@@ -1,6 +1,6 @@
 """One field's values across the batch, described: the column every policy plans from.
 
-The careful planner (:mod:`._planner`) reads each value's dtype, shape and metadata
+The careful planner (:mod:`._careful`) reads each value's dtype, shape and metadata
 once, through the leaf registry (:mod:`._leaves`), into a :class:`Column`; a policy
 (:mod:`._policies`) or the default, :func:`stack_or_list`, turns it into a planned
 node. A column knows whom to blame for each value (sample index and key path), the
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._errors import CollateError
-from ._fill import Node, Segment, Slot, Tree, Value
+from ._fill import Node, Segment, TensorNode, Tree, Value
 from ._leaves import LeafHandler, lookup, type_name
 from ._specs import ListSpec
 from ._wrap import Wrap
@@ -128,11 +128,11 @@ class Column:
                 return wrap
         return None if cls is None or cls is torch.Tensor else Wrap(cls)
 
-    def stacked(self) -> Slot:
+    def stacked(self) -> TensorNode:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
         shape = (len(self.values), *self.known[0])
         segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
-        return Slot(self.dtype, shape, [segment], self._common_wrap())
+        return TensorNode(self.dtype, shape, [segment], self._common_wrap())
 
     def single(self, i: int) -> Node:
         """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
@@ -142,7 +142,7 @@ class Column:
         dtype = self.dtypes[i]
         assert dtype is not None  # present values have a dtype
         segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
-        return Slot(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+        return TensorNode(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 
 def stacked_class(classes: Sequence[type]) -> type | None:

@@ -29,7 +29,7 @@ from ._batch import carried, make_batch
 from ._builtin_leaves import fill_numbers, torch_dtype
 from ._collate import MMCollate
 from ._errors import CollateError
-from ._fill import Fill, Node, Segment, Slot, Value
+from ._fill import Fill, Node, Segment, TensorNode, Value
 from ._layout import Layout
 from ._leaves import type_name
 from ._policies import Policy, Stack
@@ -151,7 +151,7 @@ class ColumnCollate:
                     raise CollateError("a column must have one row per sample, got a 0-d array", path=path)
                 shape = tuple(column.shape)
                 # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
-                return Slot(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
+                return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
         # Rows as samples: variable shapes (object arrays), policies, strings, None.
         values = list(column)
         if not values:

@@ -1,7 +1,7 @@
 """How the careful planner walks containers: mappings, namedtuples, dataclasses, sequences.
 
 :class:`ContainerWalk` is the container part of the careful planner's walk
-(:mod:`._planner`): it checks that every sample holds the same container (keys,
+(:mod:`._careful`): it checks that every sample holds the same container (keys,
 classes, lengths), plans each child column through the walk's ``plan``, and builds
 the spec of the container around them. Lists of unequal length become per-sample
 item lists (:mod:`._items`). Every error names its sample and key path.

@@ -4,8 +4,8 @@ Two things queue fill work in a :class:`Fill`, and both end in its one task list
 
 * the **ops** of a cached plan (:mod:`._ops`), which gather each field's column from
   the samples, check it at C speed and queue one copy;
-* **planned nodes** of the careful planner (:mod:`._planner`) for fields planned anew
-  for each batch: :class:`Slot` (a tensor filled by :class:`Segment` s),
+* **planned nodes** of the careful planner (:mod:`._careful`) for fields planned anew
+  for each batch: :class:`TensorNode` (a tensor filled by :class:`Segment` s),
   :class:`Value` and :class:`Tree`, turned into specs by :meth:`Fill.place`.
 
 :meth:`Fill.execute` then copies everything into the batch's buffer. A copy of a
@@ -35,8 +35,8 @@ __all__ = [
     "Owner",
     "Regions",
     "Segment",
-    "Slot",
     "Target",
+    "TensorNode",
     "Tree",
     "Value",
 ]
@@ -72,7 +72,7 @@ class Owner(Protocol):
 
 
 class ColumnPlanner(Protocol):
-    """The careful planner (:class:`~pincollate._planner.Planner`), as the fill calls it."""
+    """The careful planner (:class:`~pincollate._careful.Planner`), as the fill calls it."""
 
     def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, dict[str, Node]]: ...
 
@@ -123,7 +123,7 @@ class Segment:
         )
 
 
-class Slot:
+class TensorNode:
     """A planned tensor: ``dtype``, ``shape`` and the segments that fill it.
 
     ``stackable=False`` keeps item semantics from stacking it with its siblings.
@@ -173,7 +173,7 @@ class Tree:
         self.children: list[Node] = children
 
 
-Node = Slot | Value | Tree
+Node = TensorNode | Value | Tree
 
 
 # --- the per-batch fill ----------------------------------------------------------------
@@ -198,7 +198,7 @@ class Fill:
 
     def place(self, node: Node) -> Spec:
         """Turn a planned node into specs at the next offsets, queueing its copies."""
-        if type(node) is Slot:
+        if type(node) is TensorNode:
             offset = self.offset
             self.offset = align(offset + node.nbytes)
             itemsize = node.dtype.itemsize

@@ -1,6 +1,6 @@
 """The careful walk's item semantics: per-sample lists of items, and one subtree per sample.
 
-:class:`ItemWalk` is the lowest half of the careful planner's walk (:mod:`._planner`,
+:class:`ItemWalk` is the lowest half of the careful planner's walk (:mod:`._careful`,
 :mod:`._containers`): a sample's list holds its own items, stacked where they agree
 (``[img, img]`` and ``[img]`` become ``[stack of 2, stack of 1]``); ``PerSample()``
 plans one subtree per sample; ``AsList``/``Stack``/``Concat``/``Jagged`` on lists of
@@ -18,7 +18,7 @@ import torch
 from ._build import container_cls
 from ._column import Column, stack_or_list
 from ._errors import Attr, CollateError
-from ._fill import Node, Segment, Slot, Tree, Value
+from ._fill import Node, Segment, TensorNode, Tree, Value
 from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
 from ._leaves import LeafHandler, lookup, type_name
 from ._patterns import ITEMS, Renames
@@ -133,7 +133,7 @@ class ItemWalk:
             return Value(value)
         # One value: a column of one, its leading 1 dropped.
         node = stack_or_list(self._column([value], path, origin, handler))
-        if isinstance(node, Slot):
+        if isinstance(node, TensorNode):
             return _unstack(node)
         assert isinstance(node, Tree) and len(node.children) == 1
         return node.children[0]  # a value that is never stacked (torchvision's boxes): itself
@@ -145,8 +145,8 @@ class ItemWalk:
             return Tree(ListSpec, children)
         if isinstance(policy, Stack):
             merged = merge(children)
-            if not isinstance(merged, Slot):
-                shapes = [tuple(c.shape) if isinstance(c, Slot) else type(c).__name__ for c in children]
+            if not isinstance(merged, TensorNode):
+                shapes = [tuple(c.shape) if isinstance(c, TensorNode) else type(c).__name__ for c in children]
                 raise self._error(
                     f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins
                 )
@@ -176,7 +176,7 @@ class ItemWalk:
                 )
                 if isinstance(child, Tree) and child.make is ListSpec and len(child.children) == 1:
                     child = child.children[0]
-                elif isinstance(child, Slot):
+                elif isinstance(child, TensorNode):
                     child = _unstack(child)
             children.append(child)
         return children
@@ -211,16 +211,16 @@ class ItemWalk:
         return policy.plan(column, self.renames.key(path), counts=counts)
 
 
-def _unstack(slot: Slot) -> Slot:
+def _unstack(slot: TensorNode) -> TensorNode:
     """A stack of one value, seen as that value (its leading 1 dropped)."""
-    return Slot(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
+    return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
 
 
 def merge(children: list[Node]) -> Node:
     """Stack children that are tensors of one shape into one slot, else list them."""
-    if not children or not all(isinstance(c, Slot) and c.stackable for c in children):
+    if not children or not all(isinstance(c, TensorNode) and c.stackable for c in children):
         return Tree(ListSpec, children)
-    slots: list[Slot] = children  # type: ignore[assignment]
+    slots: list[TensorNode] = children  # type: ignore[assignment]
     shape = slots[0].shape
     if any(s.shape != shape for s in slots):
         return Tree(ListSpec, children)
@@ -244,4 +244,4 @@ def merge(children: list[Node]) -> Node:
                 )
             else:
                 segments.append(segment)
-    return Slot(dtype, (len(slots), *shape), segments, slots[0].wrap)
+    return TensorNode(dtype, (len(slots), *shape), segments, slots[0].wrap)

@@ -11,7 +11,7 @@ from collections.abc import Hashable
 import torch
 
 from ._column import Column
-from ._fill import Node, Segment, Slot, Tree
+from ._fill import Node, Segment, TensorNode, Tree
 from ._layout import Spec
 from ._policies import Policy, int_node
 from ._specs import JaggedSpec
@@ -61,11 +61,11 @@ class Concat(Policy):
         self.counts_key: str | None = counts_key
         self.item_offsets_key: str | None = item_offsets_key
 
-    def _values(self, column: Column) -> tuple[Slot, list[int]]:
+    def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
         present = column.present
         if not present:
             # Nothing to concatenate (a text-only batch): empty values, zero offsets.
-            return Slot(torch.float32, (0,), []), [0] * len(column.values)
+            return TensorNode(torch.float32, (0,), []), [0] * len(column.values)
         first = present[0]
         shapes = column.known
         for i in present:
@@ -92,7 +92,7 @@ class Concat(Policy):
             for i in present:
                 segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))  # type: ignore[arg-type]
                 start += rows[i] * row_numel
-        return Slot(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
+        return TensorNode(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
 
     @staticmethod
     def _wrap(column: Column) -> Wrap | None:
@@ -136,7 +136,7 @@ def _group(rows: list[int], counts: list[int]) -> list[int]:
     return grouped
 
 
-def _offsets_node(rows: list[int], dtype: torch.dtype) -> Slot:
+def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
     return int_node([0, *itertools.accumulate(rows)], dtype)
 
 

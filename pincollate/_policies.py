@@ -23,7 +23,7 @@ import torch
 from ._builtin_leaves import fill_numbers
 from ._column import Column
 from ._errors import CollateError
-from ._fill import Node, Segment, Slot, Tree
+from ._fill import Node, Segment, TensorNode, Tree
 from ._padding import fill_mask, fill_mask_1d, fill_padded
 from ._specs import ListSpec
 
@@ -132,10 +132,10 @@ def fits(value: float | bool, dtype: torch.dtype) -> bool:
     return float(value).is_integer() and info.min <= value <= info.max
 
 
-def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> Slot:
+def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:
     """A small integer tensor (lengths, counts, offsets) computed while planning."""
     shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
-    return Slot(dtype, shape, [Segment(0, shape, fill_numbers, values)])
+    return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
 class Pad(Policy):
@@ -266,7 +266,7 @@ class Pad(Policy):
         shape = (n, *sizes)
         entries = [(i, values[i], shapes[i]) for i in present]
         fill = functools.partial(fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
-        node = Slot(dtype, shape, [Segment(0, shape, fill, entries)])
+        node = TensorNode(dtype, shape, [Segment(0, shape, fill, entries)])
         extras: dict[str, Node] = {}
         lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
@@ -280,5 +280,5 @@ class Pad(Policy):
                 bounds: Any = [row[0] for row in lengths]
             else:
                 mask_fill, bounds = functools.partial(fill_mask, left=self.side == "left"), lengths
-            extras[mask_name] = Slot(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
+            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
         return node, extras

@@ -6,7 +6,7 @@ set; sequences of one length) gets a slot at a fixed offset of the template and 
 dtype and shape in one mapping share a block (one stack for all of them); Python
 numbers of one type share one. Fields that do not agree become *parts*: a ragged
 field's recipe (:mod:`._ragged`) where one fits, else the careful planner's, for each
-batch. :mod:`._plans` caches what this makes.
+batch. :mod:`._cache` caches what this makes.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ CONTAINERS = ("dict", "meta", "list", "tuple", "pair", "pair/other", "box", "box
 
 
 def build_mutating(structure: Any, n: int, seed: int) -> list[Any]:
-    """``n`` samples of a structure description (see ``tests/test_plans.py``), values drawn from ``seed``.
+    """``n`` samples of a structure description (see ``tests/test_cache.py``), values drawn from ``seed``.
 
     A description is a nested tuple: ``("tensor", dtype, shape, classes, ragged)``,
     ``(leaf_kind,)``, or ``(container, children)`` where a mapping's children are

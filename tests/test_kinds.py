@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pincollate import CollateError, MMCollate, Pad, register_container, to_device
+from pincollate._careful import Planner
 from pincollate._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, registered
-from pincollate._planner import Planner
 from samples import assert_identical, assert_one_buffer
 
 

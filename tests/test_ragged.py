@@ -13,9 +13,9 @@ import torch
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
+from pincollate._careful import Planner
 from pincollate._listed import ItemsRecipe, ListRecipe, RowsRecipe
 from pincollate._packed import ConcatRecipe
-from pincollate._planner import Planner
 from pincollate._ragged import PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._trees import tensors

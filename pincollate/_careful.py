@@ -25,7 +25,7 @@ from ._builtin_leaves import number_dtype
 from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
-from ._fill import Node, Segment, Slot, Value
+from ._fill import Node, Segment, TensorNode, Value
 from ._items import MAX_DEPTH, Extras, Origins, Path, container_name
 from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from ._leaves import LeafHandler, lookup, type_name
@@ -235,7 +235,7 @@ class _Walk(ContainerWalk):
             except (RuntimeError, TypeError, ValueError) as exc:
                 raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
         shape = tuple(value.shape)
-        return Slot(value.dtype, shape, [Segment(0, shape, _copy_into, value)])
+        return TensorNode(value.dtype, shape, [Segment(0, shape, _copy_into, value)])
 
     def _objects(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
         if handler.family in ("str", "bytes"):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._careful import Planner
 from ._fill import Fill, Mismatch
 from ._items import MAX_DEPTH
 from ._kinds import MAPPING, SEQUENCE, kind_of
@@ -30,7 +31,6 @@ from ._layout import Layout, Spec, bulk_of
 from ._leaves import lookup
 from ._ops import Op
 from ._patterns import Renames, Settings
-from ._planner import Planner
 from ._template import NUMBERS, Template
 
 if TYPE_CHECKING:
