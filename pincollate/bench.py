@@ -210,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown", action="store_true", help="only time the stages of a worker batch (video scenario) and exit"
     )
     parser.add_argument(
+        "--stages",
+        metavar="SCENARIO",
+        choices=sorted(SCENARIOS),
+        help="only time the stages of a main-process batch of SCENARIO (plan checks, copies, buffer, build) and exit",
+    )
+    parser.add_argument(
         "--small-shm",
         nargs="?",
         const="64m",
@@ -244,6 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"machine": machine(), "small_shm": report}, f, indent=2)
+        return 0
+    if args.stages:
+        from ._bench_stages import format_stages, main_stages
+
+        m = machine()
+        print(
+            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
+        )
+        print(format_stages(main_stages(args.stages, args.quick)))
         return 0
     if args.breakdown:
         m = machine()

@@ -137,6 +137,28 @@ def test_worker_breakdown_times_every_stage(capsys):
     assert report["batch_bytes"] > 20 << 20 and all(ms > 0 for ms in report["stages_ms"].values())
 
 
+@pytest.mark.parametrize("scenario", ["ragged", "detection"])
+def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
+    from pincollate._bench_stages import main_stages
+
+    assert bench.main(["--stages", scenario, "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert f"main-process batch stages, {scenario} (batch 32" in out and "check and place (plan.run)" in out
+    stages = main_stages(scenario, quick=True)["stages_us"]
+    assert list(stages)[1:] == [
+        "mm_collate",
+        "check and place (plan.run)",
+        "buffer: take and hand back",
+        "build the batch",
+        "copies (fill.execute)",
+        "rest",
+    ]
+    assert next(iter(stages)).startswith("baseline (") and all(us >= 0 for us in stages.values())
+    assert stages["mm_collate"] > 0 and stages["check and place (plan.run)"] > 0
+    parts = sum(stages[name] for name in list(stages)[2:6])
+    assert stages["rest"] == pytest.approx(max(stages["mm_collate"] - parts, 0.0))
+
+
 def test_gpu_check_finds_every_failed_row():
     # A row that failed is an "error" entry; make gpu-check exits non-zero on any.
     report = {
