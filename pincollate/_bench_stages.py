@@ -50,8 +50,8 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     kept one does not.
 
     Example:
-        >>> report = main_stages("ragged", quick=True)  # doctest: +SKIP
-        >>> sorted(report["stages_us"])[:2]  # doctest: +SKIP
+        >>> report = main_stages("ragged", quick=True)
+        >>> sorted(report["stages_us"])[:2]
         ['baseline (pad/cat by hand)', 'buffer: take and hand back']
     """
     cls, batch_size = SCENARIOS[scenario]
