@@ -77,7 +77,7 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((concat_tensors, concatenated, nonempty(values), None))
+        fill.tasks.append((concat_tensors, concatenated, nonempty(values, rows), None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
         item_offsets = [0, *itertools.accumulate(rows)]

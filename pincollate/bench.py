@@ -192,6 +192,11 @@ def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dic
     return {"fields": fields, "first_ms": first * 1e3, "steady_ms": later * 1e3, "ratio": first / later}
 
 
+def _machine_line() -> str:
+    m = machine()
+    return f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pincollate-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -232,15 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray:
         from ._bench_ray import format_ray, run_ray
 
-        m = machine()
-        print(
-            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
-        )
+        print(_machine_line())
         report = run_ray(args.quick, not args.no_progress)
         print(format_ray(report))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"machine": m, "ray": report}, f, indent=2)
+                json.dump({"machine": machine(), "ray": report}, f, indent=2)
         return 0
     if args.small_shm:
         from ._bench_shm import format_small_shm, run_small_shm
@@ -254,17 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.stages:
         from ._bench_stages import format_stages, main_stages
 
-        m = machine()
-        print(
-            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
-        )
+        print(_machine_line())
         print(format_stages(main_stages(args.stages, args.quick)))
         return 0
     if args.breakdown:
-        m = machine()
-        print(
-            f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
-        )
+        print(_machine_line())
         print(format_breakdown(worker_breakdown("video", args.quick)))
         return 0
     if args.workers < 0:
