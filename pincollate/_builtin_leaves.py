@@ -21,7 +21,15 @@ from ._leaves import LeafHandler, register_leaf
 from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 from ._wrap import Wrap
 
-__all__ = ["concat_tensors", "describe_tensor", "fill_numbers", "number_dtype", "stack_tensors", "torch_dtype"]
+__all__ = [
+    "NUMBERS",
+    "concat_tensors",
+    "describe_tensor",
+    "fill_numbers",
+    "number_dtype",
+    "stack_tensors",
+    "torch_dtype",
+]
 
 Path = tuple[Hashable, ...]
 
@@ -163,6 +171,11 @@ def _describe_float(value: float, sample: int, path: Path) -> tuple[torch.dtype,
 
 def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     return torch.complex128, ()
+
+
+#: The dtype of a column of exact Python numbers of one type: :func:`number_dtype`'s answer
+#: for it, without asking torch (an ``int`` column must fit ``int64``).
+NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
 
 
 def number_dtype(values: Sequence[Any]) -> torch.dtype:

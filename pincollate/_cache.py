@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ._builtin_leaves import NUMBERS
 from ._careful import Planner
 from ._fill import Fill, Mismatch
 from ._items import MAX_DEPTH
@@ -31,7 +32,7 @@ from ._layout import Layout, Spec, bulk_of
 from ._leaves import lookup
 from ._ops import Op
 from ._patterns import Renames, Settings
-from ._template import NUMBERS, Template
+from ._template import Template
 
 if TYPE_CHECKING:
     from ._patterns import FieldRules

@@ -115,8 +115,15 @@ class _Check:
         cls = _built_class(spec.cls, dict, make_mapping)
         if type(obj) is not list or any(type(row) is not cls or tuple(row) != spec.keys for row in obj):  # type: ignore[arg-type]
             return False
-        columns = zip(spec.keys, spec.columns, strict=True)
-        return all(self._split(column, [row[key] for row in obj]) for key, column in columns)
+        for key, column in zip(spec.keys, spec.columns, strict=True):
+            values = [row[key] for row in obj]
+            if type(column) is ValueSpec:
+                kept = self.values[column.index]
+                if len(values) != len(kept) or not all(map(_same_value, values, kept)):
+                    return False
+            elif not self._split(column, values):  # type: ignore[arg-type]
+                return False
+        return True
 
     def _items(self, spec: ItemsSpec, obj: Any) -> bool:
         if type(obj) is not list or len(obj) != len(spec.groups):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._build import make_mapping
-from ._layout import Spec, TensorSpec
+from ._layout import Spec, TensorSpec, ValueSpec
 from ._views import Views, carve_many, numpy_dtype, standin_dtype
 from ._wrap import Wrap
 
@@ -93,17 +93,19 @@ class SplitSpec(Spec):
 class RowsSpec(Spec):
     """One mapping per sample (``PerSample()`` of detection targets, say), of class ``cls``.
 
-    Each key's values, one per sample, lie in one region (``columns``, a
-    :class:`SplitSpec` per key); row ``i`` maps every key to its ``i``-th value.
+    Each key's values, one per sample, are a column: tensors in one region (a
+    :class:`SplitSpec`; numbers are 0-d tensors), or the samples' own strings, bytes
+    and ``None`` (a :class:`~pincollate._layout.ValueSpec` of their list). Row ``i``
+    maps every key to its column's ``i``-th value.
     """
 
     __slots__ = ("cls", "columns", "keys")
     _fields = ("cls", "keys", "columns")
 
-    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[SplitSpec]):
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[SplitSpec | ValueSpec]):
         self.cls: type | None = cls
         self.keys: tuple[Hashable, ...] = tuple(keys)
-        self.columns: tuple[SplitSpec, ...] = tuple(columns)
+        self.columns: tuple[SplitSpec | ValueSpec, ...] = tuple(columns)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.columns

@@ -1,8 +1,8 @@
-"""Per-sample lists planned once: ragged tensors listed (or stacked) per sample, mappings per sample, items.
+"""Per-sample lists planned once: ragged tensors listed (or stacked) per sample, and items.
 
 :class:`ListRecipe` places a column of per-sample tensors (detection boxes; tensor
 subclasses kept as their class) in one region: one ``torch.cat`` fills it and each
-value's tensor is made over its own bytes. :class:`RowsRecipe` does so per key of
+value's tensor is made over its own bytes; :mod:`._rows` uses it for each tensor key of
 ``PerSample()`` mappings (detection targets). :class:`ItemsRecipe` takes per-sample lists
 of items (several images of one prompt): each sample's items stacked where they agree,
 the batch stacked where every sample's stack agrees.
@@ -13,25 +13,22 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ._build import container_cls
 from ._builtin_leaves import concat_tensors, stack_tensors
 from ._fill import Fill
-from ._kinds import MAPPING, kind_of
 from ._layout import Part
 from ._leaves import lookup
-from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
+from ._list_specs import ItemsSpec, SplitSpec
 from ._ops import FIRST
-from ._recipe import Recipe, kept_tensors, place, plain_tensors
+from ._recipe import Recipe, place, plain_tensors
 from ._views import ALIGN, pitch
 from ._wrap import Wrap
 
-__all__ = ["ItemsRecipe", "ListRecipe", "RowsRecipe", "items_recipe", "rows_recipe"]
+__all__ = ["ItemsRecipe", "ListRecipe", "items_recipe"]
 
 _SEQUENCES = frozenset((list, tuple))
 
@@ -109,68 +106,6 @@ class ListRecipe(Recipe):
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
-
-
-class RowsRecipe(Recipe):
-    """``PerSample()`` of mappings of plain tensors (detection targets: boxes, labels, masks).
-
-    Every sample's mapping is of one class with one key order; each key's values, one per
-    sample, are placed as a per-sample list is (:class:`ListRecipe`), and the batch holds
-    one mapping per sample over them.
-    """
-
-    __slots__ = ("cls", "columns", "gather", "keys", "types")
-
-    def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[ListRecipe]):
-        first = columns[0]
-        super().__init__(next(iter(first.dtypes)), first.ndim)
-        self.types = frozenset((cls,))
-        self.cls = container_cls(cls, dict)
-        self.keys = tuple(keys)
-        self.columns = tuple(columns)
-        self.gather: Any = operator.itemgetter(*self.keys)
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if set(map(type, column)) != self.types or any(tuple(value) != self.keys for value in column):
-            return False
-        columns = (
-            [list(map(self.gather, column))]
-            if len(self.keys) == 1
-            else list(zip(*map(self.gather, column), strict=True))
-        )
-        shapes = [recipe.shapes(values) for recipe, values in zip(self.columns, columns, strict=True)]
-        if any(found is None for found in shapes):
-            return False
-        splits = []
-        for recipe, values, found in zip(self.columns, columns, shapes, strict=True):
-            part = recipe.sized(values, found, fill)  # type: ignore[arg-type]
-            assert part is not None and isinstance(part.node, SplitSpec)  # per-sample lists never stack
-            splits.append(part.node)
-        fill.parts[index] = Part(RowsSpec(self.cls, self.keys, splits))
-        return True
-
-
-def rows_recipe(column: Sequence[Any]) -> Recipe | None:
-    """A ``PerSample()`` recipe for mappings of one class and key order whose values are tensors.
-
-    Each key's values are plain tensors, or of one subclass kept as its class
-    (torchvision's ``BoundingBoxes`` and ``Mask`` in detection targets).
-    """
-    first = column[0]
-    cls = type(first)
-    if kind_of(first) is not MAPPING or not len(first) or set(map(type, column)) != {cls}:
-        return None
-    keys = tuple(first)
-    if any(tuple(value) != keys for value in column):
-        return None
-    columns = []
-    for key in keys:
-        described = kept_tensors([value[key] for value in column])
-        if described is None:
-            return None
-        dtype, ndim, kept = described
-        columns.append(ListRecipe(dtype, ndim, stacks=False, cls=kept))
-    return RowsRecipe(cls, keys, columns)
 
 
 class ItemsRecipe(Recipe):

@@ -29,13 +29,14 @@ from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler, Regions
 from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
-from ._listed import ListRecipe, items_recipe, rows_recipe
+from ._listed import ListRecipe, items_recipe
 from ._ops import FIRST
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
 from ._padding import fill_padded_1d, fill_padded_and_mask_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, kept_tensors, place, plain_tensors
+from ._rows import rows_recipe
 
 __all__ = ["PadRecipe", "recipe_for"]
 

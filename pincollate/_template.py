@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ._build import container_cls
-from ._builtin_leaves import describe_tensor, fill_numbers
+from ._builtin_leaves import NUMBERS, describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
 from ._items import MAX_DEPTH
 from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
@@ -38,14 +38,10 @@ from ._specs import (
 from ._tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 from ._views import align, pitch
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["NUMBERS", "Template"]
+__all__ = ["Template"]
 
 Path = tuple[Hashable, ...]
 
-NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
 _VALUES = (str, bytes, type(None))
 #: The most padding bytes a field of a block may take to start aligned.
 _MOST_PADDING = 4096

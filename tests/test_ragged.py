@@ -14,10 +14,11 @@ import torch
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
 from pincollate._careful import Planner
-from pincollate._listed import ItemsRecipe, ListRecipe, RowsRecipe
+from pincollate._listed import ItemsRecipe, ListRecipe
 from pincollate._packed import ConcatRecipe
 from pincollate._ragged import PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
+from pincollate._rows import RowsRecipe
 from pincollate._trees import tensors
 from pincollate._views import ALIGN
 from samples import UserTensor, assert_identical, assert_one_buffer
@@ -61,6 +62,25 @@ def _targets(counts: list[int]) -> list[dict[str, Any]]:
         }
         for i, n in enumerate(counts)
     ]
+
+
+def _coco(counts: list[int], **overrides: Callable[[int], Any]) -> list[dict[str, Any]]:
+    """Detection samples as torchvision's references give them: a target of tensors, an int id, a file name.
+
+    ``overrides`` replace a target key's value, by sample index.
+    """
+    samples = _targets(counts)
+    for i, (sample, n) in enumerate(zip(samples, counts, strict=True)):
+        target = sample["ids"]
+        target["image_id"] = 100 + i
+        target["area"] = torch.full((n,), 2.5 * i)
+        target["iscrowd"] = torch.zeros(n, dtype=torch.int64)
+        target["scale"] = 0.5 + i
+        target["flipped"] = i % 2 == 1
+        target["file"] = f"{i:06d}.jpg" if i != 1 else None
+        for key, make in overrides.items():
+            target[key] = make(i)
+    return samples
 
 
 def _boxes(counts: list[int], targets: bool = False) -> list[dict[str, Any]]:
@@ -303,6 +323,16 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         RowsRecipe,
         [lambda: _targets([3, 0, 5]), lambda: _targets([2, 2]), lambda: _targets([0, 0, 1, 7])],
     ),
+    "persample-coco-targets": (
+        {"fields": {"ids": PerSample()}},
+        RowsRecipe,
+        [
+            lambda: _coco([3, 0, 5]),
+            lambda: _coco([2, 2]),
+            lambda: _coco([0, 1, 4, 1], file=lambda i: b"raw"),  # bytes among the plain values
+            lambda: _coco([1, 2], image_id=lambda i: 2**63 - 1 - i),  # int64's largest
+        ],
+    ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
@@ -460,12 +490,41 @@ def test_per_sample_mappings_the_recipe_does_not_describe_are_planned_carefully(
         _targets([3, 1]),  # planned: a recipe
         boxed,  # torchvision's boxes keep their type: the careful planner
         reordered,  # another key order in one sample
-        named,  # a str beside the tensors
+        named,  # a key the plan's targets lack
         [{"image": torch.zeros(3, 4, 4, dtype=torch.uint8), "ids": [1, 2]}] * 2,  # not mappings
         _targets([2, 5]),
     ]
     for batch in batches:
         assert_identical(collate(batch), reference(batch))
+
+
+def test_per_sample_targets_whose_columns_change_are_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False, fields={"ids": PerSample()})
+    reference = careful_only(fields={"ids": PerSample()})
+    batches = [
+        _coco([3, 1]),  # planned: a recipe
+        _coco([2, 2], image_id=lambda i: [7, 7.5][i]),  # an int and a float: each its own dtype
+        _coco([2, 2], image_id=lambda i: torch.tensor(i)),  # a tensor where ints were
+        _coco([2, 2], image_id=lambda i: np.int64(i)),  # a numpy scalar
+        _coco([2, 2], flipped=lambda i: i),  # ints where bools were
+        _coco([2, 2], file=lambda i: 3),  # a number among the plain values
+        _coco([2, 2], area=lambda i: torch.zeros(i + 1, dtype=torch.float64)),  # another dtype
+        _coco([1, 3]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+
+
+def test_an_int_beyond_int64_in_a_warm_per_sample_target_gets_the_careful_error(careful_only):
+    collate = MMCollate(pin_memory=False, fields={"ids": PerSample()})
+    collate(_coco([3, 1]))
+    huge = _coco([2, 2], image_id=lambda i: [1, 2**64][i])
+    with pytest.raises(CollateError) as fresh:
+        careful_only(fields={"ids": PerSample()})(huge)
+    with pytest.raises(CollateError) as warm:
+        collate(huge)
+    assert str(warm.value) == str(fresh.value)
+    assert_identical(collate(_coco([2, 5])), careful_only(fields={"ids": PerSample()})(_coco([2, 5])))
 
 
 def test_number_lists_the_careful_planner_refuses_get_its_error(careful_only):
