@@ -72,9 +72,12 @@ def _tensor_signature(value: torch.Tensor) -> Hashable:
 
 
 def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
-    # A tensor subclass comes back as its class, as torch.stack gives it.
+    # A tensor subclass comes back as its class, as torch.stack gives it; one that turns
+    # __torch_function__ off (nn.Parameter) is a plain tensor to torch.stack.
     cls = type(value)
-    return None if cls is torch.Tensor else Wrap(cls)
+    if cls is torch.Tensor or getattr(cls, "__torch_function__", None) is torch._C._disabled_torch_function_impl:
+        return None
+    return Wrap(cls)
 
 
 register_leaf(

@@ -252,9 +252,15 @@ class Tagged2(Tagged):
     """A subclass of a subclass: torch.stack prefers it to its base."""
 
 
+class Quiet(torch.Tensor):
+    """A subclass that turns ``__torch_function__`` off (as ``nn.Parameter`` does): torch.stack gives plain tensors."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
 #: The kinds of leaf a mutating structure draws from. Numbers and strings as samples give them.
 LEAF_KINDS = ("tensor", "ndarray", "int", "float", "bool", "str", "bytes", "npscalar")
-TENSOR_CLASSES = {"plain": torch.Tensor, "tagged": Tagged, "tagged2": Tagged2}
+TENSOR_CLASSES = {"plain": torch.Tensor, "tagged": Tagged, "tagged2": Tagged2, "quiet": Quiet}
 #: Per-sample class patterns of a tensor column: one class, or a mix by sample.
 CLASS_PATTERNS = ("plain", "tagged", "tagged2", "plain/tagged", "tagged/plain", "tagged/tagged2")
 MUTATING_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool, torch.bfloat16)

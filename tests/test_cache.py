@@ -25,6 +25,7 @@ from samples import (
     OtherBox,
     OtherPair,
     Pair,
+    Quiet,
     Tagged,
     Tagged2,
     assert_identical,
@@ -235,6 +236,16 @@ GUARDED = {
         [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
         [{"a": torch.ones(2).as_subclass(Tagged), "b": torch.ones(2)}] * 2,
     ),
+    # ... where a value's own __torch_function__ is off (nn.Parameter's way), torch.stack
+    # takes it as a plain tensor, as default_collate does; anything but a tensor it refuses.
+    "block-quiet-class": (
+        [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
+        [{"a": torch.ones(2), "b": torch.ones(2)}, {"a": torch.ones(2).as_subclass(Quiet), "b": torch.ones(2)}],
+    ),
+    "block-not-a-tensor": (
+        [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
+        [{"a": torch.ones(2), "b": torch.ones(2)}, {"a": torch.ones(2).numpy(), "b": torch.ones(2)}],
+    ),
     "block-dtype": (
         [{"a": torch.ones(2), "b": torch.ones(2)}] * 2,
         [{"a": torch.ones(2, dtype=_f64), "b": torch.ones(2, dtype=_f64)}] * 2,
@@ -285,6 +296,36 @@ def test_subclass_columns_behave_as_default_collate():
     for collate in (MMCollate(pin_memory=False), MMCollate(pin_memory=False, fields={"x": Stack()})):
         assert_identical(collate(mixed), default_collate(mixed))
         assert_identical(collate(mixed), default_collate(mixed))  # the cached plan
+
+
+class _Passing(torch.overrides.TorchFunctionMode):
+    """A torch-function mode that runs every call as it is (what a device context is, say)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_warm_block_under_a_torch_function_mode_still_keeps_a_subclass():
+    # Under a mode every list "has" a __torch_function__: the block reads each value's class.
+    collate = MMCollate(pin_memory=False)
+    plain = [{"a": torch.ones(2), "b": torch.ones(2)}] * 2
+    collate(plain)
+    collate(plain)
+    tagged = [{"a": torch.ones(2).as_subclass(Tagged), "b": torch.ones(2)}] * 2
+    with _Passing():
+        out = collate(tagged)
+    assert type(out["a"]) is Tagged and type(out["b"]) is torch.Tensor
+    assert_identical(out, default_collate(tagged))
+
+
+def test_parameters_and_quiet_subclasses_stack_as_plain_tensors_as_default_collate():
+    for cls in (torch.nn.Parameter, Quiet):
+        samples = [{"a": cls(torch.ones(2) * i), "b": torch.ones(2) * i, "c": cls(torch.zeros(3))} for i in range(3)]
+        expected = {key: value.detach() for key, value in default_collate(samples).items()}
+        assert all(type(value) is torch.Tensor for value in expected.values())
+        collate = MMCollate(pin_memory=False)
+        for _ in range(2):  # fresh, then the cached plan
+            assert_identical(collate(samples), expected)
 
 
 def test_tv_tensors_of_two_kinds_in_one_column_name_the_sample():
