@@ -36,7 +36,7 @@ import torch
 from ._build import new_dataclass
 from ._check import Carried, carried, is_batch
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
-from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
+from ._list_specs import GroupsSpec, ItemsSpec, RowsSpec, SplitSpec
 from ._moving import batch_pin_memory, batch_to, contents
 from ._specs import (
     DataclassSpec,
@@ -261,6 +261,7 @@ allow_loading(
     DataclassSpec,
     RegisteredSpec,
     RowsSpec,
+    GroupsSpec,
     JaggedSpec,
     SplitSpec,
     ItemsSpec,

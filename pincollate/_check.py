@@ -17,7 +17,7 @@ import torch
 from ._build import make_mapping, make_sequence
 from ._kinds import MAPPING, is_sequence, kind_of, registered
 from ._layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
-from ._list_specs import ItemsSpec, RowsSpec, SplitSpec
+from ._list_specs import GroupsSpec, ItemsSpec, RowsSpec, SplitSpec
 from ._specs import (
     DataclassSpec,
     JaggedSpec,
@@ -95,6 +95,8 @@ class _Check:
             return type(obj) is list and self._split(spec, obj)  # type: ignore[arg-type]
         if kind is RowsSpec:
             return self._rows(spec, obj)  # type: ignore[arg-type]
+        if kind is GroupsSpec:
+            return self._groups(spec, obj)  # type: ignore[arg-type]
         if kind is ItemsSpec:
             return self._items(spec, obj)  # type: ignore[arg-type]
         if not top and not _built_as(spec, type(obj)):
@@ -115,15 +117,29 @@ class _Check:
         cls = _built_class(spec.cls, dict, make_mapping)
         if type(obj) is not list or any(type(row) is not cls or tuple(row) != spec.keys for row in obj):  # type: ignore[arg-type]
             return False
-        for key, column in zip(spec.keys, spec.columns, strict=True):
-            values = [row[key] for row in obj]
-            if type(column) is ValueSpec:
-                kept = self.values[column.index]
-                if len(values) != len(kept) or not all(map(_same_value, values, kept)):
-                    return False
-            elif not self._split(column, values):  # type: ignore[arg-type]
-                return False
-        return True
+        return all(
+            self._column(column, [row[key] for row in obj]) for key, column in zip(spec.keys, spec.columns, strict=True)
+        )
+
+    def _groups(self, spec: GroupsSpec, obj: Any) -> bool:
+        if type(obj) is not list or len(obj) != len(spec.counts):
+            return False
+        if any(type(group) is not list or len(group) != count for group, count in zip(obj, spec.counts, strict=True)):
+            return False
+        items = [item for group in obj for item in group]
+        return not items if spec.items is None else self._column(spec.items, items)
+
+    def _column(self, spec: Spec, values: list[Any]) -> bool:
+        """A column of a ``PerSample()`` subtree (:mod:`._rows`): ``values``, one per sample or item."""
+        kind = type(spec)
+        if kind is ValueSpec:
+            kept = self.values[spec.index]  # type: ignore[attr-defined]
+            return len(values) == len(kept) and all(map(_same_value, values, kept))
+        if kind is SplitSpec:
+            return self._split(spec, values)  # type: ignore[arg-type]
+        if kind is RowsSpec:
+            return self._rows(spec, values)  # type: ignore[arg-type]
+        return kind is GroupsSpec and self._groups(spec, values)  # type: ignore[arg-type]
 
     def _items(self, spec: ItemsSpec, obj: Any) -> bool:
         if type(obj) is not list or len(obj) != len(spec.groups):

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from ._build import make_mapping
-from ._layout import Spec, TensorSpec, ValueSpec
+from ._layout import Spec, TensorSpec
 from ._views import Views, carve_many, numpy_dtype, standin_dtype
 from ._wrap import Wrap
 
-__all__ = ["ItemsSpec", "RowsSpec", "SplitSpec"]
+__all__ = ["GroupsSpec", "ItemsSpec", "RowsSpec", "SplitSpec"]
 
 
 class SplitSpec(Spec):
@@ -94,18 +94,19 @@ class RowsSpec(Spec):
     """One mapping per sample (``PerSample()`` of detection targets, say), of class ``cls``.
 
     Each key's values, one per sample, are a column: tensors in one region (a
-    :class:`SplitSpec`; numbers are 0-d tensors), or the samples' own strings, bytes
-    and ``None`` (a :class:`~pincollate._layout.ValueSpec` of their list). Row ``i``
-    maps every key to its column's ``i``-th value.
+    :class:`SplitSpec`; numbers are 0-d tensors), the samples' own strings, bytes and
+    ``None`` (a :class:`~pincollate._layout.ValueSpec` of their list), mappings again (a
+    ``RowsSpec``) or per-sample lists (a :class:`GroupsSpec`). Row ``i`` maps every key
+    to its column's ``i``-th value.
     """
 
     __slots__ = ("cls", "columns", "keys")
     _fields = ("cls", "keys", "columns")
 
-    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[SplitSpec | ValueSpec]):
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[Spec]):
         self.cls: type | None = cls
         self.keys: tuple[Hashable, ...] = tuple(keys)
-        self.columns: tuple[SplitSpec | ValueSpec, ...] = tuple(columns)
+        self.columns: tuple[Spec, ...] = tuple(columns)
 
     def children_specs(self) -> tuple[Spec, ...]:
         return self.columns
@@ -113,6 +114,29 @@ class RowsSpec(Spec):
     def build(self, views: Views) -> Any:
         columns = [column.build(views) for column in self.columns]
         return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in zip(*columns, strict=True)]
+
+
+class GroupsSpec(Spec):
+    """Per-sample lists of items (``PerSample()`` of a list of per-object dicts, say).
+
+    ``items`` is the column of every sample's items, in order (``None`` where every list
+    is empty); ``counts`` says how many are each sample's. Built as lists, as the careful
+    planner builds a sample's list or tuple.
+    """
+
+    __slots__ = ("counts", "items")
+    _fields = ("items", "counts")
+
+    def __init__(self, items: Spec | None, counts: Sequence[int]):
+        self.items: Spec | None = items
+        self.counts: tuple[int, ...] = tuple(counts)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return () if self.items is None else (self.items,)
+
+    def build(self, views: Views) -> Any:
+        items = iter(() if self.items is None else self.items.build(views))
+        return [list(itertools.islice(items, count)) for count in self.counts]
 
 
 class ItemsSpec(Spec):

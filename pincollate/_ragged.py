@@ -36,7 +36,7 @@ from ._packing import Concat, Jagged
 from ._padding import fill_padded_1d, fill_padded_and_mask_1d
 from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, kept_tensors, place, plain_tensors
-from ._rows import rows_recipe
+from ._rows import per_sample_recipe
 
 __all__ = ["PadRecipe", "recipe_for"]
 
@@ -132,8 +132,9 @@ def recipe_for(
     converted (Python number lists under a policy that reads them as sequences, numpy
     arrays), get one under no policy, ``AsList``/``PerSample``, ``Pad`` (one padded
     dimension, a pad value that fits the dtype), ``Concat`` and ``Jagged`` (``missing``:
-    absent item lists are no items); so do ``PerSample()`` mappings of such columns,
-    and, under no policy, per-sample lists of such items: ``items`` says whether lists
+    absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
+    whose every place holds such tensors, numbers of one type or plain values
+    (:mod:`._rows`), and, under no policy, per-sample lists of such tensors as items: ``items`` says whether lists
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
     """
@@ -145,8 +146,8 @@ def recipe_for(
     if type(policy) is Concat or type(policy) is Jagged:
         assert isinstance(policy, Concat)
         return concat_recipe(column, policy, name, missing)
-    if type(policy) is PerSample and column and kind_of(column[0]) is MAPPING:
-        return rows_recipe(column)
+    if type(policy) is PerSample and column and (kind_of(column[0]) is MAPPING or type(column[0]) in (list, tuple)):
+        return per_sample_recipe(column)
     if policy is None and items is not None and column and type(column[0]) in (list, tuple):
         return items_recipe(column, items)
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):

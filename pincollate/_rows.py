@@ -1,17 +1,27 @@
-"""``PerSample()`` mappings planned once: detection targets, one mapping per sample.
+"""``PerSample()`` subtrees planned once: detection targets, one structure per sample.
 
 A target of torchvision's detection references is a mapping of per-image tensors
-(boxes, labels, masks, areas) beside Python values (an ``int`` image id, a file name).
-:class:`RowsRecipe` settles, from the first batch, each key's column: tensors listed per
-sample (:class:`~pincollate._listed.ListRecipe`), Python numbers of one type (each
-sample's a 0-d tensor, as the careful planner makes one), or strings, bytes and ``None``
-(each sample's own object). For each batch it checks every column at C speed, places
-the tensors and numbers in the batch's buffer, and builds one mapping per sample over
-them (:class:`~pincollate._list_specs.RowsSpec`).
+(boxes, labels, masks, areas) beside Python values (an ``int`` image id, a file name);
+other datasets give a list of per-object mappings per image. The first batch settles a
+*column* for each place in such a subtree, taking the values at that place across the
+samples (or across all their items) at once:
+
+* :class:`Tensors`: tensors listed per sample, each over its own bytes (plain, or one
+  kept subclass, as :class:`~pincollate._listed.ListRecipe` lists them);
+* :class:`Numbers`: Python numbers of one type, each a 0-d tensor of its own;
+* :class:`Values`: strings, bytes and ``None``, each sample's own object;
+* :class:`Rows`: mappings of one class and key order, a column per key;
+* :class:`Groups`: per-sample lists (or tuples) of items, one column for all the items.
+
+For each batch a :class:`PerSampleRecipe` checks every column at C speed, places the
+tensors and numbers in the batch's buffer and builds each sample's structure over them,
+as the careful planner's ``PerSample()`` would build it. A batch a column does not
+describe goes to the careful planner.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -21,22 +31,24 @@ import torch
 from ._build import container_cls
 from ._builtin_leaves import NUMBERS
 from ._fill import Fill
+from ._items import MAX_DEPTH
 from ._kinds import MAPPING, kind_of
-from ._layout import Part, ValueSpec
-from ._list_specs import RowsSpec, SplitSpec
+from ._layout import Part, Spec, ValueSpec
+from ._list_specs import GroupsSpec, RowsSpec, SplitSpec
 from ._listed import ListRecipe
 from ._ops import fits_int64
 from ._recipe import Recipe, kept_tensors, place
 from ._views import ALIGN
 
-__all__ = ["Numbers", "RowsRecipe", "Values", "rows_recipe"]
+__all__ = ["Groups", "Numbers", "PerSampleRecipe", "Rows", "Tensors", "Values", "per_sample_recipe"]
 
-#: The Python values a target keeps as they are (a file name, a missing note).
+#: The Python values kept as they are (a file name, a missing note).
 _VALUES = frozenset((str, bytes, type(None)))
+_SEQUENCES = frozenset((list, tuple))
 
 
 class Numbers:
-    """A column of Python numbers of one type: each sample's value a 0-d tensor of its own.
+    """Python numbers of one type: each a 0-d tensor of its own.
 
     ``int`` becomes ``int64``, ``float`` ``float64``, ``bool`` ``bool``, as a number alone
     does in the careful planner. The values lie one per :data:`~pincollate._views.ALIGN`
@@ -51,7 +63,7 @@ class Numbers:
         self.dtype: torch.dtype = NUMBERS[cls]
         self.step = ALIGN // self.dtype.itemsize
 
-    def place(self, values: Sequence[Any], fill: Fill) -> SplitSpec | None:
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
         if set(map(type, values)) != self.types:
             return None
         n, step = len(values), self.step
@@ -66,79 +78,91 @@ def _fill_spaced(region: torch.Tensor, values: list[Any]) -> None:
 
 
 class Values:
-    """A column of strings, bytes or ``None``: each sample's own object, kept beside the buffer."""
+    """Strings, bytes or ``None``: each sample's own object, kept beside the buffer."""
 
     __slots__ = ()
 
-    def place(self, values: Sequence[Any], fill: Fill) -> ValueSpec | None:
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
         if not _VALUES.issuperset(map(type, values)):
             return None
         fill.values.append(list(values))
         return ValueSpec(len(fill.values) - 1)
 
 
-class _Tensors:
-    """A column of per-sample tensors (plain, or one kept subclass), listed as :class:`ListRecipe` lists them."""
+class Tensors:
+    """Per-sample tensors (plain, or one kept subclass), listed as :class:`ListRecipe` lists them."""
 
     __slots__ = ("recipe",)
 
     def __init__(self, recipe: ListRecipe):
         self.recipe = recipe
 
-    def place(self, values: Sequence[Any], fill: Fill) -> SplitSpec | None:
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
         shapes = self.recipe.shapes(values)
         if shapes is None:
             return None
         part = self.recipe.sized(values, shapes, fill)
-        assert isinstance(part.node, SplitSpec)  # per-sample lists never stack
-        return part.node
+        return part.node  # a SplitSpec: per-sample lists never stack
 
 
-Column = Numbers | Values | _Tensors
+class Rows:
+    """Mappings of one class and key order: a column per key, one mapping per value built over them."""
 
-
-class RowsRecipe(Recipe):
-    """``PerSample()`` of mappings of one class and key order (detection targets).
-
-    Each key's column is tensors, numbers of one type or plain values, as the first batch
-    showed (:func:`rows_recipe`); the batch holds one mapping per sample over them. A
-    batch whose mappings or columns differ goes to the careful planner.
-    """
-
-    __slots__ = ("cls", "columns", "gather", "keys")
+    __slots__ = ("cls", "columns", "gather", "keys", "types")
 
     def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[Column]):
-        super().__init__(torch.uint8, 0)  # the columns check their own values
         self.types = frozenset((cls,))
         self.cls = container_cls(cls, dict)
         self.keys = tuple(keys)
         self.columns = tuple(columns)
+        # One C-level call per mapping gathers its row; zip turns rows into columns.
         self.gather: Any = operator.itemgetter(*self.keys)
 
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if set(map(type, column)) != self.types or any(tuple(value) != self.keys for value in column):
-            return False
-        columns = (
-            [list(map(self.gather, column))]
-            if len(self.keys) == 1
-            else list(zip(*map(self.gather, column), strict=True))
-        )
-        # Checked before any is placed: a column that does not fit leaves nothing behind.
-        tasks, offset, nvalues = len(fill.tasks), fill.offset, len(fill.values)
-        specs: list[SplitSpec | ValueSpec] = []
-        for kind, values in zip(self.columns, columns, strict=True):
-            spec = kind.place(values, fill)
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
+        if set(map(type, values)) != self.types or any(tuple(value) != self.keys for value in values):
+            return None
+        rows = map(self.gather, values)
+        columns = [list(rows)] if len(self.keys) == 1 else list(zip(*rows, strict=True))
+        specs = []
+        for kind, column in zip(self.columns, columns, strict=True):
+            spec = kind.place(column, fill)
             if spec is None:
-                del fill.tasks[tasks:], fill.values[nvalues:]
-                fill.offset = offset
-                return False
+                return None
             specs.append(spec)
-        fill.parts[index] = Part(RowsSpec(self.cls, self.keys, specs))
-        return True
+        return RowsSpec(self.cls, self.keys, specs)
 
 
-def _column(values: Sequence[Any]) -> Column | None:
-    """How a key's column is planned for each batch, or ``None``: the careful planner for every batch."""
+class Groups:
+    """Per-sample lists (or tuples) of items: one column for all the items, split back per sample as lists."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Column):
+        self.items = items
+
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
+        if not _SEQUENCES.issuperset(map(type, values)):
+            return None
+        flat = list(itertools.chain.from_iterable(values))
+        if not flat:  # every list empty: nothing to check or place
+            return GroupsSpec(None, [0] * len(values))
+        spec = self.items.place(flat, fill)
+        return None if spec is None else GroupsSpec(spec, list(map(len, values)))
+
+
+Column = Numbers | Values | Tensors | Rows | Groups
+
+
+def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
+    """The column for ``values`` (one place of a subtree, across samples), or ``None``: the careful planner.
+
+    ``values`` must all be numbers of one exact type (an ``int`` column fitting
+    ``int64``), strings, bytes and ``None``, tensors of one dtype and rank (plain or of
+    one kept subclass), mappings of one class and key order whose keys' columns are
+    columns, or lists and tuples whose items, all together, are a column.
+    """
+    if depth > MAX_DEPTH or not values:
+        return None
     types = set(map(type, values))
     if len(types) == 1:
         cls = next(iter(types))
@@ -146,31 +170,54 @@ def _column(values: Sequence[Any]) -> Column | None:
             return Numbers(cls) if cls is not int or all(map(fits_int64, values)) else None
     if _VALUES.issuperset(types):
         return Values()
+    if _SEQUENCES.issuperset(types):
+        items = column_for(list(itertools.chain.from_iterable(values)), depth + 1)
+        return None if items is None else Groups(items)
+    first = values[0]
+    if len(types) == 1 and kind_of(first) is MAPPING and len(first):
+        keys = tuple(first)
+        if any(tuple(value) != keys for value in values):
+            return None
+        columns = []
+        for key in keys:
+            found = column_for([value[key] for value in values], depth + 1)
+            if found is None:
+                return None
+            columns.append(found)
+        return Rows(type(first), keys, columns)
     described = kept_tensors(values)
     if described is None:
         return None
     dtype, ndim, kept = described
-    return _Tensors(ListRecipe(dtype, ndim, stacks=False, cls=kept))
+    return Tensors(ListRecipe(dtype, ndim, stacks=False, cls=kept))
 
 
-def rows_recipe(column: Sequence[Any]) -> Recipe | None:
-    """A ``PerSample()`` recipe for mappings of one class and key order, or ``None``.
+class PerSampleRecipe(Recipe):
+    """``PerSample()`` of mappings or of per-sample lists, as :func:`column_for` settled them."""
 
-    Each key's values are tensors (plain, or of one subclass kept as its class:
-    torchvision's ``BoundingBoxes`` and ``Mask``), Python numbers of one type (an image
-    id), or strings, bytes and ``None`` (a file name).
+    __slots__ = ("column",)
+
+    def __init__(self, column: Rows | Groups):
+        super().__init__(torch.uint8, 0)  # the column checks its own values
+        self.column = column
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        tasks, offset, nvalues = len(fill.tasks), fill.offset, len(fill.values)
+        spec = self.column.place(column, fill)
+        if spec is None:
+            # A column that does not fit leaves nothing behind for the careful planner.
+            del fill.tasks[tasks:], fill.values[nvalues:]
+            fill.offset = offset
+            return False
+        fill.parts[index] = Part(spec)
+        return True
+
+
+def per_sample_recipe(column: Sequence[Any]) -> Recipe | None:
+    """A ``PerSample()`` recipe for a column of mappings or of per-sample lists, or ``None``.
+
+    Detection targets as a mapping per image (tensors beside an ``int`` image id and a
+    file name) or as a list of per-object mappings per image.
     """
-    first = column[0]
-    cls = type(first)
-    if kind_of(first) is not MAPPING or not len(first) or set(map(type, column)) != {cls}:
-        return None
-    keys = tuple(first)
-    if any(tuple(value) != keys for value in column):
-        return None
-    columns = []
-    for key in keys:
-        found = _column([value[key] for value in column])
-        if found is None:
-            return None
-        columns.append(found)
-    return RowsRecipe(cls, keys, columns)
+    found = column_for(column)
+    return PerSampleRecipe(found) if isinstance(found, (Rows, Groups)) else None

@@ -18,7 +18,7 @@ from pincollate._listed import ItemsRecipe, ListRecipe
 from pincollate._packed import ConcatRecipe
 from pincollate._ragged import PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
-from pincollate._rows import RowsRecipe
+from pincollate._rows import PerSampleRecipe
 from pincollate._trees import tensors
 from pincollate._views import ALIGN
 from samples import UserTensor, assert_identical, assert_one_buffer
@@ -80,6 +80,29 @@ def _coco(counts: list[int], **overrides: Callable[[int], Any]) -> list[dict[str
         target["file"] = f"{i:06d}.jpg" if i != 1 else None
         for key, make in overrides.items():
             target[key] = make(i)
+    return samples
+
+
+def _objects(counts: list[int], **overrides: Callable[[int, int], Any]) -> list[dict[str, Any]]:
+    """Detection samples whose target is a list of per-object dicts (a box, a label, a nested part).
+
+    ``overrides`` replace an object key's value, by sample and object index.
+    """
+    samples = []
+    for i, n in enumerate(counts):
+        objects = []
+        for j in range(n):
+            obj: dict[str, Any] = {
+                "box": torch.arange(4.0) + 10 * i + j,
+                "label": 3 * i + j,
+                "crowd": j % 2 == 0,
+                "part": {"keypoints": torch.full((j + 1, 3), float(j)), "name": f"p{j}"},
+                "polygon": [1.5 * j, 2.5, 3.5] if j % 2 else (0.5,),
+            }
+            for key, make in overrides.items():
+                obj[key] = make(i, j)
+            objects.append(obj)
+        samples.append({"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "ids": objects})
     return samples
 
 
@@ -302,7 +325,7 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
     "aslist-tv-boxes": ({"fields": {"ids": AsList()}}, ListRecipe, [lambda: _boxes([3, 1]), lambda: _boxes([2, 2])]),
     "persample-tv-targets": (
         {"fields": {"ids": PerSample()}},
-        RowsRecipe,
+        PerSampleRecipe,
         [lambda: _boxes([3, 0, 5], True), lambda: _boxes([2, 2], True), lambda: _boxes([0, 1], True)],
     ),
     "items": (
@@ -320,17 +343,35 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
     "items-differing-lengths": ({}, ItemsRecipe, [lambda: _items([[2, 2], [3]]), lambda: _items([[1, 4], [2], []])]),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
-        RowsRecipe,
+        PerSampleRecipe,
         [lambda: _targets([3, 0, 5]), lambda: _targets([2, 2]), lambda: _targets([0, 0, 1, 7])],
     ),
     "persample-coco-targets": (
         {"fields": {"ids": PerSample()}},
-        RowsRecipe,
+        PerSampleRecipe,
         [
             lambda: _coco([3, 0, 5]),
             lambda: _coco([2, 2]),
             lambda: _coco([0, 1, 4, 1], file=lambda i: b"raw"),  # bytes among the plain values
             lambda: _coco([1, 2], image_id=lambda i: 2**63 - 1 - i),  # int64's largest
+        ],
+    ),
+    "persample-object-lists": (
+        {"fields": {"ids": PerSample()}},
+        PerSampleRecipe,
+        [
+            lambda: _objects([3, 0, 2]),
+            lambda: _objects([1, 4]),
+            lambda: _objects([0, 0, 0]),  # no objects anywhere: a list of empty lists
+            lambda: _objects([2, 1], label=lambda i, j: -(2**63) + j),
+        ],
+    ),
+    "persample-label-lists": (
+        {"fields": {"ids": PerSample()}},
+        PerSampleRecipe,
+        [
+            lambda: [{"ids": [1, 2, 3]}, {"ids": []}, {"ids": (4,)}],
+            lambda: [{"ids": [5]}, {"ids": [6, 7]}],
         ],
     ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
@@ -510,6 +551,27 @@ def test_per_sample_targets_whose_columns_change_are_planned_carefully(careful_o
         _coco([2, 2], file=lambda i: 3),  # a number among the plain values
         _coco([2, 2], area=lambda i: torch.zeros(i + 1, dtype=torch.float64)),  # another dtype
         _coco([1, 3]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+
+
+def test_per_sample_object_lists_whose_columns_change_are_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False, fields={"ids": PerSample()})
+    reference = careful_only(fields={"ids": PerSample()})
+    reordered = _objects([2, 1])
+    reordered[0]["ids"][1] = dict(reversed(list(reordered[0]["ids"][1].items())))
+    batches = [
+        _objects([3, 1]),  # planned: a recipe
+        _objects([2, 2], label=lambda i, j: [1, 1.5][j]),  # an int and a float among the objects
+        _objects([2, 2], box=lambda i, j: torch.zeros(4, dtype=torch.float64)),  # another dtype
+        _objects([2, 2], box=lambda i, j: torch.zeros(2, 2)),  # another rank
+        _objects([1, 2], part=lambda i, j: None),  # None where a dict was
+        _objects([1, 2], polygon=lambda i, j: "none"),  # a str where lists were
+        reordered,  # one object's keys in another order
+        [{"image": torch.zeros(3, 4, 4, dtype=torch.uint8), "ids": {"a": torch.zeros(1)}}] * 2,  # not lists
+        [{"image": torch.zeros(3, 4, 4, dtype=torch.uint8), "ids": [torch.zeros(1), 1]}] * 2,  # mixed items
+        _objects([0, 3]),
     ]
     for batch in batches:
         assert_identical(collate(batch), reference(batch))

@@ -1,0 +1,113 @@
+"""``PerSample()`` subtrees planned once (_rows): a warm collate against the careful walk, batch after batch."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from pincollate import CollateError, MMCollate, PerSample
+from pincollate import _template as template_module
+from pincollate._rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
+from samples import assert_identical
+
+LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half")
+
+#: A subtree's shape: a leaf kind, ("dict", ((key, child), ...)) or ("list", child, as_tuple).
+trees = st.recursive(
+    st.sampled_from(LEAVES),
+    lambda children: st.one_of(
+        st.lists(st.tuples(st.sampled_from("abcd"), children), min_size=1, max_size=3, unique_by=lambda kv: kv[0]).map(
+            lambda items: ("dict", tuple(items))
+        ),
+        st.tuples(st.just("list"), children, st.booleans()),
+    ),
+    max_leaves=6,
+)
+
+
+def _leaf(kind: str, i: int, salt: int) -> Any:
+    n = (3 * i + salt) % 4  # ragged, sometimes empty
+    return {
+        "int": 7 * i - 3 + salt,
+        "float": i + 0.5 * salt,
+        "bool": (i + salt) % 2 == 0,
+        "str": f"s{i}.{salt}",
+        "none": None,
+        "ids": torch.arange(n) + 10 * i,
+        "boxes": torch.full((n, 4), float(i + salt)),
+        "half": torch.full((2, n), i, dtype=torch.float16),
+    }[kind]
+
+
+def _build(tree: Any, i: int, salt: int) -> Any:
+    if isinstance(tree, str):
+        return _leaf(tree, i, salt)
+    if tree[0] == "dict":
+        return {key: _build(child, i + 3, salt) for key, child in tree[1]}
+    _, child, as_tuple = tree
+    items = [_build(child, i + j, salt) for j in range((i + salt) % 3)]
+    return tuple(items) if as_tuple else items
+
+
+def _careful(batch: list[Any]) -> tuple[str, Any]:
+    """What the careful walk gives ``batch`` (no recipe anywhere): the batch, or its error."""
+    with mock.patch.object(template_module, "recipe_for", lambda *args: None):
+        try:
+            return "batch", MMCollate(pin_memory=False, fields={"t": PerSample()})(batch)
+        except CollateError as error:
+            return "error", str(error)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    first=trees,
+    other=trees,
+    batches=st.lists(
+        st.tuples(st.lists(st.booleans(), min_size=1, max_size=4), st.integers(0, 5)), min_size=1, max_size=6
+    ),
+)
+def test_a_warm_per_sample_recipe_gives_what_the_careful_walk_gives(first, other, batches):
+    # One long-lived collate, its plan made by the first batch; later batches mix samples of
+    # two subtree shapes (sample by sample), so columns change kind, dtype, rank and length.
+    collate = MMCollate(pin_memory=False, fields={"t": PerSample()})
+    for pick, salt in [([False, False, False], 0), *batches]:
+        batch = [{"x": i, "t": _build(other if use else first, i, salt)} for i, use in enumerate(pick)]
+        kind, expected = _careful(batch)
+        if kind == "error":
+            try:
+                collate(batch)
+            except CollateError as error:
+                assert str(error) == expected
+            else:
+                raise AssertionError(f"expected the careful walk's error: {expected}")
+        else:
+            assert_identical(collate(batch), expected)
+    recipes = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
+    event(f"the plan's recipe: {type(recipes[0]).__name__ if recipes else None}")
+
+
+def test_columns_are_settled_by_kind():
+    assert type(column_for([1, 2])) is Numbers and type(column_for([1.5, 2.5])) is Numbers
+    assert column_for([1, 2**63]) is None  # beyond int64: the careful walk names it
+    assert column_for([1, 2.5]) is None and column_for([True, 1]) is None  # two types
+    assert type(column_for(["a", None, b"b"])) is Values
+    assert type(column_for([torch.zeros(2), torch.zeros(3)])) is Tensors
+    assert column_for([torch.zeros(2), torch.zeros(3, dtype=torch.int64)]) is None
+    rows = column_for([{"a": 1, "b": [torch.zeros(1)]}, {"a": 2, "b": []}])
+    assert type(rows) is Rows and [type(c) for c in rows.columns] == [Numbers, Groups]
+    assert column_for([{"a": 1}, {"b": 1}]) is None  # another key set
+    assert column_for([[], []]) is None  # no items: nothing says what they are
+    assert column_for([[1, "a"]]) is None
+
+
+def test_a_per_sample_recipe_is_made_once_and_used_for_every_batch():
+    collate = MMCollate(pin_memory=False, fields={"t": PerSample()})
+    for salt in range(4):
+        collate([{"t": _build(("list", ("dict", (("b", "boxes"), ("n", "int"))), False), i, salt)} for i in range(3)])
+    (recipe,) = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
+    assert type(recipe) is PerSampleRecipe
+    assert collate._plans.planned == 1
