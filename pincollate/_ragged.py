@@ -27,6 +27,7 @@ import torch
 
 from ._builtin_leaves import fill_numbers
 from ._fill import Fill, Filler, Regions
+from ._images import images_recipe
 from ._kinds import MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._listed import ListRecipe, items_recipe
@@ -134,7 +135,8 @@ def recipe_for(
     dimension, a pad value that fits the dtype), ``Concat`` and ``Jagged`` (``missing``:
     absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
     whose every place holds such tensors, numbers of one type or plain values
-    (:mod:`._rows`), and, under no policy, per-sample lists of such tensors as items: ``items`` says whether lists
+    (:mod:`._rows`), PIL images of one class and mode (:mod:`._images`), and, under no
+    policy, per-sample lists of such tensors as items: ``items`` says whether lists
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
     """
@@ -153,6 +155,9 @@ def recipe_for(
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):
+        images = images_recipe(column, stacks=policy is None)
+        if images is not None:  # PIL images of several sizes
+            return images
         kept = kept_tensors(column)
         if kept is None:
             return None

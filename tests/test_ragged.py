@@ -14,6 +14,7 @@ import torch
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
 from pincollate import _template as template_module
 from pincollate._careful import Planner
+from pincollate._images import ImagesRecipe
 from pincollate._listed import ItemsRecipe, ListRecipe
 from pincollate._packed import ConcatRecipe
 from pincollate._ragged import PadRecipe
@@ -104,6 +105,36 @@ def _objects(counts: list[int], **overrides: Callable[[int, int], Any]) -> list[
             objects.append(obj)
         samples.append({"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "ids": objects})
     return samples
+
+
+def _pil(sizes: list[tuple[int, int]], mode: str = "RGB") -> list[dict[str, Any]]:
+    """PIL images of several sizes (width, height), as a dataset without a transform gives them."""
+    from PIL import Image
+
+    bands = Image.getmodebands(mode)
+    return [
+        {
+            "ids": Image.fromarray(
+                (np.arange(h * w * bands).reshape(h, w, bands) * (i + 1) % 251).astype(np.uint8).squeeze(-1)
+                if bands == 1
+                else (np.arange(h * w * bands).reshape(h, w, bands) * (i + 1) % 251).astype(np.uint8),
+                mode,
+            ),
+            "y": i,
+        }
+        for i, (w, h) in enumerate(sizes)
+    ]
+
+
+def _jpeg(truncated: bool, size: tuple[int, int] = (32, 32)) -> Any:
+    import io
+
+    from PIL import Image
+
+    stream = io.BytesIO()
+    Image.effect_noise(size, 40).convert("RGB").save(stream, "JPEG")
+    data = stream.getvalue()
+    return Image.open(io.BytesIO(data[: len(data) * 2 // 3] if truncated else data))
 
 
 def _boxes(counts: list[int], targets: bool = False) -> list[dict[str, Any]]:
@@ -374,6 +405,21 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
             lambda: [{"ids": [5]}, {"ids": [6, 7]}],
         ],
     ),
+    "pil-ragged": (
+        {},
+        ImagesRecipe,
+        [
+            lambda: _pil([(3, 2), (5, 4), (1, 1)]),
+            lambda: _pil([(4, 4), (4, 4)]),  # every size agrees: one stacked tensor
+            lambda: _pil([(2, 3), (3, 2)], mode="L"),  # one band
+            lambda: _pil([(7, 1), (1, 7), (2, 2)]),
+        ],
+    ),
+    "aslist-pil": (
+        {"fields": {"ids": AsList()}},
+        ImagesRecipe,
+        [lambda: _pil([(3, 2), (3, 2)]), lambda: _pil([(1, 2)])],
+    ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
@@ -575,6 +621,30 @@ def test_per_sample_object_lists_whose_columns_change_are_planned_carefully(care
     ]
     for batch in batches:
         assert_identical(collate(batch), reference(batch))
+
+
+def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False)
+    reference = careful_only()
+    batches = [
+        _pil([(3, 2), (5, 4)]),  # planned: a recipe
+        [*_pil([(3, 2)]), *_pil([(2, 2)], mode="L")],  # two modes
+        _pil([(6, 1), (2, 9)]),
+    ]
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+    refused = {
+        "a tensor among the images": [*_pil([(3, 2)]), {"ids": torch.zeros(3, 2, 3, dtype=torch.uint8), "y": 1}],
+        "a truncated file": [{"ids": _jpeg(False, (24, 16)), "y": 0}, {"ids": _jpeg(True), "y": 1}],
+    }
+    for why, batch in refused.items():
+        with pytest.raises(CollateError) as fresh:
+            reference(batch)
+        with pytest.raises(CollateError) as warm:
+            collate(batch)
+        assert str(warm.value) == str(fresh.value), why
+        assert warm.value.sample == 1 and warm.value.path == ("ids",), why
+    assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
 
 
 def test_an_int_beyond_int64_in_a_warm_per_sample_target_gets_the_careful_error(careful_only):
