@@ -7,7 +7,8 @@ other datasets give a list of per-object mappings per image. The first batch set
 samples (or across all their items) at once:
 
 * :class:`Tensors`: tensors listed per sample, each over its own bytes (plain, or one
-  kept subclass, as :class:`~pincollate._listed.ListRecipe` lists them);
+  kept subclass, as :class:`~pincollate._listed.ListRecipe` lists them), and
+  :class:`Arrays`: numpy arrays of one dtype, listed so as tensors;
 * :class:`Numbers`: Python numbers of one type, each a 0-d tensor of its own;
 * :class:`Values`: strings, bytes and ``None``, each sample's own object;
 * :class:`Rows`: mappings of one class and key order, a column per key;
@@ -26,6 +27,7 @@ import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._build import container_cls
@@ -36,11 +38,11 @@ from ._kinds import MAPPING, kind_of
 from ._layout import Part, Spec, ValueSpec
 from ._list_specs import GroupsSpec, RowsSpec, SplitSpec
 from ._listed import ListRecipe
-from ._ops import fits_int64
-from ._recipe import Recipe, kept_tensors, place
+from ._ops import ARRAY_DTYPE, fits_int64
+from ._recipe import Recipe, array_tensors, kept_tensors, place
 from ._views import ALIGN
 
-__all__ = ["Groups", "Numbers", "PerSampleRecipe", "Rows", "Tensors", "Values", "per_sample_recipe"]
+__all__ = ["Arrays", "Groups", "Numbers", "PerSampleRecipe", "Rows", "Tensors", "Values", "per_sample_recipe"]
 
 #: The Python values kept as they are (a file name, a missing note).
 _VALUES = frozenset((str, bytes, type(None)))
@@ -105,6 +107,25 @@ class Tensors:
         return part.node  # a SplitSpec: per-sample lists never stack
 
 
+class Arrays:
+    """Numpy arrays of one dtype (boxes from a numpy pipeline): tensors over the same memory, listed as :class:`Tensors`."""
+
+    __slots__ = ("dtypes", "tensors")
+
+    def __init__(self, dtype: np.dtype[Any], tensors: Tensors):
+        self.dtypes = frozenset((dtype,))
+        self.tensors = tensors
+
+    def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
+        try:
+            if set(map(ARRAY_DTYPE, values)) != self.dtypes:
+                return None
+        except TypeError:  # not all arrays
+            return None
+        tensors = array_tensors(values)
+        return None if tensors is None else self.tensors.place(tensors, fill)
+
+
 class Rows:
     """Mappings of one class and key order: a column per key, one mapping per value built over them."""
 
@@ -150,7 +171,7 @@ class Groups:
         return None if spec is None else GroupsSpec(spec, list(map(len, values)))
 
 
-Column = Numbers | Values | Tensors | Rows | Groups
+Column = Numbers | Values | Tensors | Arrays | Rows | Groups
 
 
 def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
@@ -158,7 +179,7 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
 
     ``values`` must all be numbers of one exact type (an ``int`` column fitting
     ``int64``), strings, bytes and ``None``, tensors of one dtype and rank (plain or of
-    one kept subclass), mappings of one class and key order whose keys' columns are
+    one kept subclass), writeable numpy arrays of one dtype and rank, mappings of one class and key order whose keys' columns are
     columns, or lists and tuples whose items, all together, are a column.
     """
     if depth > MAX_DEPTH or not values:
@@ -185,6 +206,13 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
                 return None
             columns.append(found)
         return Rows(type(first), keys, columns)
+    tensors = array_tensors(values)
+    if tensors is not None:
+        inner = column_for(tensors, depth)
+        dtypes = set(map(ARRAY_DTYPE, values))
+        if type(inner) is not Tensors or len(dtypes) != 1:
+            return None
+        return Arrays(dtypes.pop(), inner)
     described = kept_tensors(values)
     if described is None:
         return None

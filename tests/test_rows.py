@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pincollate import CollateError, MMCollate, PerSample
 from pincollate import _template as template_module
-from pincollate._rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
+from pincollate._rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
 from samples import assert_identical
 
-LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half")
+LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array")
 
 #: A subtree's shape: a leaf kind, ("dict", ((key, child), ...)) or ("list", child, as_tuple).
 trees = st.recursive(
@@ -40,6 +41,7 @@ def _leaf(kind: str, i: int, salt: int) -> Any:
         "ids": torch.arange(n) + 10 * i,
         "boxes": torch.full((n, 4), float(i + salt)),
         "half": torch.full((2, n), i, dtype=torch.float16),
+        "array": np.full((n, 2), i + 0.25, dtype=np.float32),
     }[kind]
 
 
@@ -97,6 +99,11 @@ def test_columns_are_settled_by_kind():
     assert type(column_for(["a", None, b"b"])) is Values
     assert type(column_for([torch.zeros(2), torch.zeros(3)])) is Tensors
     assert column_for([torch.zeros(2), torch.zeros(3, dtype=torch.int64)]) is None
+    assert type(column_for([np.zeros(2), np.zeros(3)])) is Arrays
+    assert column_for([np.zeros(2), np.zeros(3, dtype=np.int64)]) is None
+    read_only = np.zeros(2)
+    read_only.flags.writeable = False
+    assert column_for([read_only]) is None  # torch.from_numpy would warn: the careful walk copies it
     rows = column_for([{"a": 1, "b": [torch.zeros(1)]}, {"a": 2, "b": []}])
     assert type(rows) is Rows and [type(c) for c in rows.columns] == [Numbers, Groups]
     assert column_for([{"a": 1}, {"b": 1}]) is None  # another key set
