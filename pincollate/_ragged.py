@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ._builtin_leaves import fill_numbers
+from ._builtin_leaves import fill_numbers, number_dtype
 from ._fill import Fill, Filler, Regions
 from ._images import images_recipe
 from ._kinds import MAPPING, kind_of
@@ -39,7 +39,7 @@ from ._policies import AsList, Pad, PerSample, Policy, fits
 from ._recipe import Recipe, converted, kept_tensors, place, plain_tensors
 from ._rows import per_sample_recipe
 
-__all__ = ["PadRecipe", "recipe_for"]
+__all__ = ["MixedNumbers", "PadRecipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
 
@@ -124,6 +124,36 @@ class PadRecipe(Recipe):
         return Part(node, tuple(extras))
 
 
+_NUMBER_TYPES = frozenset((bool, int, float))
+
+
+class MixedNumbers(Recipe):
+    """Python numbers of several types in one column (ints beside floats, as JSON gives them).
+
+    One tensor of the dtype ``default_collate`` gives the column (:func:`number_dtype`: the
+    first value's type decides, an int column takes what torch infers for all of it),
+    filled by one numpy assignment. An int beyond ``int64`` goes to the careful planner,
+    which names it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(torch.float64, 0)  # the dtype is the batch's own
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if not _NUMBER_TYPES.issuperset(map(type, column)):
+            return False
+        try:
+            dtype = number_dtype(column)
+        except (OverflowError, RuntimeError):  # an int beyond int64: torch.tensor cannot read it
+            return False
+        spec = place(fill, dtype, (len(column),))
+        fill.tasks.append((fill_numbers, spec, column, None))
+        fill.parts[index] = Part(spec)
+        return True
+
+
 def recipe_for(
     column: Sequence[Any], policy: Policy | None, name: Hashable, missing: bool = False, items: bool | None = None
 ) -> Recipe | None:
@@ -136,10 +166,13 @@ def recipe_for(
     absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
     whose every place holds such tensors, numbers of one type or plain values
     (:mod:`._rows`), PIL images of one class and mode (:mod:`._images`), and, under no
-    policy, per-sample lists of such tensors as items: ``items`` says whether lists
+    policy, Python numbers of several types (:class:`MixedNumbers`) and per-sample lists
+    of such tensors as items: ``items`` says whether lists
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
     """
+    if policy is None and column and len(types := set(map(type, column))) > 1 and _NUMBER_TYPES.issuperset(types):
+        return MixedNumbers()
     as_tensors = converted(column, policy)
     if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
         tensors, wrap = as_tensors

@@ -17,7 +17,7 @@ from pincollate._careful import Planner
 from pincollate._images import ImagesRecipe
 from pincollate._listed import ItemsRecipe, ListRecipe
 from pincollate._packed import ConcatRecipe
-from pincollate._ragged import PadRecipe
+from pincollate._ragged import MixedNumbers, PadRecipe
 from pincollate._recipe import Arrays, NumberLists, array_tensors
 from pincollate._rows import PerSampleRecipe
 from pincollate._trees import tensors
@@ -135,6 +135,10 @@ def _jpeg(truncated: bool, size: tuple[int, int] = (32, 32)) -> Any:
     Image.effect_noise(size, 40).convert("RGB").save(stream, "JPEG")
     data = stream.getvalue()
     return Image.open(io.BytesIO(data[: len(data) * 2 // 3] if truncated else data))
+
+
+def _numbers(values: list[Any]) -> list[dict[str, Any]]:
+    return [{"ids": value, "y": i} for i, value in enumerate(values)]
 
 
 def _boxes(counts: list[int], targets: bool = False) -> list[dict[str, Any]]:
@@ -420,6 +424,17 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         ImagesRecipe,
         [lambda: _pil([(3, 2), (3, 2)]), lambda: _pil([(1, 2)])],
     ),
+    "numbers-mixed": (
+        {},
+        MixedNumbers,
+        [
+            lambda: _numbers([1, 2.5, 3]),  # an int first: what torch infers, float32
+            lambda: _numbers([2.5, 1]),  # a float first: float64
+            lambda: _numbers([True, 2, False]),
+            lambda: _numbers([4, 5]),  # one type in this batch
+            lambda: _numbers([1.5, True]),
+        ],
+    ),
     "concat": ({"fields": {"ids": Concat()}}, ConcatRecipe, [lambda: _ids([3, 1, 4]), lambda: _ids([2, 6])]),
     "concat-items": (
         {"fields": {"ids": Concat()}},
@@ -645,6 +660,22 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
         assert str(warm.value) == str(fresh.value), why
         assert warm.value.sample == 1 and warm.value.path == ("ids",), why
     assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
+
+
+def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    collate = MMCollate(pin_memory=False)
+    reference = careful_only()
+    collate(_numbers([1, 2.5]))  # planned: a recipe
+    for batch in (_numbers([1, 2.5j]), _numbers([1, np.float32(2.5)]), _numbers([1.5, "2"]), _numbers([1, 2**64])):
+        try:
+            expected = reference(batch)
+        except CollateError as error:
+            with pytest.raises(CollateError) as warm:
+                collate(batch)
+            assert str(warm.value) == str(error)
+        else:
+            assert_identical(collate(batch), expected)
+    assert_identical(collate(_numbers([3, 0.5])), reference(_numbers([3, 0.5])))
 
 
 def test_an_int_beyond_int64_in_a_warm_per_sample_target_gets_the_careful_error(careful_only):
