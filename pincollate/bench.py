@@ -229,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         "Docker's default) side by side, and exit; needs root (unshare -m)",
     )
     parser.add_argument(
+        "--recipes",
+        action="store_true",
+        help="only time fields planned once (ragged, policies) against the careful walk of every batch, and exit",
+    )
+    parser.add_argument(
         "--ray",
         action="store_true",
         help="only time Ray Data's own batch conversion against ColumnCollate (trainer and data side), and exit",
@@ -252,6 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"machine": machine(), "small_shm": report}, f, indent=2)
+        return 0
+    if args.recipes:
+        from ._bench_recipes import format_recipes, run_recipes
+
+        print(_machine_line())
+        report = run_recipes(args.quick)
+        print(format_recipes(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": machine(), "recipes": report}, f, indent=2)
         return 0
     if args.stages:
         from ._bench_stages import format_stages, main_stages

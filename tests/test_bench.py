@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import default_collate
 
 from gpu_check import failed_rows
-from pincollate import bench
+from pincollate import MMCollate, bench
 from pincollate.datasets import SCENARIOS, InMemory
 from samples import assert_same
 
@@ -157,6 +157,35 @@ def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
     assert stages["mm_collate"] > 0 and stages["check and place (plan.run)"] > 0
     parts = sum(stages[name] for name in list(stages)[2:6])
     assert stages["rest"] == pytest.approx(max(stages["mm_collate"] - parts, 0.0))
+
+
+def test_recipes_compare_fields_planned_once_with_the_careful_walk(capsys, monkeypatch):
+    import random
+
+    from pincollate import _bench_recipes
+    from pincollate._careful import Planner
+
+    assert bench.main(["--recipes", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "fields planned once against the careful walk" in out
+    assert all(name in out for name in _bench_recipes.KINDS)
+    # What the comparison rests on: the careful side walks every batch, the recipe side none.
+    walks = []
+    plan = Planner.plan
+    monkeypatch.setattr(Planner, "plan", lambda self, *args: walks.append(1) or plan(self, *args))
+    for name, (make, fields, _) in _bench_recipes.KINDS.items():
+        rng = random.Random(0)
+        batches = [[make(i, rng) for i in range(4)] for _ in range(3)]
+        careful = _bench_recipes._careful(fields, batches[0])
+        recipe = MMCollate(pin_memory=False, fields=fields)
+        recipe(batches[0])
+        walks.clear()
+        for batch in batches:
+            recipe(batch)
+        assert not walks, name
+        for batch in batches:
+            careful(batch)
+        assert len(walks) >= len(batches), name
 
 
 def test_gpu_check_finds_every_failed_row():
