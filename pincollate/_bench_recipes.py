@@ -23,9 +23,9 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate
 
 from . import _template
+from ._bench_timing import rotated
 from ._collate import MMCollate
 from ._policies import Pad, PerSample, Policy
-from .bench import _rotated
 
 __all__ = ["format_recipes", "run_recipes"]
 
@@ -123,7 +123,7 @@ def run_recipes(quick: bool = False, batch_size: int = 32) -> dict[str, Any]:
             for batch in batches:
                 fn(batch)
         for round_ in range(rounds):
-            for method, fn in _rotated(methods, round_):
+            for method, fn in rotated(methods, round_):
                 start = time.perf_counter()
                 for batch in batches:
                     fn(batch)

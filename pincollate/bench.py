@@ -19,99 +19,20 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from ._bench_breakdown import format_breakdown, worker_breakdown
 from ._bench_gpu import run_gpu
-from ._bench_methods import Collate, methods, padding_bytes
+from ._bench_methods import methods, padding_bytes
 from ._bench_report import format_table, machine, plot
+from ._bench_timing import time_main, time_workers, whole
 from ._collate import MMCollate
-from .datasets import SCENARIOS, InMemory, _Repeat
+from .datasets import SCENARIOS, InMemory
 
 __all__ = ["format_table", "machine", "main", "methods", "run", "run_gpu", "worker_breakdown"]
-
-
-# --- measuring ---------------------------------------------------------------------------
-
-
-def _time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, list[float]]:
-    """Seconds per batch of each method, one value per round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():  # warm-up: cached plans, allocator caches
-        fn(batches[0])
-        fn(batches[0])
-    for round_ in range(rounds):
-        for name, fn in _rotated(fns, round_):
-            start = time.perf_counter()
-            for batch in batches:
-                fn(batch)
-            times[name].append((time.perf_counter() - start) / len(batches))
-            progress.update(1)
-    return times
-
-
-def _rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
-    """The methods in this round's order: each one follows every other equally often.
-
-    What ran just before a method (its allocations, what it left in the caches)
-    changes that method's time: right after a method 40 times slower, a fast one
-    runs its next batches cold. Plain rotation (A B C, B C A, C A B) puts one method
-    after a given other in most rounds; adding the reversed rotations (C B A, ...)
-    gives every ordered pair the same share over ``2 * len(fns)`` rounds.
-
-    Example:
-        >>> [[name for name, _ in _rotated(dict.fromkeys("abc"), r)] for r in range(6)]  # doctest: +NORMALIZE_WHITESPACE
-        [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['b', 'a', 'c'], ['a', 'c', 'b']]
-    """
-    items = list(fns.items())
-    cycle, shift = divmod(round_, len(items))
-    if cycle % 2:
-        items.reverse()
-    return items[shift:] + items[:shift]
-
-
-def _whole(rounds: int, fns: dict[str, Collate]) -> int:
-    """``rounds`` rounded up to whole cycles of :func:`_rotated`'s orders."""
-    cycle = 2 * len(fns)
-    return -(-rounds // cycle) * cycle
-
-
-def _time_workers(
-    fns: dict[str, Collate],
-    dataset: Dataset[Any],
-    batch_size: int,
-    workers: int,
-    rounds: int,
-    progress: Any,
-    batches: int,
-) -> dict[str, list[float]]:
-    """Batches per second of a DataLoader over ``batches`` batches (after the first), per method and round.
-
-    Long enough that a worker's start (its first batches, new processes) is not what
-    is measured: a training epoch is thousands of batches.
-    """
-    rates: dict[str, list[float]] = {name: [] for name in fns}
-    for round_ in range(rounds):
-        for name, fn in _rotated(fns, round_):
-            loader = DataLoader(
-                _Repeat(dataset, batches * batch_size),
-                batch_size=batch_size,
-                num_workers=workers,
-                collate_fn=fn,
-                prefetch_factor=4,
-                timeout=120,
-            )
-            iterator = iter(loader)
-            next(iterator)  # workers started and warm
-            start = time.perf_counter()
-            count = sum(1 for _ in iterator)
-            rates[name].append(count / (time.perf_counter() - start))
-            del iterator, loader
-            progress.update(1)
-    return rates
 
 
 def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) -> dict[str, Any]:
@@ -125,7 +46,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
     for scenario in scenarios:
         fns = {k: v for k, v in methods(scenario).items() if v is not None}
         plan.append((scenario, fns))
-    steps = sum(len(fns) * (_whole(rounds_main, fns) + (rounds_workers if workers else 0)) for _, fns in plan)
+    steps = sum(len(fns) * (whole(rounds_main, fns) + (rounds_workers if workers else 0)) for _, fns in plan)
     bar = tqdm(total=steps, desc="pincollate.bench", file=sys.stderr, disable=not progress, leave=False)
     for scenario, fns in plan:
         cls, batch_size = SCENARIOS[scenario]
@@ -135,11 +56,11 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
         dataset = InMemory(cls(length=batch_size * n_batches))
         batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n_batches)]
         bar.set_postfix_str(f"{scenario}: main process")
-        main_times = _time_main(fns, batches, _whole(rounds_main, fns), bar)
+        main_times = time_main(fns, batches, whole(rounds_main, fns), bar)
         worker_rates: dict[str, list[float]] = {}
         if workers:
             bar.set_postfix_str(f"{scenario}: {workers} workers")
-            worker_rates = _time_workers(fns, dataset, batch_size, workers, rounds_workers, bar, 24 if quick else 96)
+            worker_rates = time_workers(fns, dataset, batch_size, workers, rounds_workers, bar, 24 if quick else 96)
         baseline = next(iter(fns))
         padding = padding_bytes(scenario, fns["mm_collate"], batches)
         for name in fns:
@@ -197,6 +118,24 @@ def _machine_line() -> str:
     return f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}"
 
 
+def _only(
+    args: argparse.Namespace,
+    name: str,
+    measure: Callable[[], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+    machine_line: bool = True,
+) -> int:
+    """A single-purpose mode: its machine line, its report printed, and written with ``--json``."""
+    if machine_line:
+        print(_machine_line())
+    report = measure()
+    print(describe(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(), name: report}, f, indent=2)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pincollate-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -242,42 +181,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray:
         from ._bench_ray import format_ray, run_ray
 
-        print(_machine_line())
-        report = run_ray(args.quick, not args.no_progress)
-        print(format_ray(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": machine(), "ray": report}, f, indent=2)
-        return 0
+        return _only(args, "ray", lambda: run_ray(args.quick, not args.no_progress), format_ray)
     if args.small_shm:
         from ._bench_shm import format_small_shm, run_small_shm
 
-        report = run_small_shm(args.small_shm, args.workers or 2, 3 if args.quick else 5, not args.no_progress)
-        print(format_small_shm(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": machine(), "small_shm": report}, f, indent=2)
-        return 0
+        def small_shm() -> dict[str, Any]:
+            return run_small_shm(args.small_shm, args.workers or 2, 3 if args.quick else 5, not args.no_progress)
+
+        return _only(args, "small_shm", small_shm, format_small_shm, machine_line=False)
     if args.recipes:
         from ._bench_recipes import format_recipes, run_recipes
 
-        print(_machine_line())
-        report = run_recipes(args.quick)
-        print(format_recipes(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"machine": machine(), "recipes": report}, f, indent=2)
-        return 0
+        return _only(args, "recipes", lambda: run_recipes(args.quick), format_recipes)
     if args.stages:
         from ._bench_stages import format_stages, main_stages
 
-        print(_machine_line())
-        print(format_stages(main_stages(args.stages, args.quick)))
-        return 0
+        return _only(args, "stages", lambda: main_stages(args.stages, args.quick), format_stages)
     if args.breakdown:
-        print(_machine_line())
-        print(format_breakdown(worker_breakdown("video", args.quick)))
-        return 0
+        return _only(args, "breakdown", lambda: worker_breakdown("video", args.quick), format_breakdown)
     if args.workers < 0:
         parser.error("--workers must be >= 0")
     if args.gpu and not torch.cuda.is_available():
