@@ -25,7 +25,7 @@ from torch.utils.data import default_collate
 from . import _template
 from ._bench_timing import rotated
 from ._collate import MMCollate
-from ._policies import Pad, PerSample, Policy
+from ._policies import AsList, Pad, PerSample, Policy
 
 __all__ = ["format_recipes", "run_recipes"]
 
@@ -58,6 +58,12 @@ def _scores(i: int, rng: random.Random) -> dict[str, Any]:
     return {"x": torch.zeros(16), "score": rng.choice([1, 0.5, 2, 0.25]), "id": i}
 
 
+def _prompt_images(i: int, rng: random.Random) -> dict[str, Any]:
+    size = rng.choice([24, 32])  # a prompt's images share a size, or not
+    sizes = [size if rng.random() < 0.7 else 16 for _ in range(rng.randint(1, 4))]
+    return {"images": [torch.full((3, s, s), float(i)) for s in sizes], "ids": torch.arange(rng.randint(8, 64))}
+
+
 def _tokens(i: int, rng: random.Random) -> dict[str, Any]:
     return {"tokens": torch.randint(0, 1000, (rng.randint(16, 512),)), "label": i % 10}
 
@@ -81,11 +87,13 @@ def _by_hand_tokens(samples: list[dict[str, Any]]) -> Any:
 
 
 #: Each kind: how a sample is made, the collate's field policies, and the collate a user writes
-#: (for detection targets: the images stacked, the targets listed as they are, nothing copied).
+#: (for detection targets: the images stacked, the targets listed as they are, nothing copied;
+#: ``None`` where none gives these outputs).
 KINDS: dict[str, tuple[Callable[[int, random.Random], Any], dict[str, Policy], Collate | None]] = {
     "Pad (token ids)": (_tokens, {"tokens": Pad(mask_key=None)}, _by_hand_tokens),
     "PerSample (dict targets)": (_dict_target, {"target": PerSample()}, _by_hand_targets),
     "PerSample (object lists)": (_object_list, {"target": PerSample()}, _by_hand_targets),
+    "AsList (images per prompt)": (_prompt_images, {"images": AsList(), "ids": Pad()}, None),
     "PIL images of several sizes": (_pil, {}, _by_hand_pil),
     "ints beside floats": (_scores, {}, default_collate),
 }

@@ -116,13 +116,17 @@ class ItemsRecipe(Recipe):
     count and shape, the batch is one tensor ``(B, k, *shape)``. With ``items`` ``False``
     (``sequences="transpose"``, whose lists are items only where their lengths differ) a
     batch whose lists all have one length goes to the careful planner, which transposes it.
+    ``whole`` is what a field rule asks of the batch: ``None`` (no rule) as above,
+    ``False`` (``AsList()``) a per-sample list even where every sample agrees, ``True``
+    (``Stack()``) the one tensor, and the careful planner's error where it cannot be.
     """
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "whole")
 
-    def __init__(self, dtype: torch.dtype, ndim: int, items: bool):
+    def __init__(self, dtype: torch.dtype, ndim: int, items: bool, whole: bool | None = None):
         super().__init__(dtype, ndim)
         self.items = items
+        self.whole = whole
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         if set(map(type, column)) - _SEQUENCES:
@@ -142,7 +146,10 @@ class ItemsRecipe(Recipe):
             own = shapes[start : start + count]
             start += count
             agreed.append(own[0] if count and own.count(own[0]) == count else None)
-        if None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1:
+        alike = None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1
+        if self.whole and not alike:
+            return False  # Stack() of items that do not stack: the careful planner's error
+        if alike and self.whole is not False:
             stacked = place(fill, dtype, (len(column), counts[0], *shapes[0]))
             fill.tasks.append((_stack_items, stacked, flat, None))
             fill.parts[index] = Part(stacked)
@@ -185,12 +192,12 @@ def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
     torch.stack(items, out=region.view(-1, *region.shape[2:]))
 
 
-def items_recipe(column: Sequence[Any], items: bool) -> Recipe | None:
+def items_recipe(column: Sequence[Any], items: bool, whole: bool | None = None) -> Recipe | None:
     """An :class:`ItemsRecipe` for per-sample lists of plain tensors of one dtype and rank."""
     if set(map(type, column)) - _SEQUENCES:
         return None
     described = plain_tensors([item for value in column for item in value])
-    return None if described is None else ItemsRecipe(*described, items)
+    return None if described is None else ItemsRecipe(*described, items, whole)
 
 
 @functools.lru_cache(maxsize=256)

@@ -35,7 +35,7 @@ from ._ops import FIRST
 from ._packed import concat_recipe
 from ._packing import Concat, Jagged
 from ._padding import fill_padded_1d, fill_padded_and_mask_1d
-from ._policies import AsList, Pad, PerSample, Policy, fits
+from ._policies import AsList, Pad, PerSample, Policy, Stack, fits
 from ._recipe import Recipe, converted, kept_tensors, place, plain_tensors
 from ._rows import per_sample_recipe
 
@@ -166,8 +166,8 @@ def recipe_for(
     absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
     whose every place holds such tensors, numbers of one type or plain values
     (:mod:`._rows`), PIL images of one class and mode (:mod:`._images`), and, under no
-    policy, Python numbers of several types (:class:`MixedNumbers`) and per-sample lists
-    of such tensors as items: ``items`` says whether lists
+    policy, Python numbers of several types (:class:`MixedNumbers`); so do per-sample lists
+    of such tensors as items, under ``AsList()`` and ``Stack()`` too, and under no policy: ``items`` says whether lists
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
     """
@@ -185,6 +185,8 @@ def recipe_for(
         return per_sample_recipe(column)
     if policy is None and items is not None and column and type(column[0]) in (list, tuple):
         return items_recipe(column, items)
+    if type(policy) in (AsList, Stack) and items is not None and column and type(column[0]) in (list, tuple):
+        return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):

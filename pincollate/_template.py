@@ -76,8 +76,10 @@ class Template:
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH:
             policy = (self.rules.lookup(path) if self.rules else None) or self.default
-            # Items (several images per sample) only where no field rule names them.
-            items = None if self.rules and self.rules.lookup((*path, ITEMS)) is not None else self.items
+            # Items (several images per sample) only where no field rule names them and no
+            # ragged= policy applies to them: the careful planner would apply that policy.
+            named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
+            items = None if named or self.default is not None else self.items
             recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes

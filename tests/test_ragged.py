@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
 from pincollate import _template as template_module
 from pincollate._careful import Planner
 from pincollate._images import ImagesRecipe
@@ -375,6 +375,20 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
             lambda: _items([[0, 2], [0, 0]]),  # items with no rows
         ],
     ),
+    "aslist-items": (
+        {"fields": {"ids": AsList()}},
+        ItemsRecipe,
+        [
+            lambda: _items([[2, 2], [3], [1, 4]]),
+            lambda: _items([[2, 2], [2, 2]]),  # every sample alike: still a list per sample
+            lambda: _items([[1], [], [5, 5, 5]]),
+        ],
+    ),
+    "stack-items": (
+        {"fields": {"ids": Stack()}},
+        ItemsRecipe,
+        [lambda: _items([[2, 2], [2, 2]]), lambda: _items([[3], [3], [3]]), lambda: _items([[1, 1, 1], [1, 1, 1]])],
+    ),
     "items-differing-lengths": ({}, ItemsRecipe, [lambda: _items([[2, 2], [3]]), lambda: _items([[1, 4], [2], []])]),
     "persample-mappings": (
         {"fields": {"ids": PerSample()}},
@@ -660,6 +674,25 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
         assert str(warm.value) == str(fresh.value), why
         assert warm.value.sample == 1 and warm.value.path == ("ids",), why
     assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
+
+
+def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(careful_only):
+    for settings in (
+        {"fields": {"ids": Stack()}},  # items that do not stack: the careful error
+        {"fields": {"ids": AsList()}, "ragged": Pad()},  # a ragged= policy applies to each sample's items
+        {"fields": {"ids": AsList(), "ids.*": Pad()}},  # a rule names the items
+    ):
+        collate = MMCollate(pin_memory=False, **settings)
+        reference = careful_only(**settings)
+        for batch in (_items([[2, 2], [2, 2]]), _items([[2, 3], [1]]), _items([[4], [4, 4]])):
+            try:
+                expected = reference(batch)
+            except CollateError as error:
+                with pytest.raises(CollateError) as warm:
+                    collate(batch)
+                assert str(warm.value) == str(error), settings
+            else:
+                assert_identical(collate(batch), expected)
 
 
 def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(careful_only):
