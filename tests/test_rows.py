@@ -6,6 +6,7 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -118,3 +119,34 @@ def test_a_per_sample_recipe_is_made_once_and_used_for_every_batch():
     (recipe,) = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
     assert type(recipe) is PerSampleRecipe
     assert collate._plans.planned == 1
+
+
+class _Targets(torch.utils.data.Dataset):
+    """Detection samples whose targets mix every column kind: tensors, arrays, numbers, names, nested lists."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        objects = [
+            {"box": torch.full((4,), float(i + j)), "label": 3 * i + j, "points": np.full((j + 1, 2), i, np.float32)}
+            for j in range(i % 4)
+        ]
+        return {
+            "image": torch.full((3, 8, 8), i, dtype=torch.uint8),
+            "t": {"id": i, "file": f"{i}.jpg", "objects": objects},
+        }
+
+
+@pytest.mark.slow
+def test_per_sample_targets_through_workers_match_the_careful_walk():
+    collate = MMCollate(fields={"t": PerSample()})
+    loader = torch.utils.data.DataLoader(_Targets(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60)
+    batches = list(loader)
+    assert len(batches) == 4
+    for k, batch in enumerate(batches):
+        samples = [_Targets()[6 * k + i] for i in range(6)]
+        kind, expected = _careful(samples)
+        assert kind == "batch"
+        assert_identical(batch, expected)
+        assert batch.layout is not None  # crossed as its layout, and still carries it
