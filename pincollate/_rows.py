@@ -9,7 +9,7 @@ samples (or across all their items) at once:
 * :class:`Tensors`: tensors listed per sample, each over its own bytes (plain, or one
   kept subclass, as :class:`~pincollate._listed.ListRecipe` lists them), and
   :class:`Arrays`: numpy arrays of one dtype, listed so as tensors;
-* :class:`Numbers`: Python numbers of one type, each a 0-d tensor of its own;
+* :class:`Numbers`: numbers of one type (Python's or numpy's), each a 0-d tensor of its own;
 * :class:`Values`: strings, bytes and ``None``, each sample's own object;
 * :class:`Rows`: mappings of one class and key order, a column per key;
 * :class:`Groups`: per-sample lists (or tuples) of items, one column for all the items.
@@ -32,10 +32,12 @@ import torch
 
 from ._build import container_cls
 from ._builtin_leaves import NUMBERS
+from ._errors import CollateError
 from ._fill import Fill
 from ._items import MAX_DEPTH
 from ._kinds import MAPPING, kind_of
 from ._layout import Part, Spec, ValueSpec
+from ._leaves import lookup
 from ._list_specs import GroupsSpec, RowsSpec, SplitSpec
 from ._listed import ListRecipe
 from ._ops import ARRAY_DTYPE, fits_int64
@@ -50,20 +52,21 @@ _SEQUENCES = frozenset((list, tuple))
 
 
 class Numbers:
-    """Python numbers of one type: each a 0-d tensor of its own.
+    """Numbers of one type (Python's, or a numpy scalar type): each a 0-d tensor of its own.
 
-    ``int`` becomes ``int64``, ``float`` ``float64``, ``bool`` ``bool``, as a number alone
-    does in the careful planner. The values lie one per :data:`~pincollate._views.ALIGN`
-    bytes of one region, filled by one numpy assignment; an ``int`` beyond ``int64``
-    fails that assignment, and the batch is planned again, carefully, which names it.
+    ``int`` becomes ``int64``, ``float`` ``float64``, ``bool`` ``bool``, a numpy scalar its
+    own dtype, as a number alone does in the careful planner. The values lie one per
+    :data:`~pincollate._views.ALIGN` bytes of one region, filled by one numpy assignment;
+    an ``int`` beyond ``int64`` fails that assignment, and the batch is planned again,
+    carefully, which names it.
     """
 
     __slots__ = ("dtype", "step", "types")
 
-    def __init__(self, cls: type):
+    def __init__(self, cls: type, dtype: torch.dtype):
         self.types = frozenset((cls,))
-        self.dtype: torch.dtype = NUMBERS[cls]
-        self.step = ALIGN // self.dtype.itemsize
+        self.dtype: torch.dtype = dtype
+        self.step = ALIGN // dtype.itemsize
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
         if set(map(type, values)) != self.types:
@@ -178,7 +181,7 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
     """The column for ``values`` (one place of a subtree, across samples), or ``None``: the careful planner.
 
     ``values`` must all be numbers of one exact type (an ``int`` column fitting
-    ``int64``), strings, bytes and ``None``, tensors of one dtype and rank (plain or of
+    ``int64``; a numpy scalar type torch has a dtype for), strings, bytes and ``None``, tensors of one dtype and rank (plain or of
     one kept subclass), writeable numpy arrays of one dtype and rank, mappings of one class and key order whose keys' columns are
     columns, or lists and tuples whose items, all together, are a column.
     """
@@ -188,7 +191,14 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
     if len(types) == 1:
         cls = next(iter(types))
         if cls in NUMBERS:
-            return Numbers(cls) if cls is not int or all(map(fits_int64, values)) else None
+            return Numbers(cls, NUMBERS[cls]) if cls is not int or all(map(fits_int64, values)) else None
+        if issubclass(cls, (np.bool_, np.number)):
+            handler = lookup(cls)
+            try:  # numpy's scalar types torch has a dtype for, as the careful planner asks
+                scalar = handler.describe(values[0], 0, ()) if handler and handler.describe else None
+            except CollateError:
+                return None
+            return None if scalar is None else Numbers(cls, scalar[0])
     if _VALUES.issuperset(types):
         return Values()
     if _SEQUENCES.issuperset(types):

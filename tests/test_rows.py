@@ -16,7 +16,7 @@ from pincollate import _template as template_module
 from pincollate._rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
 from samples import assert_identical
 
-LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array")
+LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array", "np32", "npint")
 
 #: A subtree's shape: a leaf kind, ("dict", ((key, child), ...)) or ("list", child, as_tuple).
 trees = st.recursive(
@@ -43,6 +43,8 @@ def _leaf(kind: str, i: int, salt: int) -> Any:
         "boxes": torch.full((n, 4), float(i + salt)),
         "half": torch.full((2, n), i, dtype=torch.float16),
         "array": np.full((n, 2), i + 0.25, dtype=np.float32),
+        "np32": np.float32(i + 0.5 * salt),
+        "npint": np.int16(i - salt),
     }[kind]
 
 
@@ -97,6 +99,9 @@ def test_columns_are_settled_by_kind():
     assert type(column_for([1, 2])) is Numbers and type(column_for([1.5, 2.5])) is Numbers
     assert column_for([1, 2**63]) is None  # beyond int64: the careful walk names it
     assert column_for([1, 2.5]) is None and column_for([True, 1]) is None  # two types
+    assert type(column_for([np.float16(1), np.float16(2)])) is Numbers
+    assert column_for([np.float16(1), np.float32(2)]) is None
+    assert column_for([np.datetime64(1, "s")]) is None  # no dtype in torch: the careful error
     assert type(column_for(["a", None, b"b"])) is Values
     assert type(column_for([torch.zeros(2), torch.zeros(3)])) is Tensors
     assert column_for([torch.zeros(2), torch.zeros(3, dtype=torch.int64)]) is None
