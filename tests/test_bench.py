@@ -157,6 +157,7 @@ def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
     assert stages["mm_collate"] > 0 and stages["check and place (plan.run)"] > 0
     parts = sum(stages[name] for name in list(stages)[2:6])
     assert stages["rest"] == pytest.approx(max(stages["mm_collate"] - parts, 0.0))
+    assert "one batch" in out and "in turn" in out
 
 
 def test_recipes_compare_fields_planned_once_with_the_careful_walk(capsys, monkeypatch):
