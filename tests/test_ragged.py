@@ -676,6 +676,18 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
     assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
 
 
+def _assert_same_outcome(collate: MMCollate, reference: MMCollate, batch: list[Any]) -> None:
+    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or an error of the same text."""
+    try:
+        expected = reference(batch)
+    except CollateError as error:
+        with pytest.raises(CollateError) as warm:
+            collate(batch)
+        assert str(warm.value) == str(error)
+    else:
+        assert_identical(collate(batch), expected)
+
+
 def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(careful_only):
     for settings in (
         {"fields": {"ids": Stack()}},  # items that do not stack: the careful error
@@ -685,14 +697,7 @@ def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(c
         collate = MMCollate(pin_memory=False, **settings)
         reference = careful_only(**settings)
         for batch in (_items([[2, 2], [2, 2]]), _items([[2, 3], [1]]), _items([[4], [4, 4]])):
-            try:
-                expected = reference(batch)
-            except CollateError as error:
-                with pytest.raises(CollateError) as warm:
-                    collate(batch)
-                assert str(warm.value) == str(error), settings
-            else:
-                assert_identical(collate(batch), expected)
+            _assert_same_outcome(collate, reference, batch)
 
 
 def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(careful_only):
@@ -700,14 +705,7 @@ def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(carefu
     reference = careful_only()
     collate(_numbers([1, 2.5]))  # planned: a recipe
     for batch in (_numbers([1, 2.5j]), _numbers([1, np.float32(2.5)]), _numbers([1.5, "2"]), _numbers([1, 2**64])):
-        try:
-            expected = reference(batch)
-        except CollateError as error:
-            with pytest.raises(CollateError) as warm:
-                collate(batch)
-            assert str(warm.value) == str(error)
-        else:
-            assert_identical(collate(batch), expected)
+        _assert_same_outcome(collate, reference, batch)
     assert_identical(collate(_numbers([3, 0.5])), reference(_numbers([3, 0.5])))
 
 
