@@ -44,7 +44,17 @@ from ._ops import ARRAY_DTYPE, fits_int64
 from ._recipe import Recipe, array_tensors, kept_tensors, place
 from ._views import ALIGN
 
-__all__ = ["Arrays", "Groups", "Numbers", "PerSampleRecipe", "Rows", "Tensors", "Values", "per_sample_recipe"]
+__all__ = [
+    "Arrays",
+    "Groups",
+    "Numbers",
+    "PerSampleRecipe",
+    "Rows",
+    "Tensors",
+    "Values",
+    "column_for",
+    "per_sample_recipe",
+]
 
 #: The Python values kept as they are (a file name, a missing note).
 _VALUES = frozenset((str, bytes, type(None)))
