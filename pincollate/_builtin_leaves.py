@@ -22,7 +22,9 @@ from ._ops import ARRAY_DTYPE, TENSOR_DTYPE
 from ._wrap import Wrap
 
 __all__ = [
+    "KEPT_VALUES",
     "NUMBERS",
+    "NUMBER_TYPES",
     "concat_tensors",
     "describe_tensor",
     "fill_numbers",
@@ -179,6 +181,10 @@ def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dt
 #: The dtype of a column of exact Python numbers of one type: :func:`number_dtype`'s answer
 #: for it, without asking torch (an ``int`` column must fit ``int64``).
 NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
+#: The exact Python number types (a column of several becomes one tensor by :func:`number_dtype`).
+NUMBER_TYPES = frozenset(NUMBERS)
+#: The values every collate keeps as they are, never in the buffer: a str, bytes, ``None``.
+KEPT_VALUES = frozenset((str, bytes, type(None)))
 
 
 def number_dtype(values: Sequence[Any]) -> torch.dtype:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._builtin_leaves import NUMBERS
+from ._builtin_leaves import KEPT_VALUES, NUMBERS
 from ._careful import Planner
 from ._fill import Fill, Mismatch
 from ._items import MAX_DEPTH
@@ -42,7 +42,6 @@ __all__ = ["Plan", "Plans"]
 
 Path = tuple[Hashable, ...]
 
-_VALUES = (str, bytes, type(None))
 _CAREFUL = object()
 
 
@@ -141,7 +140,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     if cls is torch.Tensor:
         # A nested tensor has no shape; the careful planner says why it is refused.
         return (cls, value.dtype, value.shape) if not value.is_nested else _CAREFUL
-    if cls in NUMBERS or cls in _VALUES:
+    if cls in NUMBERS or cls in KEPT_VALUES:
         return cls
     if depth > MAX_DEPTH:
         return _CAREFUL

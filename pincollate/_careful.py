@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._builtin_leaves import number_dtype
+from ._builtin_leaves import NUMBER_TYPES, number_dtype
 from ._column import Column, stack_or_list
 from ._containers import ContainerWalk
 from ._errors import format_path
@@ -264,7 +264,8 @@ def _mixed_families(values: Sequence[Any]) -> bool:
     return len(families) > 1
 
 
-_NUMBER_TYPES = (bool, int, float)
+#: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
+_NUMBERS = tuple(NUMBER_TYPES)
 
 
 def _number_lists(values: Sequence[Any]) -> bool:
@@ -275,7 +276,7 @@ def _number_lists(values: Sequence[Any]) -> bool:
             continue
         if not isinstance(value, (list, tuple)) or is_namedtuple(value):
             return False
-        if not all(isinstance(x, _NUMBER_TYPES) for x in value):
+        if not all(isinstance(x, _NUMBERS) for x in value):
             return False
         found = found or bool(value)
     return found

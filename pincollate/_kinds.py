@@ -25,6 +25,7 @@ from ._leaves import lookup, type_name
 
 __all__ = [
     "DATACLASS",
+    "LISTS",
     "MAPPING",
     "NAMEDTUPLE",
     "SEQUENCE",
@@ -138,6 +139,8 @@ MAPPING: Kind = _Mapping("mapping")
 NAMEDTUPLE: Kind = _NamedTuple("namedtuple")
 DATACLASS: Kind = _Dataclass("dataclass")
 SEQUENCE: Kind = _Sequence("sequence")
+#: The exact classes of a per-sample list of items (token ids, a prompt's images, a target's objects).
+LISTS = frozenset((list, tuple))
 
 _registered: dict[type, Registered] = {}
 _CLASSES_KEPT = 4096

@@ -20,6 +20,7 @@ import torch
 
 from ._builtin_leaves import concat_tensors, stack_tensors
 from ._fill import Fill
+from ._kinds import LISTS
 from ._layout import Part
 from ._leaves import lookup
 from ._list_specs import ItemsSpec, SplitSpec
@@ -29,8 +30,6 @@ from ._views import ALIGN, pitch
 from ._wrap import Wrap
 
 __all__ = ["ItemsRecipe", "ListRecipe", "items_recipe"]
-
-_SEQUENCES = frozenset((list, tuple))
 
 
 class ListRecipe(Recipe):
@@ -129,7 +128,7 @@ class ItemsRecipe(Recipe):
         self.whole = whole
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if set(map(type, column)) - _SEQUENCES:
+        if set(map(type, column)) - LISTS:
             return False  # a missing list, or not a list: the careful planner
         counts = list(map(len, column))
         if not self.items and len(set(counts)) == 1:
@@ -194,7 +193,7 @@ def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
 
 def items_recipe(column: Sequence[Any], items: bool, whole: bool | None = None) -> Recipe | None:
     """An :class:`ItemsRecipe` for per-sample lists of plain tensors of one dtype and rank."""
-    if set(map(type, column)) - _SEQUENCES:
+    if set(map(type, column)) - LISTS:
         return None
     described = plain_tensors([item for value in column for item in value])
     return None if described is None else ItemsRecipe(*described, items, whole)

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ._builtin_leaves import fill_numbers, number_dtype
+from ._builtin_leaves import NUMBER_TYPES, fill_numbers, number_dtype
 from ._fill import Fill, Filler, Regions
 from ._images import images_recipe
-from ._kinds import MAPPING, kind_of
+from ._kinds import LISTS, MAPPING, kind_of
 from ._layout import Part, TensorSpec
 from ._listed import ListRecipe, items_recipe
 from ._ops import FIRST
@@ -124,9 +124,6 @@ class PadRecipe(Recipe):
         return Part(node, tuple(extras))
 
 
-_NUMBER_TYPES = frozenset((bool, int, float))
-
-
 class MixedNumbers(Recipe):
     """Python numbers of several types in one column (ints beside floats, as JSON gives them).
 
@@ -142,7 +139,7 @@ class MixedNumbers(Recipe):
         super().__init__(torch.float64, 0)  # the dtype is the batch's own
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if not _NUMBER_TYPES.issuperset(map(type, column)):
+        if not NUMBER_TYPES.issuperset(map(type, column)):
             return False
         try:
             dtype = number_dtype(column)
@@ -171,7 +168,7 @@ def recipe_for(
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
     """
-    if policy is None and column and len(types := set(map(type, column))) > 1 and _NUMBER_TYPES.issuperset(types):
+    if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
         return MixedNumbers()
     as_tensors = converted(column, policy)
     if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
@@ -181,12 +178,14 @@ def recipe_for(
     if type(policy) is Concat or type(policy) is Jagged:
         assert isinstance(policy, Concat)
         return concat_recipe(column, policy, name, missing)
-    if type(policy) is PerSample and column and (kind_of(column[0]) is MAPPING or type(column[0]) in (list, tuple)):
+    lists = bool(column) and type(column[0]) in LISTS  # per-sample lists: items, or a subtree's
+    if type(policy) is PerSample and (lists or (bool(column) and kind_of(column[0]) is MAPPING)):
         return per_sample_recipe(column)
-    if policy is None and items is not None and column and type(column[0]) in (list, tuple):
-        return items_recipe(column, items)
-    if type(policy) in (AsList, Stack) and items is not None and column and type(column[0]) in (list, tuple):
-        return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
+    if lists and items is not None:
+        if policy is None:
+            return items_recipe(column, items)
+        if type(policy) in (AsList, Stack):
+            return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):

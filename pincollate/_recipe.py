@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ._builtin_leaves import NUMBER_TYPES
 from ._fill import Fill
+from ._kinds import LISTS
 from ._layout import Part, TensorSpec
 from ._leaves import lookup
 from ._ops import ARRAY_DTYPE, PLAIN, TENSOR_DTYPE, TENSOR_SHAPE
@@ -41,8 +43,6 @@ __all__ = [
     "plain_tensors",
 ]
 
-_LISTS = frozenset((list, tuple))
-_NUMBERS = frozenset((bool, int, float))
 _ARRAYS = frozenset((np.ndarray,))
 _WRITEABLE: Any = operator.attrgetter("flags.writeable")
 
@@ -188,11 +188,11 @@ def number_tensor(column: Sequence[Any]) -> torch.Tensor | None:
     least one in all, are taken: anything else (a missing value, a numpy scalar, an
     ``IntEnum``, a nested list) is left to the careful planner.
     """
-    if set(map(type, column)) - _LISTS:
+    if set(map(type, column)) - LISTS:
         return None
     flat = list(itertools.chain.from_iterable(column))
     types = set(map(type, flat))
-    if not flat or types - _NUMBERS:
+    if not flat or types - NUMBER_TYPES:
         return None
     try:
         if int in types and float not in types:

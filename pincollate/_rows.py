@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from ._build import container_cls
-from ._builtin_leaves import NUMBERS
+from ._builtin_leaves import KEPT_VALUES, NUMBERS
 from ._errors import CollateError
 from ._fill import Fill
 from ._items import MAX_DEPTH
-from ._kinds import MAPPING, kind_of
+from ._kinds import LISTS, MAPPING, kind_of
 from ._layout import Part, Spec, ValueSpec
 from ._leaves import lookup
 from ._list_specs import GroupsSpec, RowsSpec, SplitSpec
@@ -55,10 +55,6 @@ __all__ = [
     "column_for",
     "per_sample_recipe",
 ]
-
-#: The Python values kept as they are (a file name, a missing note).
-_VALUES = frozenset((str, bytes, type(None)))
-_SEQUENCES = frozenset((list, tuple))
 
 
 class Numbers:
@@ -98,7 +94,7 @@ class Values:
     __slots__ = ()
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        if not _VALUES.issuperset(map(type, values)):
+        if not KEPT_VALUES.issuperset(map(type, values)):
             return None
         fill.values.append(list(values))
         return ValueSpec(len(fill.values) - 1)
@@ -175,7 +171,7 @@ class Groups:
         self.items = items
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        if not _SEQUENCES.issuperset(map(type, values)):
+        if not LISTS.issuperset(map(type, values)):
             return None
         flat = list(itertools.chain.from_iterable(values))
         if not flat:  # every list empty: nothing to check or place
@@ -209,9 +205,9 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
             except CollateError:
                 return None
             return None if scalar is None else Numbers(cls, scalar[0])
-    if _VALUES.issuperset(types):
+    if KEPT_VALUES.issuperset(types):
         return Values()
-    if _SEQUENCES.issuperset(types):
+    if LISTS.issuperset(types):
         items = column_for(list(itertools.chain.from_iterable(values)), depth + 1)
         return None if items is None else Groups(items)
     first = values[0]

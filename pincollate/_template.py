@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ._build import container_cls
-from ._builtin_leaves import NUMBERS, describe_tensor, fill_numbers
+from ._builtin_leaves import KEPT_VALUES, NUMBERS, describe_tensor, fill_numbers
 from ._errors import Attr, CollateError
 from ._items import MAX_DEPTH
 from ._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
@@ -42,7 +42,6 @@ __all__ = ["Template"]
 
 Path = tuple[Hashable, ...]
 
-_VALUES = (str, bytes, type(None))
 #: The most padding bytes a field of a block may take to start aligned.
 _MOST_PADDING = 4096
 
@@ -134,7 +133,7 @@ class Template:
         handler = lookup(cls)
         if handler is not None:
             if not handler.is_tensor:
-                if cls not in _VALUES:
+                if cls not in KEPT_VALUES:
                     return self.part(path, siblings, column)
                 index = self.nvalues
                 self.nvalues += 1
