@@ -229,14 +229,16 @@ class NumberLists(Recipe):
         return self.inner.extras()
 
 
-def array_tensors(column: Sequence[Any]) -> list[torch.Tensor] | None:
-    """A column of numpy arrays as tensors over the same memory, or ``None``.
+def array_tensors(column: Sequence[Any], dtypes: frozenset[np.dtype[Any]] | None = None) -> list[torch.Tensor] | None:
+    """A column of numpy arrays (of ``dtypes`` only, where given) as tensors over the same memory, or ``None``.
 
     Only exact, writeable ``ndarray`` s that ``torch.from_numpy`` takes (a numeric or bool
     dtype in this machine's byte order, no negative strides): read-only arrays, which it
     would warn about, and anything else go to the careful planner.
     """
     if set(map(type, column)) != _ARRAYS or not all(map(_WRITEABLE, column)):
+        return None
+    if dtypes is not None and set(map(ARRAY_DTYPE, column)) != dtypes:
         return None
     try:
         return list(map(torch.from_numpy, column))
@@ -260,12 +262,7 @@ class Arrays(Recipe):
         self.arrays = frozenset((dtype,))
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        try:
-            if set(map(ARRAY_DTYPE, column)) != self.arrays:
-                return False
-        except TypeError:  # not all arrays
-            return False
-        tensors = array_tensors(column)
+        tensors = array_tensors(column, self.arrays)
         return tensors is not None and self.inner.run(tensors, fill, index)
 
     def extras(self) -> tuple[str, ...]:

@@ -126,12 +126,7 @@ class Arrays:
         self.tensors = tensors
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        try:
-            if set(map(ARRAY_DTYPE, values)) != self.dtypes:
-                return None
-        except TypeError:  # not all arrays
-            return None
-        tensors = array_tensors(values)
+        tensors = array_tensors(values, self.dtypes)
         return None if tensors is None else self.tensors.place(tensors, fill)
 
 
