@@ -88,3 +88,32 @@ def test_a_small_block_is_checked_by_its_stack_and_a_large_one_by_reading():
         (block,) = collate._plans.last.op.blocks
         assert block.joined is joined
         assert (getattr(block.fill, "func", None) is _ops._stack_joined) is joined
+
+
+def test_a_warm_block_of_plain_tensors_is_checked_by_one_call_not_by_reading_classes(monkeypatch):
+    # The fast path of BlockOp's class check: one has_torch_function call over the block's
+    # values answers it. Were it bypassed (every value's class read), the results would not
+    # change; this says the call answers for plain tensors, and a subclass still keeps its class.
+    from pincollate import _ops
+
+    calls: list[bool] = []
+    real = _ops.HAS_TORCH_FUNCTION
+
+    def counted(values):
+        calls.append(found := real(values))
+        return found
+
+    collate = MMCollate(pin_memory=False)
+    collate(_block([torch.float32] * 3))
+    monkeypatch.setattr(_ops, "HAS_TORCH_FUNCTION", counted)
+    assert_identical(collate(_block([torch.float32] * 3)), default_collate(_block([torch.float32] * 3)))
+    assert calls == [False]
+    tagged = [
+        {key: value.as_subclass(_Tagged) for key, value in sample.items()} for sample in _block([torch.float32] * 3)
+    ]
+    assert_identical(collate(tagged), default_collate(tagged))
+    assert calls[1] is True
+
+
+class _Tagged(torch.Tensor):
+    """A subclass with torch's own __torch_function__: the block reads classes to keep it."""
