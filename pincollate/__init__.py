@@ -13,21 +13,23 @@ Example:
 """
 
 # Registrations: the built-in leaf types; how batches cross processes; PIL and torchvision on first sight.
-from . import _builtin_leaves, _crossing, _vision  # noqa: F401
-from ._arena import pinned_footprint
-from ._batch import Batch, BatchList
-from ._collate import MMCollate, mm_collate
-from ._columns import ColumnCollate
+from ._batch import crossing as _crossing  # noqa: F401
+from ._batch.batch import Batch, BatchList
+from ._batch.layout import Layout
+from ._collate.collate import MMCollate, mm_collate
 from ._errors import CollateError
-from ._kinds import register_container
-from ._layout import Layout
-from ._leaves import LeafHandler, register_leaf
-from ._packing import Concat, Jagged
-from ._policies import AsList, Pad, PerSample, Policy, Stack
-from ._prefetch import Prefetcher
-from ._shm import SharedMemoryWarning
-from ._transfer import to_device
-from ._transforms import Normalize
+from ._integrations import vision as _vision  # noqa: F401
+from ._integrations.columns import ColumnCollate
+from ._memory.arena import pinned_footprint
+from ._memory.shm import SharedMemoryWarning
+from ._plan.packing import Concat, Jagged
+from ._plan.policies import AsList, Pad, PerSample, Policy, Stack
+from ._transfer.prefetch import Prefetcher
+from ._transfer.transfer import to_device
+from ._transfer.transforms import Normalize
+from ._types import builtin as _builtin_leaves  # noqa: F401
+from ._types.kinds import register_container
+from ._types.leaves import LeafHandler, register_leaf
 
 __all__ = [
     "AsList",

@@ -31,7 +31,7 @@ def fake_pinned(monkeypatch):
     The real allocator needs an accelerator; this one returns ordinary memory
     and records each allocation so tests can prove "one pinned copy per batch".
     """
-    from pincollate import _arena as arena
+    from pincollate._memory import arena
 
     calls: list[int] = []
     pinned: list[tuple[int, int, weakref.ref[torch.UntypedStorage]]] = []

@@ -19,7 +19,8 @@ from multiprocessing import resource_tracker
 
 from torch.utils.data._utils import signal_handling
 
-from pincollate import _ownership, _receiver
+from pincollate._memory import ownership as _ownership
+from pincollate._memory import receiver as _receiver
 
 _started: set[int] = set()
 _start = multiprocessing.process.BaseProcess.start

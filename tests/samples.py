@@ -191,7 +191,7 @@ def buffer_of(batch: Any) -> torch.Tensor:
 
 def assert_one_buffer(tree: Any) -> None:
     """Every tensor of the batch ``tree`` lies in its one buffer (and there is one, if there are tensors)."""
-    from pincollate._trees import tensors
+    from pincollate._batch.trees import tensors
 
     expected = 1 if any(t.numel() for t in tensors(tree)) else 0
     assert len(storages(tree)) == expected, f"{len(storages(tree))} storages, expected {expected}"
@@ -205,8 +205,8 @@ def storages(tree: Any) -> set[int]:
     buffer's address. Any other tensor counts as its storage's address; a tensor with
     no elements counts as none.
     """
-    from pincollate._ownership import holder
-    from pincollate._trees import tensors
+    from pincollate._batch.trees import tensors
+    from pincollate._memory.ownership import holder
 
     found = set()
     for t in tensors(tree):
@@ -398,7 +398,7 @@ def mutate(structure: Any, rng: Any) -> Any:
 def assert_identical(ours: Any, theirs: Any, path: str = "batch") -> None:
     """:func:`assert_same`, and every tensor of the exact class (a subclass kept as such)."""
     assert_same(ours, theirs, path)
-    from pincollate._trees import tensors
+    from pincollate._batch.trees import tensors
 
     ours_types = [type(t) for t in tensors(ours)]
     theirs_types = [type(t) for t in tensors(theirs)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pincollate import CollateError, MMCollate
-from pincollate import _arena as arena
+from pincollate._memory import arena
 from samples import buffer_of
 
 

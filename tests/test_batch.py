@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, BatchList, MMCollate, mm_collate, to_device
-from pincollate._batch import carried
-from pincollate._trees import tensors
+from pincollate._batch.batch import carried
+from pincollate._batch.trees import tensors
 from samples import PARITY, RAGGED, Point, Record, assert_same, storages
 
 #: One sample tree per batch type.
@@ -218,7 +218,8 @@ def test_on_cuda_collate_in_the_main_process_allocates_pinned():
 
 def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monkeypatch):
     """Leaf by leaf goes through the same copy as the whole buffer: each registered source is held."""
-    from pincollate import _arena, _registration
+    from pincollate._memory import arena as _arena
+    from pincollate._memory import registration as _registration
 
     held = []
     monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: source.clone())  # a stand-in DMA

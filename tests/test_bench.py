@@ -139,7 +139,7 @@ def test_worker_breakdown_times_every_stage(capsys):
 
 @pytest.mark.parametrize("scenario", ["ragged", "detection"])
 def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
-    from pincollate._bench_stages import main_stages
+    from pincollate.bench._stages import main_stages
 
     assert bench.main(["--stages", scenario, "--quick"]) == 0
     out = capsys.readouterr().out
@@ -163,8 +163,8 @@ def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
 def test_recipes_compare_fields_planned_once_with_the_careful_walk(capsys, monkeypatch):
     import random
 
-    from pincollate import _bench_recipes
-    from pincollate._careful import Planner
+    from pincollate._plan.careful import Planner
+    from pincollate.bench import _recipes as _bench_recipes
 
     assert bench.main(["--recipes", "--quick"]) == 0
     out = capsys.readouterr().out
@@ -205,7 +205,7 @@ def test_gpu_check_finds_every_failed_row():
 
 
 def test_small_shm_report_reads_as_a_table():
-    from pincollate._bench_shm import format_small_shm
+    from pincollate.bench._shm import format_small_shm
 
     report = {
         "size": "64m",

@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, Stack
-from pincollate._careful import Planner
+from pincollate._plan.careful import Planner
 from samples import (
     LEAF_KINDS,
     PARITY,

@@ -206,6 +206,12 @@ BAD = {
     "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
     "int-overflow": ([2**70, 1], r"sample 0 at root: int 1180591620717411303424 does not fit int64"),
+    # Mixed number types (a bool beside an int; a float beside an int) are planned by their own rule.
+    "bool-then-int-overflow": (
+        [{"x": True}, {"x": 2**63}],
+        r"sample 1 at \['x'\]: int 9223372036854775808 does not fit int64",
+    ),
+    "float-then-huge-int": ([{"x": 1.5}, {"x": 2**1100}], r"sample 1 at \['x'\]: an int of 1101 bits is too large"),
     "quantized": ([{"q": _quantized()}] * 2, r"sample 0 at \['q'\]: quantized tensors are not supported"),
     "strided-nested-in-dict": (
         [{"n": _strided_nested()}] * 2,
@@ -352,3 +358,16 @@ def test_a_truncated_image_names_its_sample_and_key_path():
         with pytest.raises(CollateError, match="cannot read the image") as info:
             fresh([{"img": image(False)}, {"img": image(False)}, {"img": image(True)}])
         assert info.value.sample == 2 and info.value.path == ("img",)
+
+
+def test_a_sample_that_refers_to_itself_is_named_the_same_fresh_or_warm():
+    # A fresh collate and one that has planned other structures give the careful walk's error.
+    fresh = MMCollate(pin_memory=False)
+    warm = MMCollate(pin_memory=False)
+    warm([{"x": torch.zeros(1), "me": {"x": torch.zeros(1)}}] * 2)
+    messages = []
+    for collate in (fresh, warm, fresh):
+        with pytest.raises(CollateError) as info:
+            collate(_self_referencing())
+        messages.append(str(info.value))
+    assert messages == ["sample 0 at ['me']: the sample refers to itself: this object is also at root"] * 3

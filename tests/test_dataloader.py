@@ -6,7 +6,8 @@ import pytest
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
-from pincollate import Batch, MMCollate, _receiver, mm_collate
+from pincollate import Batch, MMCollate, mm_collate
+from pincollate._memory import receiver as _receiver
 from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, buffer_of, storages
 
 pytestmark = pytest.mark.slow

@@ -1,32 +1,70 @@
-"""The package's house rules, checked: modules of at most 300 lines, no import circle."""
+"""The package's house rules, checked: folders by stage in layers, no import circle, a light ``import pincollate``."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pincollate"
-MOST_LINES = 300
+
+#: The stages, lowest first. A module imports only from its own stage or one below it.
+LAYERS = ("_errors", "_types", "_memory", "_batch", "_plan", "_collate", "_transfer", "_integrations", "__init__")
+#: Imported by nothing in the runtime: the benchmark and the sample datasets (bench, notebooks) sit above it all.
+OUTSIDE = ("bench", "datasets", "_digits")
 
 
-def _modules() -> dict[str, Path]:
-    return {path.stem: path for path in sorted(PACKAGE.glob("*.py"))}
+def _modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Every module by dotted name below the package (``_plan.fill``; a folder's ``__init__`` by its folder)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
 
 
-def _imports_at_load(path: Path) -> set[str]:
-    """The package's modules ``path`` imports while it loads (not under TYPE_CHECKING, not in a function)."""
+def _stage(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _imports(path: Path, name: str, known: set[str], at_load: bool) -> set[str]:
+    """The package's modules ``path`` (module ``name``) imports.
+
+    ``at_load``: only those imported while it loads (not under TYPE_CHECKING, not in a function);
+    else every import anywhere in the file, type-only and deferred ones too.
+    """
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    if name == "__init__":
+        package = []
     found: set[str] = set()
+
+    def resolve(level: int, module: str | None, names: list[str]) -> None:
+        if level:
+            base = package[: len(package) - (level - 1)] if level > 1 else list(package)
+        else:
+            if not module or not module.startswith("pincollate"):
+                return
+            base, module = [], module.removeprefix("pincollate").lstrip(".") or None
+        target = [*base, *(module.split(".") if module else [])]
+        for alias in names:  # `from . import ring` names a module; `from .ring import x` names its members
+            dotted = ".".join([*target, alias])
+            if dotted in known:
+                found.add(dotted)
+                continue
+            found.add(".".join(target) or "__init__")
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
             if isinstance(node, ast.If):
                 test = node.test
-                if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                type_checking = (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
                     isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-                ):
-                    visit(node.orelse)
-                    continue
-                visit(node.body)
+                )
+                if not (type_checking and at_load):
+                    visit(node.body)
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
                 visit(node.body)
@@ -34,21 +72,43 @@ def _imports_at_load(path: Path) -> set[str]:
                     visit(handler.body)
                 visit(node.orelse)
                 visit(node.finalbody)
-            elif isinstance(node, ast.ImportFrom) and node.level == 1:
-                if node.module:
-                    found.add(node.module.split(".")[0])
-                else:
-                    found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pincollate."):
-                found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.ImportFrom):
+                resolve(node.level, node.module, [alias.name for alias in node.names])
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("pincollate."):
+                        found.add(alias.name.removeprefix("pincollate."))
+            elif not at_load and hasattr(node, "body"):
+                visit(node.body)  # functions and classes: deferred imports count for layers
+                visit(getattr(node, "orelse", []))
 
     visit(ast.parse(path.read_text()).body)
-    return found
+    found.discard(name)
+    return found & known
 
 
-def test_every_module_has_at_most_300_lines():
-    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MOST_LINES}
-    assert not long, long
+def _layer_breaches(root: Path = PACKAGE) -> list[str]:
+    modules = _modules(root)
+    rank = {stage: i for i, stage in enumerate(LAYERS)}
+    breaches = []
+    for name, path in modules.items():
+        stage = _stage(name)
+        for other in sorted(_imports(path, name, set(modules), at_load=False)):
+            to = _stage(other)
+            if stage in OUTSIDE:
+                continue  # the benchmark and the datasets may use anything
+            if to in OUTSIDE or rank[to] > rank[stage]:
+                breaches.append(f"{name} -> {other}")
+    return breaches
+
+
+def test_every_module_sits_in_a_known_stage():
+    stray = [name for name in _modules() if _stage(name) not in LAYERS + OUTSIDE]
+    assert not stray, f"modules outside every stage: {stray}"
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    assert not _layer_breaches()
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -73,19 +133,53 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle():
     modules = _modules()
-    graph = {name: _imports_at_load(path) & modules.keys() for name, path in modules.items()}
-    graph["__init__"] = set()  # the package imports everything; nothing imports it back at load
+    graph = {name: _imports(path, name, set(modules), at_load=True) for name, path in modules.items()}
+    # A folder's __init__ is loaded before its modules; it imports none of them back at load.
+    graph["__init__"] = set()
     assert not _circles(graph)
 
 
+def test_import_pincollate_loads_no_benchmark_ray_or_torchvision():
+    code = (
+        "import sys, pincollate\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'torchvision', 'lightning', 'transformers', "
+        "'matplotlib') or m.startswith(('pincollate.bench', 'pincollate.datasets')))\n"
+        "print(bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# The checks above are only worth their pass if they can fail.
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    (tmp_path / "_types").mkdir()
+    (tmp_path / "_plan").mkdir()
+    (tmp_path / "_types" / "__init__.py").write_text("")
+    (tmp_path / "_plan" / "__init__.py").write_text("")
+    (tmp_path / "_errors.py").write_text("")
+    (tmp_path / "_plan" / "fill.py").write_text("from .._types.leaves import x\nfrom .. import _errors\n")
+    (tmp_path / "_types" / "leaves.py").write_text("def f():\n    from .._plan import fill\n")
+    assert _layer_breaches(tmp_path) == ["_types.leaves -> _plan.fill"]
+    (tmp_path / "_types" / "leaves.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pincollate._plan.fill\n"
+    )
+    assert _layer_breaches(tmp_path) == ["_types.leaves -> _plan.fill"]
+    (tmp_path / "_types" / "leaves.py").write_text("from pincollate import bench\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("from .._plan.fill import y\n")
+    assert _layer_breaches(tmp_path) == ["_types.leaves -> bench"]
+
+
 def test_the_circle_check_sees_a_circle(tmp_path):
-    # The check above is only worth its pass if it can fail.
     (tmp_path / "a.py").write_text("from .b import x\n")
     (tmp_path / "b.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\nfrom . import c\n"
     )
     (tmp_path / "c.py").write_text("def f():\n    from .a import x\nfrom .a import z\n")
-    graph = {name: _imports_at_load(tmp_path / f"{name}.py") for name in "abc"}
+    known = {"a", "b", "c"}
+    graph = {name: _imports(tmp_path / f"{name}.py", name, known, at_load=True) for name in "abc"}
     assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert _circles(graph) == [["a", "b", "c", "a"]]
     assert _circles({"a": {"b"}, "b": set()}) == []

@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pincollate import CollateError, MMCollate, Pad, register_container, to_device
-from pincollate._careful import Planner
-from pincollate._kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, registered
+from pincollate._plan.careful import Planner
+from pincollate._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, registered
 from samples import assert_identical, assert_one_buffer
 
 
@@ -100,7 +100,7 @@ class Tape(collections.abc.Sequence):  # type: ignore[type-arg]
     ids=repr,
 )
 def test_every_value_has_one_kind(value, kind):
-    from pincollate import _kinds
+    from pincollate._types import kinds as _kinds
 
     assert kind_of(value) is kind
     assert isinstance(value, type) or _kinds._by_class[type(value)] is kind  # kept per class
@@ -108,7 +108,7 @@ def test_every_value_has_one_kind(value, kind):
 
 
 def test_classes_made_on_the_fly_do_not_grow_the_cache(monkeypatch):
-    from pincollate import _kinds
+    from pincollate._types import kinds as _kinds
 
     monkeypatch.setattr(_kinds, "_CLASSES_KEPT", 8)
     for i in range(40):

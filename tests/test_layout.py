@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from pincollate import Layout, MMCollate
-from pincollate._layout import TensorSpec, ValueSpec
-from pincollate._specs import MappingSpec
-from pincollate._trees import tensors
-from pincollate._views import ALIGN
+from pincollate._batch.layout import TensorSpec, ValueSpec
+from pincollate._batch.specs import MappingSpec
+from pincollate._batch.trees import tensors
+from pincollate._batch.views import ALIGN
 from pincollate.bench import methods
 from pincollate.datasets import SCENARIOS
 from samples import PARITY, assert_identical

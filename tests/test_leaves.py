@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pincollate import CollateError, mm_collate
-from pincollate._leaves import LeafHandler, lookup
-from pincollate._leaves import register_leaf as register
+from pincollate._types.leaves import LeafHandler, lookup
+from pincollate._types.leaves import register_leaf as register
 from samples import storages
 
 Image = pytest.importorskip("PIL.Image")

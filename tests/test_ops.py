@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import CollateError, MMCollate
-from pincollate._ops import JOIN_BYTES
+from pincollate._plan.ops import JOIN_BYTES
 from samples import assert_identical
 
 _DTYPES = sorted({value for value in vars(torch).values() if isinstance(value, torch.dtype)}, key=str)
@@ -80,7 +80,7 @@ def test_a_small_block_of_sparse_tensors_gets_a_fresh_collates_error():
 def test_a_small_block_is_checked_by_its_stack_and_a_large_one_by_reading():
     # The fast path: were the promotion check bypassed (every block read value by value),
     # the results above would not change; this says which path each block takes.
-    from pincollate import _ops
+    from pincollate._plan import ops as _ops
 
     for size, joined in ((4, True), (JOIN_BYTES // 4 + 16, False)):  # rows of 64-byte multiples: a block
         collate = MMCollate(pin_memory=False)
@@ -94,7 +94,7 @@ def test_a_warm_block_of_plain_tensors_is_checked_by_one_call_not_by_reading_cla
     # The fast path of BlockOp's class check: one has_torch_function call over the block's
     # values answers it. Were it bypassed (every value's class read), the results would not
     # change; this says the call answers for plain tensors, and a subclass still keeps its class.
-    from pincollate import _ops
+    from pincollate._plan import ops as _ops
 
     calls: list[bool] = []
     real = _ops.HAS_TORCH_FUNCTION

@@ -18,7 +18,10 @@ import torch
 import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader, Dataset
 
-from pincollate import MMCollate, Pad, _ownership, _receiver, _ring
+from pincollate import MMCollate, Pad
+from pincollate._memory import ownership as _ownership
+from pincollate._memory import receiver as _receiver
+from pincollate._memory import ring as _ring
 
 pytestmark = pytest.mark.slow
 

@@ -86,7 +86,7 @@ def test_concat_and_jagged_of_no_items_at_all_are_empty():
 
 
 def test_concat_refuses_rows_past_its_int32_offsets():
-    from pincollate._packing import INT32_MAX
+    from pincollate._plan.packing import INT32_MAX
 
     # Zero-width rows: 2**31 of them cost no memory.
     big = torch.zeros(INT32_MAX // 2 + 1, 0)

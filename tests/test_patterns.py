@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pincollate import AsList, CollateError, MMCollate, Pad, Stack
-from pincollate._patterns import FieldRules
+from pincollate._plan.patterns import FieldRules
 
 
 def _ids(*lengths: int) -> list[dict]:

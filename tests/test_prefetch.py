@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from pincollate import CollateError, MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
-from pincollate._trees import tensors
+from pincollate._batch.trees import tensors
 from samples import TreeDataset, storages
 
 
@@ -221,7 +221,7 @@ def test_cuda_batches_stay_intact_while_the_consumer_is_held_back():
 @pytest.mark.cuda
 def test_cuda_control_without_record_stream_the_same_check_fails(monkeypatch):
     # The control run: with the protection switched off, the check above must see it.
-    from pincollate import _staging as staging
+    from pincollate._transfer import staging
 
     monkeypatch.setattr(staging, "_record_stream", lambda batch, stream: None)
     got, expected = _held_back_sums()
@@ -230,7 +230,7 @@ def test_cuda_control_without_record_stream_the_same_check_fails(monkeypatch):
 
 @pytest.mark.cuda
 def test_cuda_control_without_the_event_wait_the_same_check_fails(monkeypatch):
-    from pincollate import _staging as staging
+    from pincollate._transfer import staging
 
     real = staging.to_device
 
@@ -248,7 +248,8 @@ def test_cuda_control_without_the_event_wait_the_same_check_fails(monkeypatch):
 
 @pytest.mark.cuda
 def test_cuda_registered_slots_arrive_page_locked():
-    from pincollate import _arena, _registration
+    from pincollate._memory import arena as _arena
+    from pincollate._memory import registration as _registration
 
     data = [{"x": torch.full((1 << 16,), float(i))} for i in range(16)]
     loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=MMCollate(pin_slots=True), pin_memory=True)
@@ -262,7 +263,7 @@ def test_cuda_registered_slots_arrive_page_locked():
 @pytest.mark.cuda
 def test_cuda_pinned_memory_stays_flat_over_ragged_batches(monkeypatch):
     # Ragged 1-32 MiB batches: the cache is trimmed (on the staging thread) and stays bounded.
-    from pincollate import _staging as staging
+    from pincollate._transfer import staging
 
     trims = []
     real = staging.trim_pinned
@@ -302,7 +303,7 @@ class _Event:
 def stand_in_cuda(monkeypatch):
     import contextlib
 
-    from pincollate import _staging as staging
+    from pincollate._transfer import staging
 
     _Stream.made = 0
     consumer = _Stream()

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
-from pincollate import _template as template_module
-from pincollate._careful import Planner
-from pincollate._images import ImagesRecipe
-from pincollate._listed import ItemsRecipe, ListRecipe
-from pincollate._packed import ConcatRecipe
-from pincollate._ragged import MixedNumbers, PadRecipe
-from pincollate._recipe import Arrays, NumberLists, array_tensors
-from pincollate._rows import PerSampleRecipe
-from pincollate._trees import tensors
-from pincollate._views import ALIGN
+from pincollate._batch.trees import tensors
+from pincollate._batch.views import ALIGN
+from pincollate._plan import template as template_module
+from pincollate._plan.careful import Planner
+from pincollate._plan.images import ImagesRecipe
+from pincollate._plan.listed import ItemsRecipe, ListRecipe
+from pincollate._plan.packed import ConcatRecipe
+from pincollate._plan.ragged import MixedNumbers, PadRecipe
+from pincollate._plan.recipe import Arrays, NumberLists, array_tensors
+from pincollate._plan.rows import PerSampleRecipe
 from samples import UserTensor, assert_identical, assert_one_buffer
 
 
@@ -759,7 +759,7 @@ def test_extras_that_clash_with_a_key_are_left_to_the_careful_error():
 
 def test_large_rows_padded_at_one_end_are_written_by_one_concatenation(monkeypatch):
     # The fast path of fill_padded_1d: bypassed, the results (tested above) would not change.
-    from pincollate import _padding
+    from pincollate._plan import padding as _padding
 
     calls = []
     real = _padding._pad_values
@@ -778,7 +778,7 @@ def test_large_rows_padded_at_one_end_are_written_by_one_concatenation(monkeypat
 
 def test_int_lists_are_read_by_numpy(monkeypatch):
     # The fast path of number_tensor: bypassed (torch.tensor of the list), results would not change.
-    from pincollate import _recipe
+    from pincollate._plan import recipe as _recipe
 
     calls = []
     real = np.array
@@ -869,7 +869,7 @@ def test_a_subclass_with_a_copy_of_its_own_keeps_the_careful_walk():
     # A registered leaf handler whose fill is its own (here: it doubles every value) is not
     # bypassed by the list recipe, which copies as plain tensors are copied.
     from pincollate import LeafHandler, register_leaf
-    from pincollate._leaves import lookup
+    from pincollate._types.leaves import lookup
 
     class Doubled(torch.Tensor):
         pass
@@ -893,7 +893,7 @@ def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monk
     # The small path of _padding._padded_1d: one numpy boolean assignment (torch's masked
     # scatter only for dtypes numpy lacks), the mask computed once for values and mask
     # output. Bypassed, the results (tested above) would not change.
-    from pincollate import _padding
+    from pincollate._plan import padding as _padding
 
     scatters, masks = [], []
     real_scatter, real_valid = torch.Tensor.masked_scatter_, _padding.valid_1d
@@ -918,7 +918,7 @@ def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monk
 def test_valid_1d_gathers_short_rows_from_the_triangle_and_compares_long_ones(size, left, monkeypatch):
     # Both paths of _padding.valid_1d against the definition, with and without ``out``;
     # a triangle grown for a long row still serves short ones.
-    from pincollate import _padding
+    from pincollate._plan import padding as _padding
 
     generator = torch.Generator().manual_seed(size)
     lengths = [0, size, *torch.randint(0, size + 1, (9,), generator=generator).tolist()]
@@ -944,7 +944,8 @@ def test_valid_1d_gathers_short_rows_from_the_triangle_and_compares_long_ones(si
 def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
     # An empty 1-D tensor sends torch.cat off its fast path (_padding.nonempty); the list,
     # items and Concat recipes leave them out. Given one, the results would not change.
-    from pincollate import _listed, _packed
+    from pincollate._plan import listed as _listed
+    from pincollate._plan import packed as _packed
 
     seen = []
     real = _listed.concat_tensors

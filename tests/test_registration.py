@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pincollate import _registration
+from pincollate._memory import registration as _registration
 
 
 class _FailingRuntime:

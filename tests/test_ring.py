@@ -20,7 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from leaks import Snapshot, shut_down, stop_watching
-from pincollate import MMCollate, Pad, _receiver, _registration, _ring
+from pincollate import MMCollate, Pad
+from pincollate._memory import receiver as _receiver
+from pincollate._memory import registration as _registration
+from pincollate._memory import ring as _ring
 from samples import buffer_of
 
 pytestmark = pytest.mark.slow
@@ -372,7 +375,7 @@ def test_a_slot_that_left_another_way_is_never_reused(clean, collate):
 
 
 def test_a_dropped_lease_gives_its_slot_back():
-    from pincollate._batch import carries
+    from pincollate._batch.batch import carries
 
     # A worker-like call whose fill failed drops its buffer: the slot is free again.
     ring = _ring._Ring(2)

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pincollate import CollateError, MMCollate, PerSample
-from pincollate import _template as template_module
-from pincollate._rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
+from pincollate._plan import template as template_module
+from pincollate._plan.rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
 from samples import assert_identical
 
 LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array", "np32", "npint")

@@ -21,9 +21,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from pincollate import CollateError, Pad, _ring, _shm, mm_collate
-from pincollate import _arena as arena
-from pincollate._shm import SharedMemoryWarning
+from pincollate import CollateError, Pad, mm_collate
+from pincollate._memory import arena
+from pincollate._memory import ring as _ring
+from pincollate._memory import shm as _shm
+from pincollate._memory.shm import SharedMemoryWarning
 from samples import assert_same, buffer_of
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "small_shm.py")

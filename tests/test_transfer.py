@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import Batch, MMCollate, mm_collate, to_device
-from pincollate._transfer import pin
-from pincollate._trees import map_tensors, reachable_tensors, tensors
+from pincollate._batch.trees import map_tensors, reachable_tensors, tensors
+from pincollate._transfer.transfer import pin
 from samples import PARITY, RAGGED, Point, assert_same, storages
 
 
@@ -173,7 +173,9 @@ def test_a_field_moved_out_of_its_buffer_pins_on_its_own(fake_pinned):
 
 @pytest.mark.parametrize("hop", ["pin", "to_device", "batch.pin_memory", "batch.to"])
 def test_each_hop_checks_the_batch_against_its_layout_once(monkeypatch, fake_pinned, hop):
-    from pincollate import _batch, _moving, _transfer
+    from pincollate._batch import batch as _batch
+    from pincollate._batch import moving as _moving
+    from pincollate._transfer import transfer as _transfer
 
     batch = MMCollate(pin_memory=False)(PARITY["multimodal-dict"]())
     walks = []

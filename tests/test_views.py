@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pincollate import MMCollate
-from pincollate._ownership import holder
-from pincollate._views import ALIGN, Views, carve, numpy_dtype, standin_dtype
+from pincollate._batch.views import ALIGN, Views, carve, numpy_dtype, standin_dtype
+from pincollate._memory.ownership import holder
 
 
 def _buffer(nbytes: int = 4 * ALIGN) -> torch.Tensor:

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 import pincollate
 from pincollate import MMCollate, Pad
-from pincollate._shm import SharedMemoryWarning, shm_free, shm_total
+from pincollate._memory.shm import SharedMemoryWarning, shm_free, shm_total
 
 BATCH = 4
 BATCHES = 4
@@ -60,7 +60,7 @@ def main() -> None:
     mib = float(sys.argv[2]) if len(sys.argv) > 2 else 24
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     if "pipe" in sys.argv[4:]:
-        from pincollate import _shm
+        from pincollate._memory import shm as _shm
 
         _shm._memfd = lambda nbytes: None  # the workers are forked: they see it too
     out: dict = {"case": case, "mib": mib, "workers": workers, "shm_mib": (shm_total() or 0) >> 20}

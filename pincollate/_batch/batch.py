@@ -1,0 +1,272 @@
+"""Batches as first-class objects: they carry their layout, buffer and non-tensor values.
+
+The top-level container of a collated batch is one of these types:
+
+* a ``dict`` batch is a :class:`Batch` (a ``dict`` subclass),
+* a ``list`` batch (tuples come back as lists) is a :class:`BatchList`,
+* a namedtuple or dataclass batch is an instance of a subclass of the user's class,
+  made once per class by :func:`carrier_class`.
+
+Each carries ``(layout, buffer, values)``, so it moves in one piece:
+
+* ``pin_memory()`` makes one pinned copy of the buffer and rebuilds the views;
+  DataLoader's pin thread calls it (torch 2.10 and later look for an object's own
+  ``pin_memory()`` before walking it as a container);
+* ``to(...)`` takes ``Tensor.to``'s arguments and makes one copy of the buffer; a
+  dtype casts the floating-point tensors only;
+* ``pickle`` and ``torch.save`` write the buffer once, plus the layout; a loaded
+  batch is one buffer again, and ``torch.load(weights_only=True)`` accepts it;
+  multiprocessing's pickler sends it as :mod:`pincollate._batch.crossing` says.
+
+A batch whose contents were changed (a key added, a tensor replaced) no longer
+matches its layout: it then moves leaf by leaf, correctly, and carries no layout.
+Moving is :mod:`pincollate._batch.moving`'s; a carrier class builds the moved batch
+(``_pincollate_make``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import torch
+
+from .._types.build import new_dataclass
+from .._types.wrap import Wrap
+from .check import Carried, carried, is_batch
+from .layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
+from .list_specs import GroupsSpec, ItemsSpec, RowsSpec, SplitSpec
+from .moving import batch_pin_memory, batch_to, contents
+from .specs import (
+    DataclassSpec,
+    JaggedSpec,
+    ListSpec,
+    MappingSpec,
+    NamedTupleSpec,
+    RegisteredSpec,
+    SequenceSpec,
+)
+from .views import Views, exposed
+
+__all__ = [
+    "Batch",
+    "BatchList",
+    "allow_loading",
+    "carried",
+    "carrier_class",
+    "carries",
+    "is_batch",
+    "make_batch",
+]
+
+T = TypeVar("T")
+
+
+def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: Views | None = None) -> Any:
+    """The batch over ``buffer``: the user's containers, every tensor in it."""
+    out = layout.build(buffer, values, views)
+    top = _top(layout)
+    if not _is_carrier(top):
+        # A tensor, or a user's mapping type: nothing to carry the layout on.
+        return out
+    kind = type(top)
+    if kind is MappingSpec:
+        batch: Any = Batch(out)
+    elif kind is SequenceSpec:
+        batch = BatchList(out)
+    elif kind is NamedTupleSpec:
+        batch = carrier_class(type(out))(*out)
+    else:
+        batch = new_dataclass(carrier_class(type(out)), {f.name: getattr(out, f.name) for f in dataclasses.fields(out)})
+    object.__setattr__(batch, "_pincollate", (layout, buffer, values))
+    return batch
+
+
+def _top(layout: Layout) -> Spec:
+    """The spec of the batch's top-level container (a part's node, if the top is one)."""
+    root = layout.root
+    return layout.parts[root.index].node if type(root) is PartSpec else root
+
+
+def carries(layout: Layout) -> bool:
+    """Whether a batch of ``layout`` is a carrier (it can cross processes as its layout)."""
+    return _is_carrier(_top(layout))
+
+
+def _is_carrier(top: Spec) -> bool:
+    kind = type(top)
+    if kind is MappingSpec or kind is SequenceSpec:
+        return top.cls is None  # type: ignore[attr-defined]
+    return kind is NamedTupleSpec or kind is DataclassSpec
+
+
+def _rebuild(layout: Layout, buffer: torch.Tensor, values: list[Any]) -> Any:
+    return make_batch(layout, buffer, values)
+
+
+# --- the batch types ----------------------------------------------------------------------
+
+
+def _layout(self: Any) -> Layout | None:
+    """The batch's layout, or ``None`` once its contents no longer match it."""
+    state = carried(self)
+    return None if state is None else state[0]
+
+
+def _buffer(self: Any) -> torch.Tensor | None:
+    """The one ``uint8`` buffer every tensor of the batch lies in, or ``None``."""
+    state = carried(self)
+    return None if state is None else exposed(state[1])
+
+
+class _Carrier:
+    """What :class:`Batch` and :class:`BatchList` share: the layout they carry, and moving by it."""
+
+    _pincollate: Carried | None = None
+    _pincollate_make = staticmethod(make_batch)
+    pin_memory = batch_pin_memory
+    to = batch_to
+
+    @property
+    def layout(self) -> Layout | None:
+        """The batch's layout, or ``None`` once its contents no longer match it."""
+        return _layout(self)
+
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The one ``uint8`` buffer every tensor of the batch lies in, or ``None``.
+
+        In pageable memory a tensor of its own over the buffer's bytes: moving it
+        (``share_memory_``) moves nothing the batch's fields read.
+        """
+        return _buffer(self)
+
+    def __reduce__(self) -> Any:
+        state = carried(self)
+        if state is None:
+            return (type(self), (contents(self),))
+        return (_rebuild, state)
+
+
+class Batch(_Carrier, dict[Hashable, Any]):
+    """A collated ``dict`` batch whose tensors all lie in :attr:`buffer`.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import mm_collate
+        >>> batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
+        >>> isinstance(batch, dict), batch.buffer.dtype, batch.layout.nbytes
+        (True, torch.uint8, 128)
+        >>> batch.to(torch.float16)["x"].dtype, batch.to(torch.float16)["y"].dtype
+        (torch.float16, torch.int64)
+    """
+
+
+class BatchList(_Carrier, list[Any]):
+    """A collated ``list`` batch whose tensors all lie in :attr:`buffer`."""
+
+
+#: The carrier classes made so far, and who wants to hear of each new one (:mod:`pincollate._batch.crossing`
+#: registers how each crosses to another process).
+_carriers: list[type] = [Batch, BatchList]
+_carrier_listeners: list[Callable[[type], None]] = []
+
+
+def on_carrier(listener: Callable[[type], None]) -> None:
+    """Call ``listener`` with every carrier class: those made already, and each new one."""
+    _carrier_listeners.append(listener)
+    for cls in list(_carriers):
+        listener(cls)
+
+
+def carrier_class(cls: type[T]) -> type[T]:
+    """A subclass of the namedtuple or dataclass ``cls`` whose instances carry their layout.
+
+    It adds ``pin_memory``, ``to``, ``layout`` and ``buffer``, except where ``cls`` has
+    a field of that name: fields beat methods (such a batch is moved with
+    :func:`pincollate.to_device`, and DataLoader's pin thread reads the field, as it
+    does for ``cls`` itself). Instances pickle as ``cls`` would, rebuilt as the
+    subclass, so they cross process boundaries like the original.
+    """
+    return _carrier_class(cls)  # type: ignore[no-any-return,arg-type]
+
+
+@functools.cache
+def _carrier_class(cls: Any) -> Any:
+    fields: tuple[str, ...] = getattr(cls, "_fields", ())
+    names = set(fields) if hasattr(cls, "_fields") else {f.name for f in dataclasses.fields(cls)}
+    namespace: dict[str, Any] = {
+        "__module__": cls.__module__,
+        "__qualname__": getattr(cls, "__qualname__", cls.__name__),
+        "__reduce__": _carrier_reduce,
+        "_pincollate": None,
+        "_pincollate_make": staticmethod(make_batch),
+    }
+    if hasattr(cls, "_fields"):
+        namespace["__repr__"] = lambda self: cls.__repr__(self)
+    for name, attr in (
+        ("pin_memory", batch_pin_memory),
+        ("to", batch_to),
+        ("layout", property(_layout)),
+        ("buffer", property(_buffer)),
+    ):
+        if name not in names:
+            namespace[name] = attr
+    carrier = type(cls.__name__, (cls,), namespace)
+    _carriers.append(carrier)
+    for listener in list(_carrier_listeners):
+        listener(carrier)
+    return carrier
+
+
+def _carrier_reduce(self: Any) -> Any:
+    state = carried(self)
+    if state is not None:
+        return (_rebuild, state)
+    base = type(self).__mro__[1]
+    if isinstance(self, tuple):
+        return (_rebuild_namedtuple, (base, tuple(self)))
+    return (_rebuild_dataclass, (base, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
+
+
+def _rebuild_namedtuple(cls: Any, values: tuple[Any, ...]) -> Any:
+    return _carrier_class(cls)(*values)
+
+
+def _rebuild_dataclass(cls: type, fields: dict[str, Any]) -> Any:
+    return new_dataclass(carrier_class(cls), fields)
+
+
+def allow_loading(*objects: Any) -> None:
+    """Let ``torch.load(weights_only=True)`` rebuild these classes and functions."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add(list(objects))
+
+
+allow_loading(
+    _rebuild,
+    Layout,
+    Wrap,
+    Part,
+    TensorSpec,
+    ValueSpec,
+    ListSpec,
+    PartSpec,
+    MappingSpec,
+    SequenceSpec,
+    NamedTupleSpec,
+    DataclassSpec,
+    RegisteredSpec,
+    RowsSpec,
+    GroupsSpec,
+    JaggedSpec,
+    SplitSpec,
+    ItemsSpec,
+    Batch,
+    BatchList,
+    _rebuild_namedtuple,
+    _rebuild_dataclass,
+)

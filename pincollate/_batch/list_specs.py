@@ -1,0 +1,163 @@
+"""The specs of per-sample lists whose tensors lie in one region: what the list recipes build.
+
+:class:`SplitSpec` is a list of per-sample tensors (detection boxes, say), each made over
+its own bytes of one region; :class:`RowsSpec` is one mapping per sample over such lists
+(``PerSample()`` of detection targets); :class:`ItemsSpec` groups a sample's items (several
+images of one prompt), stacked where they agree, else listed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .._types.build import make_mapping
+from .._types.wrap import Wrap
+from .layout import Spec, TensorSpec
+from .views import Views, carve_many, numpy_dtype, standin_dtype
+
+__all__ = ["GroupsSpec", "ItemsSpec", "RowsSpec", "SplitSpec"]
+
+
+class SplitSpec(Spec):
+    """A list of per-sample tensors lying in one ``region``, each starting aligned.
+
+    ``sizes`` alternate a value's rows (elements, for a flat region) and the gap after
+    it; ``shapes`` are the values' shapes where the region is flat, ``None`` where its
+    rows are the values' rows. ``absent`` are the list's positions that hold ``None``
+    (values absent with ``missing="none"``), in ascending order. ``wraps`` (one per
+    value) make each a tensor subclass (a torchvision ``BoundingBoxes`` with its own
+    format and canvas size, say); ``None`` for plain tensors.
+    """
+
+    __slots__ = ("absent", "region", "shapes", "sizes", "wraps")
+    _fields = ("region", "sizes", "shapes", "absent", "wraps")
+
+    def __init__(
+        self,
+        region: TensorSpec,
+        sizes: Sequence[int],
+        shapes: Sequence[tuple[int, ...]] | None = None,
+        absent: Sequence[int] = (),
+        wraps: Sequence[Wrap] | None = None,
+    ):
+        self.region: TensorSpec = region
+        self.sizes: tuple[int, ...] = tuple(sizes)
+        self.shapes: tuple[tuple[int, ...], ...] | None = None if shapes is None else tuple(shapes)
+        self.absent: tuple[int, ...] = tuple(absent)
+        self.wraps: tuple[Wrap, ...] | None = None if wraps is None else tuple(wraps)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.region,)
+
+    def build(self, views: Views) -> Any:
+        dtype = self.region.dtype
+        as_numpy = numpy_dtype(dtype)
+        standin = standin_dtype(dtype) if as_numpy is None else None
+        source = views.source
+        offsets, shapes = self.places()
+        out: list[torch.Tensor | None]
+        if source is None or (as_numpy is None and standin is None):
+            out = [views.tensor(dtype, shape, offset) for offset, shape in zip(offsets, shapes, strict=True)]
+        else:
+            # Views.tensor, at once: a detection batch makes two such lists, a tensor per image.
+            carved = carve_many(source, itertools.repeat(as_numpy or standin), shapes, offsets)  # type: ignore[arg-type]
+            out = [tensor.view(dtype) for tensor in carved] if standin is not None else carved  # type: ignore[assignment]
+            counts = self.sizes[0::2]
+            if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
+                for i in [i for i, count in enumerate(counts) if not count]:
+                    out[i] = torch.empty(shapes[i], dtype=dtype)
+        if self.wraps is not None:
+            out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
+        for position in self.absent:
+            out.insert(position, None)
+        return out
+
+    def places(self) -> tuple[list[int], list[tuple[int, ...]]]:
+        """Each value's byte offset in the buffer, and each value's shape."""
+        region = self.region
+        trailing = region.shape[1:]
+        row = math.prod(trailing) * region.dtype.itemsize
+        start = region.offset
+        # Rows before each value: the sum of the sizes (values and gaps) before it.
+        before = itertools.accumulate(self.sizes[:-1], initial=0)
+        offsets = [start + rows * row for rows in itertools.islice(before, 0, None, 2)]
+        shapes = [(rows, *trailing) for rows in self.sizes[0::2]] if self.shapes is None else list(self.shapes)
+        return offsets, shapes
+
+
+class RowsSpec(Spec):
+    """One mapping per sample (``PerSample()`` of detection targets, say), of class ``cls``.
+
+    Each key's values, one per sample, are a column: tensors in one region (a
+    :class:`SplitSpec`; numbers are 0-d tensors), the samples' own strings, bytes and
+    ``None`` (a :class:`~pincollate._batch.layout.ValueSpec` of their list), mappings again (a
+    ``RowsSpec``) or per-sample lists (a :class:`GroupsSpec`). Row ``i`` maps every key
+    to its column's ``i``-th value.
+    """
+
+    __slots__ = ("cls", "columns", "keys")
+    _fields = ("cls", "keys", "columns")
+
+    def __init__(self, cls: type | None, keys: Sequence[Hashable], columns: Sequence[Spec]):
+        self.cls: type | None = cls
+        self.keys: tuple[Hashable, ...] = tuple(keys)
+        self.columns: tuple[Spec, ...] = tuple(columns)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return self.columns
+
+    def build(self, views: Views) -> Any:
+        columns = [column.build(views) for column in self.columns]
+        return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in zip(*columns, strict=True)]
+
+
+class GroupsSpec(Spec):
+    """Per-sample lists of items (``PerSample()`` of a list of per-object dicts, say).
+
+    ``items`` is the column of every sample's items, in order (``None`` where every list
+    is empty); ``counts`` says how many are each sample's. Built as lists, as the careful
+    planner builds a sample's list or tuple.
+    """
+
+    __slots__ = ("counts", "items")
+    _fields = ("items", "counts")
+
+    def __init__(self, items: Spec | None, counts: Sequence[int]):
+        self.items: Spec | None = items
+        self.counts: tuple[int, ...] = tuple(counts)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return () if self.items is None else (self.items,)
+
+    def build(self, views: Views) -> Any:
+        items = iter(() if self.items is None else self.items.build(views))
+        return [list(itertools.islice(items, count)) for count in self.counts]
+
+
+class ItemsSpec(Spec):
+    """Per-sample lists of items (``sequences="items"``): each sample's items stacked where they agree.
+
+    ``units`` lists the batch's tensors in order: a sample whose items agree is one unit
+    (its items stacked, ``(k, *shape)``), any other sample's items are a unit each.
+    ``groups`` says, per sample, ``-1`` (its one stacked unit) or how many units (items)
+    its list holds (0: an empty list).
+    """
+
+    __slots__ = ("groups", "units")
+    _fields = ("units", "groups")
+
+    def __init__(self, units: SplitSpec, groups: Sequence[int]):
+        self.units: SplitSpec = units
+        self.groups: tuple[int, ...] = tuple(groups)
+
+    def children_specs(self) -> tuple[Spec, ...]:
+        return (self.units,)
+
+    def build(self, views: Views) -> Any:
+        units = iter(self.units.build(views))
+        return [next(units) if count < 0 else list(itertools.islice(units, count)) for count in self.groups]

@@ -1,0 +1,1 @@
+"""``MMCollate``: a batch's samples through their plan into one buffer."""

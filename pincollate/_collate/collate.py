@@ -1,0 +1,227 @@
+"""``MMCollate``: plan a batch once per structure, allocate its one buffer, fill it.
+
+The pipeline, one module per stage: :mod:`pincollate._plan.cache` finds the batch's cached plan
+(or plans it), :mod:`pincollate._plan.fill` gathers and checks each field and copies it into its
+slot, :mod:`pincollate._memory.arena` allocates the buffer, :mod:`pincollate._batch.batch` returns the views.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Literal
+
+from .._batch.batch import carries, make_batch
+from .._batch.layout import Layout
+from .._errors import CollateError
+from .._memory import ring as _ring
+from .._memory.arena import Kind, PinMode, allocate, resolve_kind
+from .._plan.cache import Plan, Plans
+from .._plan.careful import Planner
+from .._plan.fill import Mismatch
+from .._plan.patterns import FieldRules, Renames, Settings
+from .._plan.policies import Policy
+from .._types.kinds import is_sequence
+from .._types.leaves import type_name
+
+__all__ = ["MMCollate", "mm_collate"]
+
+Path = tuple[Hashable, ...]
+
+_SETTINGS = ("pin_memory", "sequences", "fields", "ragged", "missing", "rename", "worker_slots", "pin_slots")
+
+
+def _samples(batch: Any) -> list[Any]:
+    if type(batch) is list:
+        samples = batch
+    elif not is_sequence(batch):
+        raise CollateError(f"expected a sequence of samples, got {type_name(batch)}")
+    else:
+        samples = list(batch)
+    if not samples:
+        raise CollateError("empty batch: there are no samples to collate")
+    return samples
+
+
+class MMCollate:
+    """A multimodal collate function that builds each batch in one buffer.
+
+    Use an instance as a DataLoader's ``collate_fn``. Wherever torch's
+    ``default_collate`` succeeds the result is the same (container types, dtypes,
+    shapes, values; a top-level dict comes back as :class:`~pincollate.Batch`, a
+    ``dict`` subclass). Every output tensor lies in one ``uint8`` buffer:
+    shared memory inside a DataLoader worker (a recycled slot, see ``worker_slots``),
+    pinned memory in the main process when ``pin_memory`` asks for it.
+
+    Args:
+        pin_memory: ``"auto"`` pins in the main process when an accelerator with
+            pinned memory is present; ``True`` requires it; ``False`` never pins.
+            Workers never pin and never touch CUDA.
+        sequences: ``"transpose"`` treats lists like ``default_collate`` (position by
+            position), falling back to item semantics when lengths differ;
+            ``"items"`` treats every list as that sample's items (several images of
+            one prompt): stacked where they agree, else kept as a list.
+        fields: policies for key-path patterns, e.g. ``{"input_ids": Pad()}``; see
+            :class:`~pincollate._plan.policies.FieldRules`.
+        ragged: the policy for fields no pattern names (``None``: stack when the
+            values agree, else a list).
+        missing: ``"error"`` (keys must agree across samples) or ``"none"`` (absent
+            keys become ``None``; empty for ``Pad``/``Concat``/``Jagged``).
+        rename: output names for keys, by dot-separated key path, e.g.
+            ``{"label": "labels"}`` for Hugging Face models; a renamed field's policy
+            extras take the new name. Never automatic; a path that matches nothing
+            is reported once, as field patterns are.
+        worker_slots: the most shared-memory slots each DataLoader worker recycles
+            for its batches (a batch then crosses to the main process without a
+            file descriptor or a new mapping). A ring only grows to the batches a
+            worker has in flight at once, about ``prefetch_factor + 1``; with every
+            slot in use a batch takes a fresh buffer. ``0`` gives every batch a
+            fresh buffer.
+        pin_slots: in the main process, register each worker slot with CUDA once,
+            so worker batches arrive page-locked and ``pin_memory`` copies nothing.
+            Needs CUDA in the main process; without it slots are left as they are.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate
+        >>> collate = MMCollate(pin_memory=False)
+        >>> batch = collate([{"img": torch.zeros(3, 2, 2), "label": 1}, {"img": torch.ones(3, 2, 2), "label": 0}])
+        >>> batch["img"].shape, batch["label"].tolist()
+        (torch.Size([2, 3, 2, 2]), [1, 0])
+        >>> batch["label"].data_ptr() - batch.buffer.data_ptr()  # one buffer: "label" after "img"
+        128
+    """
+
+    def __init__(
+        self,
+        pin_memory: PinMode = "auto",
+        *,
+        sequences: Literal["transpose", "items"] = "transpose",
+        fields: Mapping[str, Policy] | None = None,
+        ragged: Policy | None = None,
+        missing: Literal["error", "none"] = "error",
+        rename: Mapping[str, str] | None = None,
+        worker_slots: int = _ring.DEFAULT_SLOTS,
+        pin_slots: bool = False,
+    ):
+        if pin_memory not in (True, False, "auto"):
+            raise CollateError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
+        if sequences not in ("transpose", "items"):
+            raise CollateError(f"sequences must be 'transpose' or 'items', got {sequences!r}")
+        if missing not in ("error", "none"):
+            raise CollateError(f"missing must be 'error' or 'none', got {missing!r}")
+        if type(worker_slots) is not int or worker_slots < 0:
+            raise CollateError(f"worker_slots must be an int >= 0, got {worker_slots!r}")
+        if not isinstance(pin_slots, bool):
+            raise CollateError(f"pin_slots must be True or False, got {pin_slots!r}")
+        if ragged is not None and not isinstance(ragged, Policy):
+            raise CollateError(f"ragged must be a policy or None, got {type_name(ragged)}")
+        self.pin_memory: PinMode = pin_memory
+        self.sequences: Literal["transpose", "items"] = sequences
+        self.fields: dict[str, Policy] = dict(fields or {})
+        self.ragged: Policy | None = ragged
+        self.missing: Literal["error", "none"] = missing
+        self.rename: dict[str, str] = dict(rename or {})
+        self.worker_slots = worker_slots
+        self.pin_slots = pin_slots
+        self._rules = FieldRules(self.fields)
+        self._renames = Renames(self.rename)
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()
+        settings = Settings(self._rules, self._renames, ragged, missing == "none", sequences == "items")
+        self._planner = Planner(settings)
+        self._plans = Plans(settings)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _SETTINGS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state.pop("pin_memory"), **state)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return (
+            f"MMCollate(pin_memory={self.pin_memory!r}, sequences={self.sequences!r}, "
+            f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r}, rename={self.rename!r}, "
+            f"worker_slots={self.worker_slots!r}, pin_slots={self.pin_slots!r})"
+        )
+
+    def plan(self, batch: Sequence[Any]) -> Layout:
+        """The Layout ``batch`` would have, without copying anything."""
+        return self._through_plans(_samples(batch), lambda plan, samples: plan.run(samples, self._planner)[0])  # type: ignore[no-any-return]
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        """Collate ``batch`` (a sequence of samples) into one buffer."""
+        kind = resolve_kind(self.pin_memory)
+        return self._through_plans(_samples(batch), lambda plan, samples: self._collate(plan, samples, kind))
+
+    def _collate(self, plan: Plan, samples: list[Any], kind: Kind) -> Any:
+        layout, fill = plan.run(samples, self._planner)
+        # Only a carrier crosses as a slot index; any other output would cross tensor
+        # by tensor, and its slot could not be reused.
+        carrier = kind == "shared" and carries(layout)
+        # A failed fill drops its buffer; a recycled one comes back when nothing reads it.
+        # A carrier can also cross as its bytes, where /dev/shm has no room (see _shm).
+        buffer = allocate(
+            layout.nbytes,
+            kind,
+            self.worker_slots if carrier else 0,
+            self.pin_slots,
+            self.pin_memory if carrier else None,
+        )
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+
+    def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:
+        """``use(plan, samples)`` with the plan that fits: the last one, a cached one, or a new one.
+
+        The last plan used checks the batch completely as it runs, so a run of batches of
+        one structure never computes a signature. A batch that does not fit is looked up
+        by signature; if its own plan does not fit either, the fields that failed are
+        planned carefully from now on, in a new plan: at most two plans per batch.
+        """
+        plans = self._plans
+        tried = plans.last
+        learned: tuple[Path, ...] = ()
+        if tried is not None:
+            try:
+                return use(tried, samples)
+            except Mismatch as mismatch:
+                learned = mismatch.paths
+        key = plans.signature(samples)
+        if tried is None or key != tried.key:
+            learned = ()
+            found = plans.get(key)
+            if found is not None:
+                try:
+                    out = use(found, samples)
+                    plans.last = found
+                    return out
+                except Mismatch as mismatch:
+                    learned = mismatch.paths
+        plan, commit = plans.make(samples, learned)
+        try:
+            out = use(plan, samples)
+        except Mismatch as mismatch:
+            # A fresh plan checked every value it relies on; samples changed under us.
+            raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
+        commit()
+        if self._rules or self._renames:
+            self._report_unmatched()
+        return out
+
+    def _report_unmatched(self) -> None:
+        with self._lock:
+            unmatched = [p for p in self._rules.patterns if p not in self._rules.matched]
+            unmatched += [p for p in self._renames.names if p not in self._renames.matched]
+            for pattern in unmatched:
+                if pattern not in self._reported:
+                    self._reported.add(pattern)
+                    warnings.warn(
+                        f"pincollate: {'rename' if pattern in self._renames.names else 'field pattern'} {pattern!r} matched no key path in this batch",
+                        UserWarning,
+                        stacklevel=4,
+                    )
+
+
+#: The default instance: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``.
+mm_collate: MMCollate = MMCollate()

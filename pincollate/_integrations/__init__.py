@@ -1,0 +1,1 @@
+"""Other libraries' data paths: Ray Data columns, PIL and torchvision types."""

@@ -1,0 +1,205 @@
+"""Columnar batches: a dict of arrays, one per column, into one buffer.
+
+Ray Data (``iter_torch_batches(collate_fn=...)``, ``map_batches``) and other columnar
+pipelines hand a collate function a whole batch at once, column by column: dense
+numeric columns as one array each, variable-shape columns as object arrays of
+per-row arrays, strings as object or unicode arrays. :class:`ColumnCollate` takes
+such a batch into one buffer with the same policies as :class:`~pincollate.MMCollate`:
+a dense column is one copy, a ragged one goes through its policy (``Pad``,
+``Concat``, ``Jagged``, ``AsList``) with the row as the sample.
+
+For collating on the data side, :meth:`ColumnCollate.pack` turns the collated batch
+into a one-row columnar batch (its buffer as one ``uint8`` array, its layout and
+non-tensor values pickled beside it), which crosses an object store as one array;
+:meth:`ColumnCollate.unpack` makes it a batch again with one copy, pinned where the
+process pins.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Hashable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from .._batch.batch import carried, make_batch
+from .._batch.layout import Layout
+from .._batch.specs import MappingSpec
+from .._collate.collate import MMCollate
+from .._errors import CollateError
+from .._memory.arena import PinMode, allocate, resolve_kind
+from .._plan.fill import Fill, Node, Segment, TensorNode, Value
+from .._plan.policies import Policy, Stack
+from .._types.builtin import fill_numbers, torch_dtype
+from .._types.leaves import type_name
+
+__all__ = ["ColumnCollate"]
+
+#: The columns a packed batch travels in: its bytes, and its layout and values pickled.
+BUFFER, LAYOUT = "pincollate_buffer", "pincollate_layout"
+_NUMERIC = frozenset("biufc")
+
+
+class ColumnCollate:
+    """Collate a columnar batch (a mapping of column name to array) into one buffer.
+
+    Args:
+        pin_memory: as :class:`~pincollate.MMCollate`: ``"auto"`` pins where this
+            process has started an accelerator.
+        fields: policies by column name (or key-path pattern inside a column's
+            values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
+        ragged: the policy for ragged columns no pattern names (``None``: a
+            per-row list, each row in the buffer).
+        rename: output names for columns, e.g. ``{"label": "labels"}``.
+        missing: ``"none"`` takes ``None`` rows in ragged columns (empty for
+            ``Pad``/``Concat``/``Jagged``).
+
+    A dense numeric column (``bool``, ints, floats, complex) is one tensor of the
+    column's shape, whatever its policy but ``Pad``/``Concat``/``Jagged``/``AsList``,
+    which take its rows. String columns are lists of ``str``. ``datetime64`` and
+    ``timedelta64`` columns are refused: convert them first.
+
+    Example:
+        >>> import numpy as np
+        >>> import pincollate
+        >>> collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})
+        >>> ids = np.empty(2, dtype=object)
+        >>> ids[:] = [np.array([1, 2, 3]), np.array([4])]
+        >>> batch = collate({"image": np.zeros((2, 3, 4, 4), np.uint8), "ids": ids, "name": np.array(["a", "b"])})
+        >>> batch["ids"].tolist(), batch["ids_lengths"].tolist(), batch["name"]
+        ([[1, 2, 3], [4, 0, 0]], [3, 1], ['a', 'b'])
+        >>> start = batch.buffer.data_ptr()  # every tensor lies in the batch's one buffer
+        >>> all(start <= t.data_ptr() < start + batch.buffer.numel() for t in batch.values() if hasattr(t, "data_ptr"))
+        True
+    """
+
+    def __init__(
+        self,
+        pin_memory: PinMode = "auto",
+        *,
+        fields: Mapping[str, Policy] | None = None,
+        ragged: Policy | None = None,
+        rename: Mapping[str, str] | None = None,
+        missing: Literal["error", "none"] = "error",
+    ):
+        # One source of settings and their checks: an MMCollate holds the planner.
+        self._samples = MMCollate(pin_memory, fields=fields, ragged=ragged, rename=rename, missing=missing)
+
+    @property
+    def pin_memory(self) -> PinMode:
+        return self._samples.pin_memory
+
+    def __repr__(self) -> str:
+        s = self._samples
+        return (
+            f"ColumnCollate(pin_memory={s.pin_memory!r}, fields={s.fields!r}, ragged={s.ragged!r}, "
+            f"rename={s.rename!r}, missing={s.missing!r})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"samples": self._samples}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._samples = state["samples"]
+
+    def __call__(self, batch: Mapping[str, Any]) -> Any:
+        """The batch's columns in one buffer, as a :class:`~pincollate.Batch`."""
+        if not isinstance(batch, Mapping) or not batch:
+            raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
+        fill = Fill(self._samples._planner, 0, 0, 0)
+        keys: list[Hashable] = []
+        specs = []
+        rows = None
+        for key, column in batch.items():
+            path = (key,)
+            if rows is None:
+                rows = len(column)
+            elif len(column) != rows:
+                raise CollateError(f"column has {len(column)} rows, the first column {rows}", path=path)
+            node, extras = self._plan_column(column, path)
+            keys.append(self._samples._renames.key(path))
+            specs.append(fill.place(node))
+            for name, extra in extras.items():
+                if name in batch or name in keys:
+                    raise CollateError(f"the extra output {name!r} of column {key!r} clashes with a column", path=path)
+                keys.append(name)
+                specs.append(fill.place(extra))
+        layout = Layout(MappingSpec(None, keys, specs), fill.offset)
+        buffer = allocate(layout.nbytes, resolve_kind(self._samples.pin_memory))
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+
+    def _plan_column(self, column: Any, path: tuple[Hashable, ...]) -> tuple[Node, dict[str, Node]]:
+        samples = self._samples
+        policy = samples._rules.lookup(path) if samples._rules else None
+        if isinstance(column, torch.Tensor):
+            column = column.numpy(force=True)
+        if isinstance(column, np.ndarray) and column.dtype != object:
+            kind = column.dtype.kind
+            if kind in "Mm":
+                raise CollateError(
+                    f"a {column.dtype} column is not collated: convert it first (to int64 with "
+                    ".astype('int64'), or to strings)",
+                    path=path,
+                )
+            if kind in "USV":
+                return Value([str(v) if kind == "U" else v for v in column.tolist()]), {}
+            dtype = torch_dtype(column.dtype)
+            if kind in _NUMERIC and dtype is not None and (policy is None or isinstance(policy, Stack)):
+                if column.ndim == 0:
+                    raise CollateError("a column must have one row per sample, got a 0-d array", path=path)
+                shape = tuple(column.shape)
+                # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
+                return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
+        # Rows as samples: variable shapes (object arrays), policies, strings, None.
+        values = list(column)
+        if not values:
+            raise CollateError("empty column: there are no rows to collate", path=path)
+        return samples._planner.plan(values, path)
+
+    def for_ray(self, *, unpack: bool = False) -> Any:
+        """This collate as Ray Data's ``NumpyBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
+
+        Ray (2.47 and later) asks for a ``NumpyBatchCollateFn`` subclass rather than a
+        function. With ``unpack``, it unpacks batches :meth:`pack` made on the data side.
+        Needs ``ray`` (``pip install "pincollate[ray]"``).
+        """
+        from .ray import RayCollate
+
+        return RayCollate(self, unpack=unpack)
+
+    # --- collating on the data side --------------------------------------------------------
+
+    def pack(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Collate ``batch`` and return it as a one-row columnar batch, for ``map_batches``.
+
+        The row holds the buffer (``uint8``) and the pickled layout and non-tensor
+        values: one array through an object store instead of one per column.
+        Iterate the packed dataset one row at a time and :meth:`unpack` each.
+        """
+        collated = self(batch)
+        state = carried(collated)
+        assert state is not None  # a fresh batch matches its layout
+        layout, buffer, values = state
+        described = np.empty(1, dtype=object)
+        described[0] = pickle.dumps((layout, values), protocol=pickle.HIGHEST_PROTOCOL)
+        return {BUFFER: buffer[: layout.nbytes].numpy()[None], LAYOUT: described}
+
+    def unpack(self, row: Mapping[str, Any]) -> Any:
+        """The batch :meth:`pack` made, from a one-row batch: one copy of its bytes.
+
+        The copy lands in memory of this process (pinned where it pins), so the
+        batch is writable and outlives the object store's read-only view.
+        """
+        if BUFFER not in row or LAYOUT not in row:
+            raise CollateError(f"expected a packed batch with columns {BUFFER!r} and {LAYOUT!r}, got {sorted(row)}")
+        if len(row[LAYOUT]) != 1:
+            raise CollateError(f"unpack takes one packed batch at a time (batch_size=1), got {len(row[LAYOUT])}")
+        layout, values = pickle.loads(row[LAYOUT][0])
+        data = np.asarray(row[BUFFER][0], dtype=np.uint8).reshape(-1)
+        if data.size < layout.nbytes:
+            raise CollateError(f"the packed buffer has {data.size} bytes, its layout needs {layout.nbytes}")
+        buffer = allocate(layout.nbytes, resolve_kind(self._samples.pin_memory))
+        buffer[: layout.nbytes].numpy()[...] = data[: layout.nbytes]
+        return make_batch(layout, buffer, values)

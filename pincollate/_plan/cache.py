@@ -1,0 +1,191 @@
+"""The plan cache: one Layout per sample structure, checked cheaply for every batch.
+
+A batch's *signature* is sample 0's structure (container types, keys with their
+types, leaf types, dtypes and shapes) and the batch size. The first batch of a
+signature is planned once: every field whose values all agree (one type, dtype and
+shape; mappings with one key set; sequences of one length) gets a slot in a cached
+:class:`~pincollate._batch.layout.Layout` and an op that, for every later batch, gathers the
+field's column and checks it at C speed (:mod:`pincollate._plan.template` plans it). Fields that do
+not agree (ragged, mixed, with a policy) become *parts*, planned anew for each batch
+by their recipe or the careful planner after the cached slots.
+
+A batch that does not fit its plan (a column that turned ragged) raises
+:class:`~pincollate._plan.fill.Mismatch`; its paths are remembered as careful for good,
+and the batch is planned again: at most two plans for any batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._batch.layout import Layout, Spec, bulk_of
+from .._types.builtin import KEPT_VALUES, NUMBERS
+from .._types.kinds import MAPPING, SEQUENCE, kind_of
+from .._types.leaves import lookup
+from .careful import Planner
+from .fill import Fill, Mismatch
+from .items import MAX_DEPTH
+from .ops import Op
+from .patterns import Renames, Settings
+from .template import Template
+
+if TYPE_CHECKING:
+    from .patterns import FieldRules
+    from .policies import Policy
+
+__all__ = ["Plan", "Plans"]
+
+Path = tuple[Hashable, ...]
+
+_CAREFUL = object()
+
+
+class Plan:
+    """A cached plan: the Layout template, its ops, and how many values and parts it has.
+
+    ``layout`` is the one Layout every batch of this plan shares when it has no parts.
+    ``size`` is its batch size: the ops check each sample, not how many there are.
+    """
+
+    __slots__ = ("bulk", "key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
+
+    def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
+        self.size: int = size
+        self.template: Spec = template
+        self.op: Op = op
+        self.nbytes: int = nbytes
+        self.nvalues: int = nvalues
+        self.nparts: int = nparts
+        self.bulk = bulk_of(template)
+        self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
+        self.key: Hashable = None
+
+    def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
+        """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
+        if len(samples) != self.size:
+            raise Mismatch()  # another batch size (an epoch's last batch): another plan
+        fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
+        self.op.run(samples, fill)
+        layout = self.layout
+        if layout is None:
+            layout = Layout(self.template, fill.offset, fill.parts, self.bulk)
+        return layout, fill
+
+
+class Plans:
+    """The cache of plans of one :class:`~pincollate.MMCollate`, keyed by signature.
+
+    ``careful`` holds the key paths planned anew for each batch; it only grows.
+    ``planned`` counts the plans made, so tests can tell the cache is used.
+    """
+
+    def __init__(self, settings: Settings, capacity: int = 64):
+        self.settings: Settings = settings
+        self.rules: FieldRules = settings.rules
+        self.renames: Renames = settings.renames
+        self.default: Policy | None = settings.default
+        self.missing: bool = settings.missing
+        self.items: bool = settings.items
+        self.capacity: int = capacity
+        self.careful: set[Path] = set()
+        self.planned = 0
+        #: The plan the last batch used: tried first, without a signature.
+        self.last: Plan | None = None
+        self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def signature(self, samples: Sequence[Any]) -> Hashable:
+        return (len(samples), _signature(samples[0], (), self.careful, self.items))
+
+    def get(self, key: Hashable) -> Plan | None:
+        """The cached plan for a signature, or ``None``."""
+        return self._plans.get(key)
+
+    def make(self, samples: Sequence[Any], learned: Sequence[Path] = ()) -> tuple[Plan, Callable[[], None]]:
+        """Plan ``samples``, with ``learned`` paths careful besides those known.
+
+        Returns the plan and ``commit``, which caches it and keeps the careful paths
+        it found. Call it once the batch collated: a batch that fails teaches nothing.
+        """
+        with self._lock:  # another thread may be committing what it learnt
+            careful = {*self.careful, *learned}
+        if _refers_to_itself(samples[0]):
+            # The careful walk names where the sample refers to itself, whatever was planned before.
+            careful.add(())
+        template = Template(self.settings, careful)
+        spec, op = template.plan(samples, (), None)
+        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples))
+
+        def commit() -> None:
+            with self._lock:
+                self.careful.update(template.careful)
+                self.planned += 1
+                # The key later batches compute, now that the careful paths are known.
+                plan.key = self.signature(samples)
+                self._plans[plan.key] = plan
+                self.last = plan
+                if len(self._plans) > self.capacity:
+                    self._plans.popitem(last=False)
+
+        return plan, commit
+
+
+def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> object:
+    """What of ``value`` decides its plan; careful paths are not looked into."""
+    if careful and path in careful:
+        return _CAREFUL
+    cls = type(value)
+    if cls is torch.Tensor:
+        # A nested tensor has no shape; the careful planner says why it is refused.
+        return (cls, value.dtype, value.shape) if not value.is_nested else _CAREFUL
+    if cls in NUMBERS or cls in KEPT_VALUES:
+        return cls
+    if depth > MAX_DEPTH:
+        return _CAREFUL
+    depth += 1
+    handler = lookup(cls)
+    if handler is not None:
+        return (cls, handler.signature(value)) if handler.signature is not None else cls
+    kind = kind_of(value)
+    if kind is None or (kind is SEQUENCE and items):
+        return cls
+    if kind is MAPPING:
+        return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
+    try:
+        keys, children = kind.flatten(value)
+    except Exception:  # a registered container's flatten failed: the careful planner says why
+        return _CAREFUL
+    return (
+        cls,
+        # A registered flatten may give keys and children of two lengths: the plan then says so.
+        *(
+            (key, _signature(child, (*path, key), careful, items, depth))
+            for key, child in zip(keys, children, strict=False)
+        ),
+    )
+
+
+def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0) -> bool:
+    """Whether a container of ``value`` holds itself (a sample that refers to itself), read once per new plan."""
+    cls = type(value)
+    if cls is torch.Tensor or cls in NUMBERS or cls in KEPT_VALUES or lookup(cls) is not None or depth > MAX_DEPTH:
+        return False
+    kind = kind_of(value)
+    if kind is None:
+        return False
+    open_ = set() if open_ is None else open_
+    if id(value) in open_:
+        return True
+    try:
+        children = kind.flatten(value)[1]
+    except Exception:  # a registered flatten that fails: the careful walk says why
+        return False
+    open_.add(id(value))
+    found = any(_refers_to_itself(child, open_, depth + 1) for child in children)
+    open_.discard(id(value))
+    return found

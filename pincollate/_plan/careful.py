@@ -1,0 +1,291 @@
+"""The careful planner: one field's values across the batch, validated value by value.
+
+It plans what a cached plan cannot take at C speed (ragged tensors, lists of unequal
+length, mixed dtypes, policies, absent keys) and gives every error its sample index
+and key path. Its result is a planned node (:mod:`pincollate._plan.fill`) plus the extra outputs
+(lengths, masks, offsets) a policy asks for beside the field: ``plan`` returns both,
+and a parent mapping places the extras beside the field's key.
+
+The walk mirrors ``default_collate``: mappings by key, namedtuples and sequences by
+position (transposed; :mod:`pincollate._plan.containers`), per-sample lists of items
+(:mod:`pincollate._plan.items`), leaves by type through the registry in :mod:`pincollate._types.leaves` (here). Where
+``default_collate`` gives up it does not: tensors of unequal shape and lists of
+unequal length come back as per-sample lists, each stacked where its parts agree.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._errors import format_path
+from .._types.builtin import NUMBER_TYPES, fits_float64, fits_int64, number_dtype
+from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
+from .._types.leaves import LeafHandler, lookup, type_name
+from .column import Column, stack_or_list
+from .containers import ContainerWalk
+from .fill import Node, Segment, TensorNode, Value
+from .items import MAX_DEPTH, Extras, Origins, Path, container_name
+from .patterns import Renames, Settings
+from .policies import AsList, PerSample, Policy
+
+if TYPE_CHECKING:
+    from .patterns import FieldRules
+
+__all__ = ["Planner"]
+
+
+class Planner:
+    """Plans one field's column carefully. One per :class:`~pincollate.MMCollate`."""
+
+    def __init__(self, settings: Settings):
+        self.rules: FieldRules = settings.rules
+        self.renames: Renames = settings.renames
+        self.default: Policy | None = settings.default
+        self.missing: bool = settings.missing
+        self.items: bool = settings.items
+
+    def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
+        """Plan the column ``values`` (one per sample) found at ``path``."""
+        return _Walk(self).plan(values, path, None, len(path), self.items)
+
+
+class _Walk(ContainerWalk):
+    """One column's walk; knows the containers open on the current path (cycles)."""
+
+    def __init__(self, planner: Planner):
+        self.rules = planner.rules
+        self.renames = planner.renames
+        self.default = planner.default
+        self.missing = planner.missing
+        self._open: dict[int, Path] = {}
+
+    # dispatch --------------------------------------------------------------------
+
+    def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
+        if depth > MAX_DEPTH:
+            raise self._error(
+                f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origins
+            )
+        policy = self.rules.lookup(path) if self.rules else None
+        first = next((v for v in values if v is not None), None) if self.missing else values[0]
+        handler = lookup(type(first))
+        if handler is not None and (handler.is_tensor or (first is None and self.missing)):
+            return self._leaves(values, path, origins, handler, policy)
+        if policy is not None and policy.numbers_as_sequence and _number_lists(values):
+            # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
+            # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
+            sequences = self._number_sequences(values, path, origins)
+            return self._leaves(sequences, path, origins, lookup(torch.Tensor), policy)  # type: ignore[arg-type]
+        if isinstance(policy, PerSample) and (handler is None or not handler.is_tensor):
+            # A whole subtree per sample, whatever it holds: lists of per-item dicts too.
+            return self._per_sample(values, path, origins, depth), {}
+        if policy is not None and is_sequence(first) and not is_namedtuple(first):
+            if policy.takes_items:
+                return self._items_policy(values, path, origins, policy)
+            return self._sequence_policy(values, path, origins, depth, policy), {}
+        if handler is not None:
+            if isinstance(policy, AsList):
+                return Value(list(values)), {}  # always a per-sample list
+            if policy is not None:
+                raise self._error(
+                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values",
+                    None,
+                    path,
+                    origins,
+                )
+            return self._objects(values, path, origins, handler), {}
+        container = self._container(first, items)
+        if container is None:
+            i = next(i for i, v in enumerate(values) if v is first)
+            raise self._error(
+                f"unsupported type {type_name(first)}: expected a tensor, numpy array, number, str, bytes, None, "
+                "PIL image, mapping, sequence, namedtuple or dataclass (pincollate.register_container makes a class one)",
+                i,
+                path,
+                origins,
+            )
+        if isinstance(policy, PerSample):
+            return self._per_sample(values, path, origins, depth), {}
+        if policy is not None:
+            raise self._error(
+                f"{type(policy).__name__}() applies to tensors and lists of items, not to a {container_name(first)}",
+                None,
+                path,
+                origins,
+            )
+        seen = self._open.get(id(first))
+        if seen is not None:
+            raise self._error(
+                f"the sample refers to itself: this object is also at {format_path(seen)}", 0, path, origins
+            )
+        self._open[id(first)] = path
+        try:
+            return container(values, path, origins, depth, items), {}
+        finally:
+            del self._open[id(first)]
+
+    def _container(self, first: Any, items: bool) -> Callable[..., Node] | None:
+        kind = kind_of(first)
+        if kind is MAPPING:
+            return self._mapping
+        if kind is NAMEDTUPLE:
+            return self._namedtuple
+        if kind is DATACLASS:
+            return self._dataclass
+        if kind is SEQUENCE:
+            return self._items if items else self._sequence
+        if kind is not None:
+            return self._registered
+        return None
+
+    # leaves ----------------------------------------------------------------------
+
+    def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
+        family = handler.family
+        dtypes: list[torch.dtype | None] = []
+        shapes: list[tuple[int, ...] | None] = []
+        metas: list[Hashable] | None = [] if handler.meta is not None else None
+        first_type = None
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                dtypes.append(None)
+                shapes.append(None)
+                if metas is not None:
+                    metas.append(None)
+                continue
+            h = lookup(type(value))
+            if h is None or h.family != family:
+                expected = handler.name if family != "number" else "a number"
+                raise self._error(f"expected {expected}, got {type_name(value)}", i, path, origins)
+            if first_type is None:
+                first_type = type(value)
+                handler = h
+            sample, where = self._blame(i, path, origins)
+            dtype, shape = h.describe(value, sample, where)  # type: ignore[misc]
+            dtypes.append(dtype)
+            shapes.append(shape)
+            if metas is not None:
+                metas.append(h.meta(value) if h.meta is not None else None)
+        column = Column(values, path, handler, dtypes, shapes, metas, origins)
+        if family == "number":
+            try:
+                column.dtype = number_dtype(values)
+            except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+                failed: Exception | None = exc
+            else:
+                failed = None
+            if failed is not None or not (column.dtype.is_floating_point or column.dtype.is_complex):
+                # An int beyond int64 is refused where the column is integer, as torch does;
+                # in a float column it is a float, as default_collate makes it.
+                for i, value in enumerate(values):
+                    if isinstance(value, int) and not fits_int64(value):
+                        raise self._error(f"int {value} does not fit int64", i, path, origins)
+            if failed is not None:
+                raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
+            if column.dtype.is_floating_point or column.dtype.is_complex:
+                for i, value in enumerate(values):
+                    if not fits_float64(value):
+                        raise self._error(
+                            f"an int of {value.bit_length()} bits is too large for {column.dtype}", i, path, origins
+                        )
+        return column
+
+    def _leaves(
+        self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
+    ) -> tuple[Node, Extras]:
+        if not handler.is_tensor:
+            # Every value is None (missing="none"): a packing policy gives its empty result.
+            if policy is not None and policy.takes_items:
+                return policy.plan(Column.empty(len(values), path), self.renames.key(path))
+            return Value([None] * len(values)), {}
+        if policy is None and _mixed_families(values):
+            return self._as_default_collate(values, path, origins), {}
+        column = self._column(values, path, origins, handler)
+        if policy is None and handler.family != "number" and any(column.known.values()):
+            # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
+            policy = self.default
+        if policy is None:
+            return stack_or_list(column), {}
+        return policy.plan(column, self.renames.key(path))
+
+    def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
+        numbers = [x for v in values if v is not None for x in v]
+        try:
+            dtype = torch.tensor(numbers).dtype if numbers else torch.int64
+            return [None if v is None else torch.tensor(list(v), dtype=dtype) for v in values]
+        except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+            raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
+
+    def _as_default_collate(self, values: Sequence[Any], path: Path, origins: Origins) -> Node:
+        """A column that mixes tensors, arrays and numbers: what ``default_collate`` makes of it.
+
+        Its promotion rules for such columns (``torch.as_tensor`` of arrays, ``torch.tensor``
+        of numbers and 0-d tensors) are kept exactly by asking it, then copying its result
+        into the batch's buffer: one extra copy, for these columns only.
+        """
+        from torch.utils.data import default_collate
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
+                value = default_collate(list(values))
+        except (RuntimeError, TypeError, ValueError):
+            # It gives up where a tensor comes first: each value as a tensor, then stacked.
+            try:
+                value = torch.stack([torch.as_tensor(v) for v in values])
+            except (RuntimeError, TypeError, ValueError) as exc:
+                raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
+        shape = tuple(value.shape)
+        return TensorNode(value.dtype, shape, [Segment(0, shape, _copy_into, value)])
+
+    def _objects(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
+        if handler.family in ("str", "bytes"):
+            # default_collate returns a column that starts with a string as it is.
+            return Value(values)
+        for i, value in enumerate(values):
+            h = lookup(type(value))
+            if h is not handler and not (value is None and self.missing):
+                raise self._error(f"expected {handler.name}, got {type_name(value)}", i, path, origins)
+        # default_collate returns the batch's own list of strings.
+        return Value(values)
+
+
+_TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
+
+
+def _mixed_families(values: Sequence[Any]) -> bool:
+    """Whether tensors, arrays and numbers are mixed in one column."""
+    families = set()
+    for value in values:
+        if value is not None:
+            handler = lookup(type(value))
+            if handler is None or handler.family not in _TENSOR_LIKE:
+                return False
+            families.add(handler.family)
+    return len(families) > 1
+
+
+#: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
+_NUMBERS = tuple(NUMBER_TYPES)
+
+
+def _number_lists(values: Sequence[Any]) -> bool:
+    """Whether every present value is a list (or tuple) of Python numbers, one at least."""
+    found = False
+    for value in values:
+        if value is None:
+            continue
+        if not isinstance(value, (list, tuple)) or is_namedtuple(value):
+            return False
+        if not all(isinstance(x, _NUMBERS) for x in value):
+            return False
+        found = found or bool(value)
+    return found
+
+
+def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:
+    region.copy_(value)

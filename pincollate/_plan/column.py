@@ -1,0 +1,165 @@
+"""One field's values across the batch, described: the column every policy plans from.
+
+The careful planner (:mod:`pincollate._plan.careful`) reads each value's dtype, shape and metadata
+once, through the leaf registry (:mod:`pincollate._types.leaves`), into a :class:`Column`; a policy
+(:mod:`pincollate._plan.policies`) or the default, :func:`stack_or_list`, turns it into a planned
+node. A column knows whom to blame for each value (sample index and key path), the
+promoted dtype, whether its values stack, and the class a stack of them has.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .._batch.specs import ListSpec
+from .._errors import CollateError
+from .._types.leaves import LeafHandler, lookup, type_name
+from .._types.wrap import Wrap
+from .fill import Node, Segment, TensorNode, Tree, Value
+
+__all__ = ["Column", "Path", "stack_or_list", "stacked_class"]
+
+Path = tuple[Hashable, ...]
+
+
+class Column:
+    """The values of one tensor-like field: one per sample, or per item of a list.
+
+    ``dtypes[i]``/``shapes[i]`` describe ``values[i]``; ``None`` values (missing
+    entries, with ``missing="none"``) have ``None`` there. ``origin(i)`` gives the
+    sample index and key path to blame for value ``i``.
+    """
+
+    def __init__(
+        self,
+        values: Sequence[Any],
+        path: Path,
+        handler: LeafHandler,
+        dtypes: list[torch.dtype | None],
+        shapes: list[tuple[int, ...] | None],
+        metas: list[Hashable] | None,
+        origins: list[tuple[int, Path]] | None,
+    ):
+        self.values: Sequence[Any] = values
+        self.path: Path = path
+        self.handler: LeafHandler = handler
+        self.dtypes: list[torch.dtype | None] = dtypes
+        self.shapes: list[tuple[int, ...] | None] = shapes
+        self.metas: list[Hashable] | None = metas
+        self.origins: list[tuple[int, Path]] | None = origins
+
+    @classmethod
+    def empty(cls, n: int, path: Path) -> Column:
+        """``n`` absent values (none at all for ``n == 0``): what a packing policy makes empty."""
+        tensor = lookup(torch.Tensor)
+        assert tensor is not None
+        return cls([None] * n, path, tensor, [None] * n, [None] * n, None, None)
+
+    def origin(self, i: int) -> tuple[int, Path]:
+        return (i, self.path) if self.origins is None else self.origins[i]
+
+    def error(self, message: str, i: int | None = None) -> CollateError:
+        if i is None:
+            return CollateError(message, path=self.path)
+        sample, path = self.origin(i)
+        return CollateError(message, sample=sample, path=path)
+
+    @functools.cached_property
+    def known(self) -> dict[int, tuple[int, ...]]:
+        """The shapes of the values present, by index."""
+        return {i: shape for i, shape in enumerate(self.shapes) if shape is not None}
+
+    @functools.cached_property
+    def present(self) -> list[int]:
+        return [i for i, shape in enumerate(self.shapes) if shape is not None]
+
+    @functools.cached_property
+    def dtype(self) -> torch.dtype:
+        """The promoted dtype of all present values (``torch.result_type`` rules)."""
+        first: torch.dtype | None = None
+        for i, other in enumerate(self.dtypes):
+            if other is None or other is first:
+                continue
+            if first is None:
+                first = other
+                continue
+            try:
+                first = torch.promote_types(first, other)
+            except RuntimeError as exc:  # uint16/32/64 with signed ints, float8 with others
+                raise self.error(f"cannot stack {other} here with {first} before it: {exc}", i) from exc
+        return torch.float32 if first is None else first
+
+    @property
+    def uniform(self) -> bool:
+        """All values present, of one shape, with agreeing metadata: stackable."""
+        first = self.shapes[0]
+        if not self.handler.stackable or first is None or any(shape != first for shape in self.shapes):
+            return False
+        return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
+
+    def _wrap(self, i: int) -> Wrap | None:
+        handler = lookup(type(self.values[i]))
+        return None if handler is None or handler.wrap is None else handler.wrap(self.values[i])
+
+    def _common_wrap(self) -> Wrap | None:
+        # The type every value shares (an Image, say). A column that mixes classes
+        # stacks to the class torch.stack gives them, as default_collate's stack does:
+        # a subclass beside plain tensors wins, tv_tensors of two kinds unwrap.
+        wraps = {self._wrap(i): None for i in range(len(self.values))}
+        if len(wraps) == 1:
+            return next(iter(wraps))
+        classes = [type(v) for v in self.values if v is not None]
+        try:
+            cls = stacked_class(classes)
+        except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
+            first = next(i for i, v in enumerate(self.values) if v is not None)
+            i = next(i for i, v in enumerate(self.values) if v is not None and type(v) is not classes[0])
+            raise self.error(
+                f"{type_name(self.values[i])} here does not stack with {classes[0].__name__} in sample "
+                f"{self.origin(first)[0]}: torch.stack refuses the two classes together",
+                i,
+            ) from None
+        for wrap in wraps:
+            if wrap is not None and wrap.cls is cls and not wrap.meta:
+                return wrap
+        return None if cls is None or cls is torch.Tensor else Wrap(cls)
+
+    def stacked(self) -> TensorNode:
+        """All values stacked along a new first dimension (requires :attr:`uniform`)."""
+        shape = (len(self.values), *self.known[0])
+        segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
+        return TensorNode(self.dtype, shape, [segment], self._common_wrap())
+
+    def single(self, i: int) -> Node:
+        """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
+        shape = self.shapes[i]
+        if shape is None:
+            return Value(None)
+        dtype = self.dtypes[i]
+        assert dtype is not None  # present values have a dtype
+        segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
+        return TensorNode(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+
+
+def stacked_class(classes: Sequence[type]) -> type | None:
+    """The class ``torch.stack`` gives tensors of ``classes`` (in order), or ``None`` for arrays.
+
+    Asked of torch itself, on empty stand-ins, so a subclass's ``__torch_function__``
+    decides as it does for ``default_collate``.
+    """
+    tensors = [cls for cls in dict.fromkeys(classes) if issubclass(cls, torch.Tensor)]
+    if len(tensors) != len(set(classes)):
+        return None
+    probes: list[torch.Tensor] = [torch.empty(0).as_subclass(cls) for cls in classes]
+    return type(torch.stack(probes))
+
+
+def stack_or_list(column: Column) -> Node:
+    """The default: stack when the values agree, else a list of per-sample values."""
+    if column.uniform:
+        return column.stacked()
+    return Tree(ListSpec, [column.single(i) for i in range(len(column.values))])

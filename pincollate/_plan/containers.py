@@ -1,0 +1,172 @@
+"""How the careful planner walks containers: mappings, namedtuples, dataclasses, sequences.
+
+:class:`ContainerWalk` is the container part of the careful planner's walk
+(:mod:`pincollate._plan.careful`): it checks that every sample holds the same container (keys,
+classes, lengths), plans each child column through the walk's ``plan``, and builds
+the spec of the container around them. Lists of unequal length become per-sample
+item lists (:mod:`pincollate._plan.items`). Every error names its sample and key path.
+"""
+
+from __future__ import annotations
+
+import collections.abc as abc
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from .._batch.layout import Spec
+from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
+from .._errors import Attr
+from .._types.build import container_cls
+from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
+from .._types.leaves import type_name
+from .fill import Node, Tree
+from .items import ItemWalk, Origins, Path, container_name
+
+__all__ = ["ContainerWalk"]
+
+
+def _dataclass_maker(cls: type, names: list[str]) -> Callable[[list[Spec]], Spec]:
+    return lambda children: DataclassSpec(cls, names, children)
+
+
+class ContainerWalk(ItemWalk):
+    """Mappings, namedtuples, dataclasses and sequences, each checked across the batch."""
+
+    def _mapping(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        first = next(v for v in values if v is not None) if self.missing else values[0]
+        keys = list(first.keys())
+        first_keys: abc.Set[Hashable] = first.keys()
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                continue
+            if kind_of(value) is not MAPPING:
+                raise self._error(
+                    f"expected a mapping, got {container_name(value)} ({type_name(value)})", i, path, origins
+                )
+            if value.keys() != first_keys and not self.missing:
+                missing = [k for k in keys if k not in value]
+                extra = [k for k in value if k not in first_keys]
+                detail = "; ".join(
+                    part
+                    for part in (f"missing keys {missing}" if missing else "", f"extra keys {extra}" if extra else "")
+                    if part
+                )
+                raise self._error(
+                    f"keys differ from sample {self._blame(0, path, origins)[0]}: {detail} (pass missing='none' to allow absent keys)",
+                    i,
+                    path,
+                    origins,
+                )
+        if self.missing:
+            keys = union_keys(values)
+        out_keys: list[Hashable] = []
+        children: list[Node] = []
+        for key in keys:
+            column = [None if v is None else v.get(key) for v in values] if self.missing else [v[key] for v in values]
+            child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
+            out_keys.append(self.renames.key((*path, key)))
+            children.append(child)
+            for name, extra_node in extras.items():
+                if name in keys or name in out_keys:
+                    raise self._error(
+                        f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins
+                    )
+                out_keys.append(name)
+                children.append(extra_node)
+        cls = container_cls(type(first), dict)
+        return Tree(lambda specs: MappingSpec(cls, out_keys, specs), children)
+
+    def _field(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        """A child of a container that has no keys to put a policy's extras beside."""
+        return self._no_extras(self.plan(values, path, origins, depth + 1, items), path, origins)
+
+    def _same_type(self, values: Sequence[Any], path: Path, origins: Origins, tuples: bool = False) -> type:
+        """The class every value has (absent ones aside, with ``missing="none"``).
+
+        With ``tuples``, any tuple of the same length passes too (a plain one, another
+        namedtuple class): ``default_collate`` zips them into the first value's class.
+        """
+        first = next(v for v in values if v is not None) if self.missing else values[0]
+        cls = type(first)
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                continue
+            if type(value) is cls or (tuples and isinstance(value, tuple) and len(value) == len(first)):
+                continue
+            raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
+        return cls
+
+    def _namedtuple(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        cls = self._same_type(values, path, origins, tuples=True)
+        names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        # An absent sample (missing="none") has every field absent.
+        rows = [(None,) * len(names) if v is None else v for v in values]
+        children = [
+            self._field(column, (*path, Attr(name)), origins, depth, items)
+            for name, column in zip(names, zip(*rows, strict=True), strict=True)
+        ]
+        return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
+
+    def _registered(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        """A class registered with ``register_container``: one key set, each child planned by its key."""
+        cls = self._same_type(values, path, origins)
+        kind = registered(cls)
+        flat: list[tuple[list[Hashable], list[Any]] | None] = []
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                flat.append(None)
+                continue
+            try:
+                names, children = kind.flatten(value)
+            except Exception as exc:
+                raise self._error(f"flatten of {cls.__qualname__} failed: {exc!r}", i, path, origins) from exc
+            flat.append((list(names), list(children)))
+        keys = next(entry for entry in flat if entry is not None)[0]
+        for i, entry in enumerate(flat):
+            if entry is not None and (entry[0] != keys or len(entry[1]) != len(keys)):
+                raise self._error(
+                    f"{cls.__qualname__} keys differ from sample {self._blame(0, path, origins)[0]}: "
+                    f"{entry[0]} against {keys} ({len(entry[1])} children)",
+                    i,
+                    path,
+                    origins,
+                )
+        rows = [[None] * len(keys) if entry is None else entry[1] for entry in flat]
+        children = [
+            self._field(list(column), (*path, key), origins, depth, items)
+            for key, column in zip(keys, zip(*rows, strict=True), strict=True)
+        ]
+        return Tree(lambda specs: RegisteredSpec(cls, keys, specs), children)
+
+    def _dataclass(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
+        cls = self._same_type(values, path, origins)
+        names = [f.name for f in dataclasses.fields(cls)]
+        children = [
+            self._field(
+                [None if v is None else getattr(v, name) for v in values], (*path, Attr(name)), origins, depth, items
+            )
+            for name in names
+        ]
+        return Tree(_dataclass_maker(cls, names), children)
+
+    def _sequence(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                continue
+            # A namedtuple beside plain sequences is one more sequence, as default_collate zips it.
+            if not is_sequence(value):
+                raise self._error(
+                    f"expected a sequence, got {container_name(value)} ({type_name(value)})", i, path, origins
+                )
+        first = values[0]
+        size = len(first) if first is not None else -1
+        if any(value is None or len(value) != size for value in values):
+            # default_collate raises here; per-sample item lists are what such data means.
+            return self._items(values, path, origins, depth)
+        # zip's tuples, as default_collate: a column of strings comes back as one.
+        children = [
+            self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values, strict=True))
+        ]
+        cls = container_cls(type(first), list)
+        return Tree(lambda specs: SequenceSpec(cls, specs), children)

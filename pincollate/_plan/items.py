@@ -1,0 +1,247 @@
+"""The careful walk's item semantics: per-sample lists of items, and one subtree per sample.
+
+:class:`ItemWalk` is the lowest half of the careful planner's walk (:mod:`pincollate._plan.careful`,
+:mod:`pincollate._plan.containers`): a sample's list holds its own items, stacked where they agree
+(``[img, img]`` and ``[img]`` become ``[stack of 2, stack of 1]``); ``PerSample()``
+plans one subtree per sample; ``AsList``/``Stack``/``Concat``/``Jagged`` on lists of
+items. It also holds what every half shares: the key-path types, the depth limit,
+the container classes kept, and errors that name their sample and path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._batch.specs import ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec
+from .._errors import Attr, CollateError
+from .._types.build import container_cls
+from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
+from .._types.leaves import LeafHandler, lookup, type_name
+from .column import Column, stack_or_list
+from .fill import Node, Segment, TensorNode, Tree, Value
+from .patterns import ITEMS, Renames
+from .policies import AsList, Policy, Stack
+
+if TYPE_CHECKING:
+    from .patterns import FieldRules
+
+__all__ = [
+    "MAX_DEPTH",
+    "Extras",
+    "ItemWalk",
+    "Origins",
+    "Path",
+    "container_name",
+    "merge",
+]
+
+Path = tuple[Hashable, ...]
+Origins = list[tuple[int, Path]] | None
+Extras = dict[str, Node]
+
+#: Deeper than this is taken for a self-referencing sample.
+MAX_DEPTH = 100
+
+
+def container_name(value: Any) -> str:
+    """What errors call a container: its kind, or its class where that says more."""
+    kind = kind_of(value)
+    return kind.name if kind is MAPPING or kind is NAMEDTUPLE or kind is SEQUENCE else type_name(value)
+
+
+class ItemWalk:
+    """Items and per-sample subtrees; the walk supplies ``plan`` and ``_column``."""
+
+    rules: FieldRules | None
+    renames: Renames
+    missing: bool
+
+    def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
+        raise NotImplementedError
+
+    def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
+        raise NotImplementedError
+
+    # errors ----------------------------------------------------------------------
+
+    @staticmethod
+    def _blame(i: int, path: Path, origins: Origins) -> tuple[int, Path]:
+        if origins is None:
+            return i, path
+        sample, base = origins[i]
+        return sample, base + path[len(base) :] if len(path) >= len(base) else base
+
+    def _error(self, message: str, i: int | None, path: Path, origins: Origins) -> CollateError:
+        if i is None:
+            return CollateError(message, path=path)
+        sample, where = self._blame(i, path, origins)
+        return CollateError(message, sample=sample, path=where)
+
+    def _no_extras(self, planned: tuple[Node, Extras], path: Path, origins: Origins) -> Node:
+        node, extras = planned
+        if extras:
+            raise self._error(
+                f"the policy for this field returns {sorted(extras)}, which need a parent mapping; set their *_key arguments to None",
+                0,
+                path,
+                origins,
+            )
+        return node
+
+    def _items(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
+        """Each value's list holds its own items: stack where they agree, else a list."""
+        return merge(self._item_nodes(values, path, origins, depth))
+
+    def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
+        """``PerSample()``: one subtree per sample, nothing stacked across samples."""
+        return Tree(
+            ListSpec,
+            [self._single(value, path, [self._blame(i, path, origins)], depth) for i, value in enumerate(values)],
+        )
+
+    def _single(self, value: Any, path: Path, origin: Origins, depth: int) -> Node:
+        if depth > MAX_DEPTH:
+            raise self._error(
+                f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origin
+            )
+        kind = kind_of(value)
+        if kind is MAPPING:
+            keys = list(value)
+            children = [self._single(value[k], (*path, k), origin, depth + 1) for k in keys]
+            cls = container_cls(type(value), dict)
+            return Tree(lambda specs: MappingSpec(cls, keys, specs), children)
+        if type(kind) is Registered:
+            assert isinstance(kind, Registered)
+            names, values = kind.flatten(value)
+            children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, values, strict=True)]
+            user_cls, user_keys = type(value), list(names)
+            return Tree(lambda specs: RegisteredSpec(user_cls, user_keys, specs), children)
+        if is_sequence(value):
+            names = [Attr(n) for n in value._fields] if is_namedtuple(value) else list(range(len(value)))
+            children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, value, strict=True)]
+            if is_namedtuple(value):
+                nt = type(value)
+                return Tree(lambda specs: NamedTupleSpec(nt, specs), children)
+            return Tree(ListSpec, children)
+        handler = lookup(type(value))
+        if handler is None or not handler.is_tensor:
+            if handler is None and kind is not DATACLASS:
+                raise self._error(f"unsupported type {type_name(value)}", 0, path, origin)
+            return Value(value)
+        # One value: a column of one, its leading 1 dropped.
+        node = stack_or_list(self._column([value], path, origin, handler))
+        if isinstance(node, TensorNode):
+            return _unstack(node)
+        assert isinstance(node, Tree) and len(node.children) == 1
+        return node.children[0]  # a value that is never stacked (torchvision's boxes): itself
+
+    def _sequence_policy(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, policy: Policy) -> Node:
+        """``AsList`` or ``Stack`` on a field whose values are lists of items."""
+        children = self._item_nodes(values, path, origins, depth)
+        if isinstance(policy, AsList):
+            return Tree(ListSpec, children)
+        if isinstance(policy, Stack):
+            merged = merge(children)
+            if not isinstance(merged, TensorNode):
+                shapes = [tuple(c.shape) if isinstance(c, TensorNode) else type(c).__name__ for c in children]
+                raise self._error(
+                    f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins
+                )
+            return merged
+        raise self._error(
+            f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins
+        )
+
+    def _item_nodes(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> list[Node]:
+        children: list[Node] = []
+        for i, value in enumerate(values):
+            if value is None and self.missing:
+                children.append(Value(None))
+                continue
+            if is_sequence(value) and not is_namedtuple(value):
+                sample, where = self._blame(i, path, origins)
+                if not value:
+                    children.append(Tree(ListSpec, []))
+                    continue
+                item_origins = [(sample, (*where, j)) for j in range(len(value))]
+                child = self._no_extras(
+                    self.plan(list(value), (*where, ITEMS), item_origins, depth + 1, True), path, origins
+                )
+            else:
+                child = self._no_extras(
+                    self.plan([value], path, [self._blame(i, path, origins)], depth + 1, True), path, origins
+                )
+                if isinstance(child, Tree) and child.make is ListSpec and len(child.children) == 1:
+                    child = child.children[0]
+                elif isinstance(child, TensorNode):
+                    child = _unstack(child)
+            children.append(child)
+        return children
+
+    def _items_policy(self, values: Sequence[Any], path: Path, origins: Origins, policy: Policy) -> tuple[Node, Extras]:
+        """A Concat/Jagged field whose per-sample values are lists of items."""
+        flat: list[Any] = []
+        flat_origins: list[tuple[int, Path]] = []
+        counts: list[int] = []
+        for i, value in enumerate(values):
+            sample, where = self._blame(i, path, origins)
+            if value is None and self.missing:
+                counts.append(0)
+                continue
+            if not is_sequence(value):
+                raise self._error(f"expected a list of items, got {type_name(value)}", i, path, origins)
+            counts.append(len(value))
+            flat.extend(value)
+            flat_origins.extend((sample, (*where, j)) for j in range(len(value)))
+        if not flat:
+            # No sample has an item: the policy gives its empty result.
+            return policy.plan(Column.empty(0, path), self.renames.key(path), counts=counts)
+        handler = lookup(type(flat[0]))
+        if handler is None or not handler.is_tensor:
+            raise self._error(
+                f"expected tensor items, got {type_name(flat[0])}",
+                0,
+                (*path, 0),
+                None if origins is None else flat_origins,
+            )
+        column = self._column(flat, path, flat_origins, handler)
+        return policy.plan(column, self.renames.key(path), counts=counts)
+
+
+def _unstack(slot: TensorNode) -> TensorNode:
+    """A stack of one value, seen as that value (its leading 1 dropped)."""
+    return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
+
+
+def merge(children: list[Node]) -> Node:
+    """Stack children that are tensors of one shape into one slot, else list them."""
+    if not children or not all(isinstance(c, TensorNode) and c.stackable for c in children):
+        return Tree(ListSpec, children)
+    slots: list[TensorNode] = children  # type: ignore[assignment]
+    shape = slots[0].shape
+    if any(s.shape != shape for s in slots):
+        return Tree(ListSpec, children)
+    dtype = slots[0].dtype
+    for s in slots[1:]:
+        if s.dtype is not dtype:
+            dtype = torch.promote_types(dtype, s.dtype)
+    segments: list[Segment] = []
+    numel = slots[0].numel
+    for i, s in enumerate(slots):
+        for segment in s.segments:
+            segment = segment.shifted(i * numel)
+            if segments and segment.follows(segments[-1]):
+                prev = segments[-1]
+                segments[-1] = Segment(
+                    prev.start,
+                    (prev.shape[0] + segment.shape[0], *prev.shape[1:]),
+                    prev.fill,
+                    [*prev.payload, *segment.payload],
+                    True,
+                )
+            else:
+                segments.append(segment)
+    return TensorNode(dtype, (len(slots), *shape), segments, slots[0].wrap)

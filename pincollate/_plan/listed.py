@@ -1,0 +1,206 @@
+"""Per-sample lists planned once: ragged tensors listed (or stacked) per sample, and items.
+
+:class:`ListRecipe` places a column of per-sample tensors (detection boxes; tensor
+subclasses kept as their class) in one region: one ``torch.cat`` fills it and each
+value's tensor is made over its own bytes; :mod:`pincollate._plan.rows` uses it for each tensor key of
+``PerSample()`` mappings (detection targets). :class:`ItemsRecipe` takes per-sample lists
+of items (several images of one prompt): each sample's items stacked where they agree,
+the batch stacked where every sample's stack agrees.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._batch.layout import Part
+from .._batch.list_specs import ItemsSpec, SplitSpec
+from .._batch.views import ALIGN, pitch
+from .._types.builtin import concat_tensors, stack_tensors
+from .._types.kinds import LISTS
+from .._types.leaves import lookup
+from .._types.wrap import Wrap
+from .fill import Fill
+from .ops import FIRST
+from .recipe import Recipe, place, plain_tensors
+
+__all__ = ["ItemsRecipe", "ListRecipe", "items_recipe"]
+
+
+class ListRecipe(Recipe):
+    """Per-sample tensors: stacked where this batch's shapes agree (no policy), else a list.
+
+    The list lies in one region, each value starting aligned; one ``torch.cat`` fills it
+    and each value's tensor is made over its bytes. With ``missing`` (``missing="none"``)
+    an absent value is ``None`` in the list (and the batch is not stacked). A tensor
+    subclass (``cls``) comes back as its class: each value wrapped as its leaf handler
+    says, with its own metadata (a box's format and canvas size) where it has some.
+    """
+
+    __slots__ = ("missing", "per_value", "stacks", "wrap")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool, missing: bool = False, cls: type = torch.Tensor):
+        super().__init__(dtype, ndim, cls)
+        self.missing = missing
+        handler = lookup(cls) if cls is not torch.Tensor else None
+        #: How a value's view becomes its class (``None``: a plain tensor), and whether
+        #: that depends on the value (metadata) or only on the class.
+        self.wrap = None if handler is None else handler.wrap
+        self.per_value = handler is not None and handler.meta is not None
+        self.stacks = stacks and (handler is None or handler.stackable)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if not (self.missing and any(value is None for value in column)):
+            return super().run(column, fill, index)
+        absent = [i for i, value in enumerate(column) if value is None]
+        present = [value for value in column if value is not None]
+        shapes = self.shapes(present) if present else None
+        if shapes is None:
+            return False  # all absent, or not what the recipe takes: the careful planner
+        fill.parts[index] = self.sized(present, shapes, fill, absent)
+        return True
+
+    def sized(
+        self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill, absent: Sequence[int] = ()
+    ) -> Part:
+        dtype = next(iter(self.dtypes))
+        first = shapes[0]
+        distinct = set(shapes)  # torch.Size hashes as a tuple: one C-level pass
+        wrap = self.wrap
+        if self.stacks and not absent and len(distinct) == 1:
+            stacked = place(fill, dtype, (len(shapes), *first), None if wrap is None else wrap(column[0]))
+            fill.tasks.append((stack_tensors, stacked, column, None))
+            return Part(stacked)
+        wraps: Sequence[Wrap | None] | None = None
+        if wrap is not None:
+            wraps = tuple(map(wrap, column)) if self.per_value else (wrap(column[0]),) * len(column)
+        trailing: tuple[int, ...] = tuple(first[1:])
+        itemsize = dtype.itemsize
+        width: int = math.prod(trailing)
+        if width and (self.ndim == 1 or len({shape[1:] for shape in distinct}) == 1):
+            # Rows of one width: the region is (rows, *trailing), split along its rows.
+            counts = list(map(FIRST, shapes))
+            step = pitch(1, width * itemsize)  # each value's rows round up to this
+            shapes_out = None
+        else:
+            counts = [math.prod(tuple(shape)) for shape in shapes]
+            step = ALIGN // itemsize
+            trailing = ()
+            column = [value.reshape(-1) for value in column]
+            shapes_out = tuple(tuple(shape) for shape in shapes)
+        gaps = [-count % step for count in counts]
+        split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
+        zeros = _zeros(dtype, trailing, step)
+        # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
+        pieces = [
+            piece
+            for value, count, gap in zip(column, counts, gaps, strict=True)
+            for piece in ((value, zeros[gap]) if gap else (value,) if count else ())
+        ] or [column[0]]
+        region = place(fill, dtype, (sum(split), *trailing))
+        fill.tasks.append((concat_tensors, region, pieces, None))
+        return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
+
+
+class ItemsRecipe(Recipe):
+    """Per-sample lists (or tuples) of plain tensors taken as items: several images of one prompt.
+
+    As the careful planner's item semantics: a sample's items stacked where their shapes
+    agree (one item: a stack of one), else listed; where every sample is stacked with one
+    count and shape, the batch is one tensor ``(B, k, *shape)``. With ``items`` ``False``
+    (``sequences="transpose"``, whose lists are items only where their lengths differ) a
+    batch whose lists all have one length goes to the careful planner, which transposes it.
+    ``whole`` is what a field rule asks of the batch: ``None`` (no rule) as above,
+    ``False`` (``AsList()``) a per-sample list even where every sample agrees, ``True``
+    (``Stack()``) the one tensor, and the careful planner's error where it cannot be.
+    """
+
+    __slots__ = ("items", "whole")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, items: bool, whole: bool | None = None):
+        super().__init__(dtype, ndim)
+        self.items = items
+        self.whole = whole
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if set(map(type, column)) - LISTS:
+            return False  # a missing list, or not a list: the careful planner
+        counts = list(map(len, column))
+        if not self.items and len(set(counts)) == 1:
+            return False
+        flat = list(itertools.chain.from_iterable(column))
+        shapes = self.shapes(flat) if flat else None
+        if shapes is None:
+            return False
+        dtype = next(iter(self.dtypes))
+        # Per sample: the shape its items agree on (it has some), else None.
+        agreed: list[torch.Size | None] = []
+        start = 0
+        for count in counts:
+            own = shapes[start : start + count]
+            start += count
+            agreed.append(own[0] if count and own.count(own[0]) == count else None)
+        alike = None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1
+        if self.whole and not alike:
+            return False  # Stack() of items that do not stack: the careful planner's error
+        if alike and self.whole is not False:
+            stacked = place(fill, dtype, (len(column), counts[0], *shapes[0]))
+            fill.tasks.append((_stack_items, stacked, flat, None))
+            fill.parts[index] = Part(stacked)
+            return True
+        step = ALIGN // dtype.itemsize
+        zeros = _zeros(dtype, (), step)
+        units: list[tuple[int, ...]] = []  # each unit's shape: a sample's stack, or one item
+        groups: list[int] = []
+        sizes: list[int] = []  # a unit's elements, then its gap
+        pieces: list[torch.Tensor] = []  # a unit's items, then its gap's zeros; nothing empty
+
+        def unit(shape: tuple[int, ...], items: Sequence[torch.Tensor], numel: int) -> None:
+            units.append(shape)
+            gap = -numel % step
+            sizes.extend((numel, gap))
+            if numel:
+                pieces.extend(item.reshape(-1) for item in items)
+            if gap:
+                pieces.append(zeros[gap])
+
+        start = 0
+        for count, shape in zip(counts, agreed, strict=True):
+            values = flat[start : start + count]
+            if shape is not None:
+                groups.append(-1)
+                unit((count, *shape), values, count * math.prod(shape))
+            else:
+                groups.append(count)
+                for item, item_shape in zip(values, shapes[start : start + count], strict=True):
+                    unit(tuple(item_shape), (item,), math.prod(item_shape))
+            start += count
+        region = place(fill, dtype, (sum(sizes),))
+        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
+        fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
+        return True
+
+
+def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
+    # (B, k, *shape): the batch's items in order, k per sample.
+    torch.stack(items, out=region.view(-1, *region.shape[2:]))
+
+
+def items_recipe(column: Sequence[Any], items: bool, whole: bool | None = None) -> Recipe | None:
+    """An :class:`ItemsRecipe` for per-sample lists of plain tensors of one dtype and rank."""
+    if set(map(type, column)) - LISTS:
+        return None
+    described = plain_tensors([item for value in column for item in value])
+    return None if described is None else ItemsRecipe(*described, items, whole)
+
+
+@functools.lru_cache(maxsize=256)
+def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
+    """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
+    zeros = torch.zeros((step, *trailing), dtype=dtype)
+    return tuple(zeros[:gap] for gap in range(step))

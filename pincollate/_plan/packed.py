@@ -1,0 +1,125 @@
+"""Ragged fields packed back to back, planned once: ``Concat`` and ``Jagged`` recipes.
+
+Per batch, a field's values (one tensor per sample, or per-sample lists of items) are
+checked at C speed (:class:`~pincollate._plan.recipe.Recipe`), concatenated by one
+``torch.cat`` into the batch's buffer, and their offsets (and for items their counts and
+item offsets) written beside them; under ``Jagged`` the values and their ``int64``
+offsets are one nested tensor. Anything else goes to the careful planner.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .._batch.layout import Part, Spec, TensorSpec
+from .._batch.specs import JaggedSpec
+from .._types.builtin import concat_tensors, fill_numbers
+from .fill import Fill
+from .ops import FIRST
+from .packing import INT32_MAX, Concat, Jagged
+from .padding import nonempty
+from .recipe import Recipe, place, plain_tensors
+
+__all__ = ["ConcatRecipe", "concat_recipe"]
+
+
+class ConcatRecipe(Recipe):
+    """``Concat`` of plain tensors, or of per-sample lists of them (``items``): one ``torch.cat``.
+
+    Under ``Jagged`` the values and their ``int64`` offsets are one nested tensor.
+    """
+
+    __slots__ = ("containers", "counts_name", "item_offsets_name", "jagged", "offsets_name", "tail")
+
+    def __init__(
+        self, dtype: torch.dtype, ndim: int, policy: Concat, name: Hashable, containers: frozenset[type] | None
+    ):
+        super().__init__(dtype, ndim)
+        # The trailing sizes of a shape, read at C speed.
+        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else FIRST
+        #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
+        self.containers = containers
+        self.jagged = isinstance(policy, Jagged)
+        self.offsets_name = policy._extra_name(policy.offsets_key, name)
+        items = containers is not None
+        self.counts_name = policy._extra_name(policy.counts_key, name) if items else None
+        self.item_offsets_name = policy._extra_name(policy.item_offsets_key, name) if items else None
+
+    def extras(self) -> tuple[str, ...]:
+        names = (self.offsets_name, self.counts_name, self.item_offsets_name)
+        return tuple(name for name in names if name is not None)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        counts = None
+        values = column
+        if self.containers is not None:
+            if set(map(type, column)) - self.containers:
+                return False
+            if None in column:  # absent lists (missing="none"): no items
+                column = [() if value is None else value for value in column]
+            counts = list(map(len, column))
+            values = list(itertools.chain.from_iterable(column))
+        if not values:
+            return False  # nothing to concatenate: the careful planner's empty result
+        shapes = self.shapes(values)
+        if shapes is None:
+            return False
+        trailing = shapes[0][1:]
+        if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
+            return False  # the careful planner names the value whose trailing dims differ
+        rows = list(map(FIRST, shapes))
+        total = sum(rows)
+        if total > INT32_MAX and not self.jagged:
+            return False  # the careful planner says Concat's int32 offsets cannot hold it
+        concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
+        fill.tasks.append((concat_tensors, concatenated, nonempty(values, rows), None))
+        node: Spec = concatenated
+        extras: list[tuple[str, TensorSpec]] = []
+        item_offsets = [0, *itertools.accumulate(rows)]
+        # Sample i's rows end where its last item's do.
+        offsets = (
+            item_offsets if counts is None else [item_offsets[end] for end in itertools.accumulate(counts, initial=0)]
+        )
+        if self.jagged:
+            spec = place(fill, torch.int64, (len(offsets),))
+            fill.tasks.append((fill_numbers, spec, offsets, None))
+            per_sample = list(map(operator.sub, offsets[1:], offsets))
+            node = JaggedSpec(concatenated, spec, min(per_sample, default=0), max(per_sample, default=0))
+        self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
+        if counts is not None:
+            self._extra(fill, extras, self.counts_name, counts, torch.int64)
+            offsets_dtype = torch.int64 if self.jagged else torch.int32  # as the policy's own offsets
+            self._extra(fill, extras, self.item_offsets_name, item_offsets, offsets_dtype)
+        fill.parts[index] = Part(node, tuple(extras))
+        return True
+
+    @staticmethod
+    def _extra(
+        fill: Fill, extras: list[tuple[str, TensorSpec]], name: str | None, values: list[int], dtype: torch.dtype
+    ) -> None:
+        if name is not None:
+            spec = place(fill, dtype, (len(values),))
+            fill.tasks.append((fill_numbers, spec, values, None))
+            extras.append((name, spec))
+
+
+def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
+    """A ``Concat`` recipe: per-sample tensors, or per-sample lists (or tuples) of tensors.
+
+    With ``missing`` (``missing="none"``) a list may be absent (``None``): no items.
+    """
+    containers = {type(value) for value in column}
+    lists = containers - {type(None)} if missing else containers
+    if lists and lists <= {list, tuple}:
+        described = plain_tensors([item for value in column if value is not None for item in value])
+        if described is None:
+            return None
+        allowed = frozenset(lists | {type(None)}) if missing else frozenset(lists)
+        return ConcatRecipe(*described, policy, name, allowed)
+    described = plain_tensors(column)
+    return None if described is None else ConcatRecipe(*described, policy, name, None)

@@ -1,0 +1,174 @@
+"""Packed layouts for ragged fields: ``Concat`` (values back to back, with offsets) and
+``Jagged`` (a ``torch.nested`` jagged tensor on the same memory)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Hashable
+
+import torch
+
+from .._batch.layout import Spec
+from .._batch.specs import JaggedSpec
+from .._types.wrap import Wrap
+from .column import Column
+from .fill import Node, Segment, TensorNode, Tree
+from .policies import Policy, int_node
+
+__all__ = ["INT32_MAX", "Concat", "Jagged"]
+
+INT32_MAX = 2**31 - 1
+
+
+class Concat(Policy):
+    """Concatenate values along dim 0, with ``int32`` offsets of length ``B + 1``.
+
+    This is the packed layout of variable-length attention kernels (``cu_seqlens``).
+    Per-sample lists of items (several images of one prompt) are concatenated in
+    order: the offsets still bound each sample, and the item counts and item
+    offsets (``int32``, one more than the number of items in the batch) bound each
+    item. Missing values (``missing="none"``) count as empty.
+
+    Args:
+        offsets_key: name of the per-sample offsets, or ``None``.
+        counts_key: name of the per-sample item counts (``int64``, lists of items
+            only), or ``None``.
+        item_offsets_key: name of the per-item offsets (lists of items only), or
+            ``None``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Concat
+        >>> collate = MMCollate(fields={"ids": Concat()})
+        >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
+        >>> batch["ids"].tolist(), batch["ids_offsets"].tolist()
+        ([1, 2, 3, 4], [0, 3, 4])
+    """
+
+    takes_items = True
+    numbers_as_sequence = True
+    _offsets_dtype = torch.int32
+
+    def __init__(
+        self,
+        offsets_key: str | None = "{key}_offsets",
+        counts_key: str | None = "{key}_counts",
+        item_offsets_key: str | None = "{key}_item_offsets",
+    ):
+        self.offsets_key: str | None = offsets_key
+        self.counts_key: str | None = counts_key
+        self.item_offsets_key: str | None = item_offsets_key
+
+    def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
+        present = column.present
+        if not present:
+            # Nothing to concatenate (a text-only batch): empty values, zero offsets.
+            return TensorNode(torch.float32, (0,), []), [0] * len(column.values)
+        first = present[0]
+        shapes = column.known
+        for i in present:
+            shape = shapes[i]
+            if len(shape) == 0:
+                raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
+            if shape[1:] != shapes[first][1:]:
+                raise column.error(
+                    f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
+                    f"{shapes[first]} in sample {column.origin(first)[0]}",
+                    i,
+                )
+        rows = [0 if shape is None else shape[0] for shape in column.shapes]
+        trailing = shapes[first][1:]
+        total = sum(rows)
+        concat = column.handler.concat
+        if concat is not None:
+            # One call for the whole field: torch.cat straight into the region.
+            segments = [Segment(0, (total, *trailing), concat, [column.values[i] for i in present])]
+        else:
+            segments = []
+            start = 0
+            row_numel = math.prod(trailing)
+            for i in present:
+                segments.append(Segment(start, (1, rows[i], *trailing), column.handler.fill, [column.values[i]]))  # type: ignore[arg-type]
+                start += rows[i] * row_numel
+        return TensorNode(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
+
+    @staticmethod
+    def _wrap(column: Column) -> Wrap | None:
+        """Keep a tv_tensors subclass and its metadata when every value shares them."""
+        wrap = column.handler.wrap
+        if wrap is None:
+            return None
+        wraps = {wrap(column.values[i]) for i in column.present}
+        return wraps.pop() if len(wraps) == 1 else None
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        node, rows = self._values(column)
+        if self._offsets_dtype == torch.int32 and sum(rows) > INT32_MAX:
+            raise column.error(
+                f"{sum(rows):,} rows do not fit Concat()'s int32 offsets (cu_seqlens); use Jagged(), whose offsets are int64"
+            )
+        return node, self._extras(rows, counts, name)
+
+    def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:
+        """Offsets per sample; with lists of items, also counts and item offsets."""
+        extras: dict[str, Node] = {}
+        per_sample = rows if counts is None else _group(rows, counts)
+        offsets_name = self._extra_name(self.offsets_key, name)
+        if offsets_name is not None:
+            extras[offsets_name] = _offsets_node(per_sample, self._offsets_dtype)
+        if counts is not None:
+            counts_name = self._extra_name(self.counts_key, name)
+            if counts_name is not None:
+                extras[counts_name] = int_node(counts)
+            items_name = self._extra_name(self.item_offsets_key, name)
+            if items_name is not None:
+                extras[items_name] = _offsets_node(rows, self._offsets_dtype)
+        return extras
+
+
+def _group(rows: list[int], counts: list[int]) -> list[int]:
+    grouped, start = [], 0
+    for count in counts:
+        grouped.append(sum(rows[start : start + count]))
+        start += count
+    return grouped
+
+
+def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
+    return int_node([0, *itertools.accumulate(rows)], dtype)
+
+
+class Jagged(Concat):
+    """A ``torch.nested`` jagged tensor over the concatenated values, no extra copy.
+
+    The values and ``int64`` offsets both live in the batch buffer; the nested
+    tensor is built on them with ``torch.nested.nested_tensor_from_jagged``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Jagged
+        >>> batch = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(3)}, {"ids": torch.arange(2)}])
+        >>> batch["ids"].is_nested, [t.tolist() for t in batch["ids"].unbind()]
+        (True, [[0, 1, 2], [0, 1]])
+    """
+
+    _offsets_dtype = torch.int64
+
+    def __init__(self, counts_key: str | None = "{key}_counts", item_offsets_key: str | None = "{key}_item_offsets"):
+        super().__init__(offsets_key=None, counts_key=counts_key, item_offsets_key=item_offsets_key)
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        values, rows = self._values(column)
+        values.wrap = None  # torch.nested takes plain values
+        per_sample = rows if counts is None else _group(rows, counts)
+        offsets = _offsets_node(per_sample, torch.int64)
+        # Known here: attention kernels would otherwise read them back from the device.
+        seqlens = (min(per_sample, default=0), max(per_sample, default=0))
+        return Tree(functools.partial(_jagged, seqlens=seqlens), [values, offsets]), self._extras(rows, counts, name)
+
+
+def _jagged(specs: list[Spec], seqlens: tuple[int, int]) -> Spec:
+    values, offsets = specs
+    return JaggedSpec(values, offsets, *seqlens)  # type: ignore[arg-type]

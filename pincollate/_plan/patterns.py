@@ -1,0 +1,138 @@
+"""Field patterns: which policy applies at which key path."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Hashable, Mapping
+
+from .._errors import CollateError
+from .policies import Policy
+
+__all__ = ["ITEMS", "FieldRules", "Renames", "Settings"]
+
+#: The key path entry of a sample's items (a list under item semantics): every item,
+#: matched by ``*`` in a pattern, never by an index.
+ITEMS = "*"
+
+Path = tuple[Hashable, ...]
+
+_SEGMENT = re.compile(r"^(\*|[^.*]+)$")
+
+
+class FieldRules:
+    """Field patterns compiled once; the most specific match wins.
+
+    A pattern is dot-separated segments matched against a key path's keys (list
+    indices as digits); ``*`` matches any one key. More literal segments is more
+    specific; ties go to the pattern given first.
+
+    Example:
+        >>> from pincollate import Concat, Pad, Stack
+        >>> rules = FieldRules({"*.boxes": Pad(), "images.*": Concat(), "meta.boxes": Stack()})
+        >>> rules.lookup(("meta", "boxes"))
+        Stack()
+        >>> rules.lookup(("images", 0))
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
+    """
+
+    def __init__(self, fields: Mapping[str, Policy] | None):
+        self._rules: list[tuple[int, int, tuple[str, ...], str, Policy]] = []
+        for order, (pattern, policy) in enumerate((fields or {}).items()):
+            if not isinstance(pattern, str) or not pattern:
+                raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
+            parts = tuple(pattern.split("."))
+            if not all(_SEGMENT.match(p) for p in parts):
+                raise CollateError(
+                    f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key"
+                )
+            if not isinstance(policy, Policy):
+                raise CollateError(
+                    f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}"
+                )
+            literal = sum(p != "*" for p in parts)
+            self._rules.append((-literal, order, parts, pattern, policy))
+        self._rules.sort(key=lambda rule: rule[:2])
+        self._cache: dict[Path, Policy | None] = {}
+        self.matched: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    @property
+    def patterns(self) -> list[str]:
+        return [rule[3] for rule in self._rules]
+
+    def lookup(self, path: Path) -> Policy | None:
+        try:
+            return self._cache[path]
+        except KeyError:
+            pass
+        found = None
+        keys = tuple(str(k) for k in path)
+        for _, _, parts, pattern, policy in self._rules:
+            if len(parts) == len(keys) and all(
+                p == "*" or (p == k and k != ITEMS) for p, k in zip(parts, keys, strict=True)
+            ):
+                # A pattern that matches but loses to a more specific one did match.
+                self.matched.add(pattern)
+                if found is None:
+                    found = policy
+        self._cache[path] = found
+        return found
+
+
+class Renames:
+    """Output names for keys, by dot-separated key path: ``{"label": "labels"}``.
+
+    A renamed field's policy extras take the new name too (``labels_mask``).
+
+    Example:
+        >>> renames = Renames({"meta.label": "labels"})
+        >>> renames.key(("meta", "label")), renames.key(("meta", "other"))
+        ('labels', 'other')
+    """
+
+    def __init__(self, rename: Mapping[str, str] | None):
+        self.names: dict[str, str] = {}
+        for path, name in (rename or {}).items():
+            if not isinstance(path, str) or not path or not isinstance(name, str) or not name:
+                raise CollateError(
+                    f"rename maps key paths to new names, both non-empty strings; got {path!r}: {name!r}"
+                )
+            self.names[path] = name
+        self.matched: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def key(self, path: Path) -> Hashable:
+        """The output name of the last key of ``path``."""
+        if not path:
+            return None
+        if self.names:
+            dotted = ".".join(str(k) for k in path)
+            name = self.names.get(dotted)
+            if name is not None:
+                self.matched.add(dotted)
+                return name
+        return path[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one collate plans by: the same object for its cached plans and its careful planner.
+
+    Attributes:
+        rules: the policies by key-path pattern.
+        renames: the output names by key path.
+        default: the policy for tensor fields no pattern names (``ragged=``).
+        missing: whether absent keys are taken as ``None``.
+        items: whether lists are each sample's items (``sequences="items"``).
+    """
+
+    rules: FieldRules
+    renames: Renames
+    default: Policy | None = None
+    missing: bool = False
+    items: bool = False

@@ -1,0 +1,284 @@
+"""Ragged-field policies, and the patterns that assign them to key paths.
+
+A policy turns one *column* (the values of one field across the batch) into an
+output node, plus optional extra tensors (lengths, mask, offsets) returned beside
+the field in its parent mapping under names the policy chooses::
+
+    collate = MMCollate(fields={"input_ids": Pad(mask_key="attention_mask")})
+    batch = collate(samples)
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+
+Every output, extras included, lives in the batch's one buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Hashable, Iterable
+from typing import Any, Literal
+
+import torch
+
+from .._batch.specs import ListSpec
+from .._errors import CollateError
+from .._types.builtin import fill_numbers
+from .column import Column
+from .fill import Node, Segment, TensorNode, Tree
+from .padding import fill_mask, fill_mask_1d, fill_padded
+
+__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "fits", "int_node"]
+
+
+class Policy:
+    """How one field is collated. Subclasses implement :meth:`plan`."""
+
+    #: Whether per-sample values may be lists of items, flattened before planning.
+    takes_items = False
+    #: Whether a per-sample list of Python numbers is one 1-D sequence (token ids).
+    numbers_as_sequence = False
+    #: Whether tensors that agree are what the policy makes of them anyway (a stack, as
+    #: with no policy): the plan then gives them a fixed slot and plans the field for a
+    #: batch only where they do not agree.
+    fixed_when_uniform = False
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        """Return the field's node and its extra outputs keyed by their names.
+
+        ``counts`` is set for policies that take lists of items (:attr:`takes_items`):
+        how many of the column's values each sample gave.
+        """
+        raise NotImplementedError
+
+    def _extra_name(self, template: str | None, name: Hashable) -> str | None:
+        return None if template is None else template.format(key=name)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(vars(self).items(), key=lambda kv: kv[0]))))
+
+
+class Stack(Policy):
+    """Strict stacking: values of different shapes are an error naming them.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Stack
+        >>> collate = MMCollate(fields={"x": Stack()})
+        >>> collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+        Traceback (most recent call last):
+        ...
+        pincollate.CollateError: sample 1 at ['x']: Stack() needs equal shapes, got (3,) here and (2,) in sample 0
+    """
+
+    fixed_when_uniform = True
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        if not column.handler.stackable:
+            raise column.error(f"Stack() cannot stack {column.handler.name}: they stay one tensor per sample")
+        if not column.uniform:
+            first = column.shapes[0]
+            for i, shape in enumerate(column.shapes):
+                if shape is None:
+                    raise column.error("Stack() got a missing value", i)
+                if shape != first:
+                    raise column.error(
+                        f"Stack() needs equal shapes, got {shape} here and {first} in sample {column.origin(0)[0]}", i
+                    )
+            raise column.error("Stack() needs equal metadata (a box format or canvas size differs)")
+        return column.stacked(), {}
+
+
+class AsList(Policy):
+    """Always a list of per-sample tensors, each in the batch buffer."""
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
+
+
+class PerSample(Policy):
+    """One output per sample for a whole subtree: a list of the samples' own structures.
+
+    What torchvision's detection models take as targets: a list of per-image dicts of
+    boxes and labels. Every tensor is still a view of the batch's one buffer.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, PerSample
+        >>> collate = MMCollate(fields={"target": PerSample()})
+        >>> batch = collate([{"target": {"boxes": torch.zeros(2, 4), "labels": [1, 2]}}, {"target": {"boxes": torch.zeros(0, 4), "labels": []}}])
+        >>> [t["boxes"].shape for t in batch["target"]]
+        [torch.Size([2, 4]), torch.Size([0, 4])]
+    """
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        return AsList().plan(column, name)
+
+
+def fits(value: float | bool, dtype: torch.dtype) -> bool:
+    if dtype == torch.bool:
+        return value in (0, 1)
+    if dtype.is_complex:
+        return True
+    if dtype.is_floating_point:
+        return math.isnan(value) or math.isinf(value) or abs(value) <= torch.finfo(dtype).max
+    info = torch.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
+
+
+def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:
+    """A small integer tensor (lengths, counts, offsets) computed while planning."""
+    shape = (len(values),) if not values or not isinstance(values[0], list) else (len(values), len(values[0]))
+    return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
+
+
+class Pad(Policy):
+    """Pad ragged values to one shape; add their lengths and a validity mask.
+
+    Args:
+        value: the pad value; it must fit the field's dtype.
+        side: ``"right"`` pads after the values, ``"left"`` before them.
+        multiple_of: round each padded dimension up to a multiple of this.
+        max_length: pad each padded dimension to exactly this size, in every batch
+            (shapes that agree across ranks, or for a compiled model). A longer value
+            is an error naming its sample and key path, unless ``truncate``.
+        truncate: with ``max_length``, keep the first ``max_length`` entries of a
+            longer value (lengths and mask count what is kept).
+        dims: the dimensions to pad. ``None`` pads every dimension whose size varies
+            in the batch (dimension 0 when none does). Give it to keep the mask's
+            shape the same from batch to batch.
+        lengths_key: name of the lengths tensor (``int64``; shape ``(B,)`` for one
+            padded dimension, ``(B, len(dims))`` otherwise), or ``None``.
+        mask_key: name of the mask (``bool``, ``(B, *padded sizes)``, ``True`` on
+            real values), or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from pincollate import MMCollate, Pad
+        >>> collate = MMCollate(fields={"ids": Pad(value=-1)})
+        >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
+        >>> batch["ids"].tolist(), batch["ids_lengths"].tolist()
+        ([[1, 2, 3], [4, -1, -1]], [3, 1])
+        >>> batch["ids_mask"].tolist()
+        [[True, True, True], [True, False, False]]
+    """
+
+    numbers_as_sequence = True
+
+    def __init__(
+        self,
+        value: float | bool = 0,
+        side: Literal["right", "left"] = "right",
+        multiple_of: int | None = None,
+        max_length: int | None = None,
+        truncate: bool = False,
+        dims: Iterable[int] | None = None,
+        lengths_key: str | None = "{key}_lengths",
+        mask_key: str | None = "{key}_mask",
+    ):
+        if side not in ("right", "left"):
+            raise CollateError(f"Pad(side=...) must be 'right' or 'left', got {side!r}")
+        if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of < 1):
+            raise CollateError(f"Pad(multiple_of=...) must be a positive int, got {multiple_of!r}")
+        if not isinstance(value, (bool, int, float)):
+            raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise CollateError(f"Pad(max_length=...) must be a positive int, got {max_length!r}")
+        if max_length is not None and multiple_of is not None:
+            raise CollateError("Pad(max_length=...) and Pad(multiple_of=...) do not go together: max_length is exact")
+        if truncate and max_length is None:
+            raise CollateError("Pad(truncate=True) needs a max_length")
+        if dims is not None and not tuple(dims):
+            raise CollateError("Pad(dims=...) must name at least one dimension (or be None)")
+        if dims is not None and len(set(dims)) != len(tuple(dims)):
+            raise CollateError(f"Pad(dims={tuple(dims)}) names a dimension twice")
+        if lengths_key is not None and lengths_key == mask_key:
+            raise CollateError(f"Pad(lengths_key=..., mask_key=...) must differ, both are {lengths_key!r}")
+        self.value: float | bool = value
+        self.side: Literal["right", "left"] = side
+        self.multiple_of: int | None = multiple_of
+        self.max_length: int | None = max_length
+        self.truncate: bool = truncate
+        self.dims: tuple[int, ...] | None = None if dims is None else tuple(dims)
+        self.lengths_key: str | None = lengths_key
+        self.mask_key: str | None = mask_key
+
+    def _round(self, size: int) -> int:
+        m = self.multiple_of
+        return size if m is None else -(-size // m) * m
+
+    def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
+        present = column.present
+        shapes = dict(column.known)  # truncation may shorten some
+        if not present:
+            raise column.error("Pad() got no values to pad (all missing)")
+        ndim = len(shapes[present[0]])
+        if ndim == 0:
+            raise column.error("Pad() cannot pad 0-d values", present[0])
+        for i in present:
+            if len(shapes[i]) != ndim:
+                raise column.error(
+                    f"Pad() needs values of one rank, got shape {shapes[i]} here and {shapes[present[0]]} in sample {column.origin(present[0])[0]}",
+                    i,
+                )
+        dtype = column.dtype
+        if not fits(self.value, dtype):
+            raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
+        sizes = [max(shapes[i][d] for i in present) for d in range(ndim)]
+        if self.dims is None:
+            dims = tuple(d for d in range(ndim) if any(shapes[i][d] != sizes[d] for i in present)) or (0,)
+        else:
+            dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
+            if any(not 0 <= d < ndim for d in dims):
+                raise column.error(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
+            if len(set(dims)) != len(dims):
+                raise column.error(f"Pad(dims={self.dims}) names a dimension twice for {ndim}-d values")
+            for i in present:
+                for d in range(ndim):
+                    if d not in dims and shapes[i][d] != sizes[d]:
+                        raise column.error(
+                            f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({shapes[i][d]} vs {sizes[d]})",
+                            i,
+                        )
+        values = list(column.values)
+        if self.max_length is not None:
+            limit = self.max_length
+            for i in present:
+                if any(shapes[i][d] > limit for d in dims):
+                    if not self.truncate:
+                        raise column.error(
+                            f"shape {shapes[i]} is longer than Pad(max_length={limit}) (pass truncate=True to cut)", i
+                        )
+                    cut = tuple(slice(0, limit) if d in dims else slice(None) for d in range(ndim))
+                    values[i] = values[i][cut]
+                    shapes[i] = tuple(min(size, limit) if d in dims else size for d, size in enumerate(shapes[i]))
+            for d in dims:
+                sizes[d] = limit
+        for d in dims:
+            sizes[d] = self._round(sizes[d])
+        n = len(column.values)
+        shape = (n, *sizes)
+        entries = [(i, values[i], shapes[i]) for i in present]
+        fill = functools.partial(fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
+        node = TensorNode(dtype, shape, [Segment(0, shape, fill, entries)])
+        extras: dict[str, Node] = {}
+        lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
+        lengths_name = self._extra_name(self.lengths_key, name)
+        if lengths_name is not None:
+            extras[lengths_name] = int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
+        mask_name = self._extra_name(self.mask_key, name)
+        if mask_name is not None:
+            mask_shape = (n, *(sizes[d] for d in dims))
+            if len(dims) == 1:
+                mask_fill: Any = functools.partial(fill_mask_1d, left=self.side == "left")
+                bounds: Any = [row[0] for row in lengths]
+            else:
+                mask_fill, bounds = functools.partial(fill_mask, left=self.side == "left"), lengths
+            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
+        return node, extras

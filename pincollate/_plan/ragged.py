@@ -1,0 +1,213 @@
+"""Ragged fields planned once: per batch, only the sizes are read.
+
+When the first batch of a structure shows a field planned per batch (ragged, or under
+a policy) as plain tensors of one dtype and one rank (token ids, waveforms, boxes,
+image patches: what ragged data almost always is), its plan keeps a *recipe*: the
+field's policy, dtype, rank and output names, settled once. For each batch the recipe
+checks the column at C speed, reads the sizes, computes the offsets and queues one
+copy per field: ``Pad`` as one masked assignment (large rows: one ``torch.cat`` with
+their padding, or a copy per row). Per-sample lists, ``PerSample()`` mappings
+(detection targets) and lists of items are in :mod:`pincollate._plan.listed`, ``Concat`` and
+``Jagged`` in :mod:`pincollate._plan.packed`; Python number lists and numpy arrays are converted
+first (:mod:`pincollate._plan.recipe`). :func:`recipe_for` picks the recipe.
+
+A batch the recipe does not describe (another dtype, a value that is too long for
+``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives
+the same result for what it can take and the error, with sample and key path, for
+what it cannot.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .._batch.layout import Part, TensorSpec
+from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
+from .._types.kinds import LISTS, MAPPING, kind_of
+from .fill import Fill, Filler, Regions
+from .images import images_recipe
+from .listed import ListRecipe, items_recipe
+from .ops import FIRST
+from .packed import concat_recipe
+from .packing import Concat, Jagged
+from .padding import fill_padded_1d, fill_padded_and_mask_1d
+from .policies import AsList, Pad, PerSample, Policy, Stack, fits
+from .recipe import Recipe, converted, kept_tensors, place, plain_tensors
+from .rows import per_sample_recipe
+
+__all__ = ["MixedNumbers", "PadRecipe", "recipe_for"]
+
+Path = tuple[Hashable, ...]
+
+
+class PadRecipe(Recipe):
+    """``Pad`` over one dimension of plain tensors (the one whose sizes differ, or ``dims``).
+
+    With ``missing`` (``missing="none"``) an absent value is an empty one: its row is all
+    padding, its length 0.
+    """
+
+    __slots__ = ("dim", "fill_both", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
+        super().__init__(dtype, ndim)
+        self.missing = missing
+        self.policy = policy
+        self.left = policy.side == "left"
+        dims = None if policy.dims is None else tuple(d % ndim for d in policy.dims)
+        self.dim: int | None = None if dims is None else dims[0]
+        self.lengths_name = policy._extra_name(policy.lengths_key, name)
+        self.mask_name = policy._extra_name(policy.mask_key, name)
+        self.fill_values: Filler = functools.partial(fill_padded_1d, value=policy.value, left=self.left)
+        self.fill_both: Filler = functools.partial(fill_padded_and_mask_1d, value=policy.value, left=self.left)
+
+    def extras(self) -> tuple[str, ...]:
+        return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if self.missing and any(value is None for value in column):
+            present = next((value for value in column if value is not None), None)
+            if type(present) is not torch.Tensor:
+                return False  # nothing present, or not a tensor: the careful planner
+            # Empty along the padded dimension (``dims``, else the first: where that is not
+            # the one whose sizes differ, two then differ and the careful planner pads).
+            shape = list(present.shape)
+            shape[0 if self.dim is None else self.dim] = 0
+            empty = present.new_empty(shape)
+            column = [empty if value is None else value for value in column]
+        return super().run(column, fill, index)
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        n = len(shapes)
+        if self.ndim == 1:
+            dim = 0
+            lengths = list(map(FIRST, shapes))
+            sizes = [max(lengths)]
+        else:
+            per_dim = list(zip(*shapes, strict=True))
+            varying = [d for d, sizes_d in enumerate(per_dim) if len(set(sizes_d)) > 1]
+            if self.dim is None:
+                if len(varying) > 1:
+                    return None  # several padded dimensions: the careful planner's mask
+                dim = varying[0] if varying else 0
+            else:
+                dim = self.dim
+                if any(d != dim for d in varying):
+                    return None  # the careful planner names the dimension that differs
+            lengths = list(per_dim[dim])
+            sizes = [max(sizes_d) for sizes_d in per_dim]
+        longest = sizes[dim]
+        policy = self.policy
+        if policy.max_length is not None:
+            if longest > policy.max_length:
+                return None  # truncated, or an error naming the sample: carefully
+            longest = policy.max_length
+        sizes[dim] = policy._round(longest)
+        node = place(fill, next(iter(self.dtypes)), (n, *sizes))
+        payload = (column, lengths, dim)
+        extras: list[tuple[str, TensorSpec]] = []
+        if self.lengths_name is not None:
+            lengths_spec = place(fill, torch.int64, (n,))
+            fill.tasks.append((fill_numbers, lengths_spec, lengths, None))
+            extras.append((self.lengths_name, lengths_spec))
+        if self.mask_name is None:
+            fill.tasks.append((self.fill_values, node, payload, None))
+        else:
+            mask = place(fill, torch.bool, (n, sizes[dim]))
+            # One copy writes both: the mask says where the values go.
+            fill.tasks.append((self.fill_both, Regions(node, mask), payload, None))
+            extras.append((self.mask_name, mask))
+        return Part(node, tuple(extras))
+
+
+class MixedNumbers(Recipe):
+    """Python numbers of several types in one column (ints beside floats, as JSON gives them).
+
+    One tensor of the dtype ``default_collate`` gives the column (:func:`number_dtype`: the
+    first value's type decides, an int column takes what torch infers for all of it),
+    filled by one numpy assignment. An int beyond ``int64`` goes to the careful planner,
+    which names it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(torch.float64, 0)  # the dtype is the batch's own
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        if not NUMBER_TYPES.issuperset(map(type, column)):
+            return False
+        try:
+            dtype = number_dtype(column)
+        except (OverflowError, RuntimeError, ValueError):  # an int beyond int64: torch.tensor cannot read it
+            return False
+        if dtype.is_floating_point and not all(map(fits_float64, column)):
+            return False  # an int too large for a float: the careful planner names it
+        spec = place(fill, dtype, (len(column),))
+        fill.tasks.append((fill_numbers, spec, column, None))
+        fill.parts[index] = Part(spec)
+        return True
+
+
+def recipe_for(
+    column: Sequence[Any], policy: Policy | None, name: Hashable, missing: bool = False, items: bool | None = None
+) -> Recipe | None:
+    """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
+
+    Columns of plain tensors of one dtype and one rank (at least 1), as they are or once
+    converted (Python number lists under a policy that reads them as sequences, numpy
+    arrays), get one under no policy, ``AsList``/``PerSample``, ``Pad`` (one padded
+    dimension, a pad value that fits the dtype), ``Concat`` and ``Jagged`` (``missing``:
+    absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
+    whose every place holds such tensors, numbers of one type or plain values
+    (:mod:`pincollate._plan.rows`), PIL images of one class and mode (:mod:`pincollate._plan.images`), and, under no
+    policy, Python numbers of several types (:class:`MixedNumbers`); so do per-sample lists
+    of such tensors as items, under ``AsList()`` and ``Stack()`` too, and under no policy: ``items`` says whether lists
+    are items (``sequences="items"``) or transposed where their lengths agree; ``None``
+    where a field rule names the items, which the careful planner then applies.
+    """
+    if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
+        return MixedNumbers()
+    as_tensors = converted(column, policy)
+    if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
+        tensors, wrap = as_tensors
+        inner = recipe_for(tensors, policy, name)
+        return None if inner is None else wrap(inner)
+    if type(policy) is Concat or type(policy) is Jagged:
+        assert isinstance(policy, Concat)
+        return concat_recipe(column, policy, name, missing)
+    lists = bool(column) and type(column[0]) in LISTS  # per-sample lists: items, or a subtree's
+    if type(policy) is PerSample and (lists or (bool(column) and kind_of(column[0]) is MAPPING)):
+        return per_sample_recipe(column)
+    if lists and items is not None:
+        if policy is None:
+            return items_recipe(column, items)
+        if type(policy) in (AsList, Stack):
+            return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
+    if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
+        column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
+    if policy is None or type(policy) in (AsList, PerSample):
+        images = images_recipe(column, stacks=policy is None)
+        if images is not None:  # PIL images of several sizes
+            return images
+        kept = kept_tensors(column)
+        if kept is None:
+            return None
+        return ListRecipe(kept[0], kept[1], stacks=policy is None, missing=missing, cls=kept[2])
+    described = plain_tensors(column)
+    if described is None:
+        return None
+    dtype, ndim = described
+    if type(policy) is Pad:
+        assert isinstance(policy, Pad)
+        dims = policy.dims
+        if dims is not None and (len(dims) != 1 or not -ndim <= dims[0] < ndim):
+            return None
+        if not fits(policy.value, dtype):
+            return None
+        return PadRecipe(dtype, ndim, policy, name, missing)
+    return None

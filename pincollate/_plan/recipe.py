@@ -1,0 +1,288 @@
+"""A ragged field's recipe: what its first batch settled, and how a later batch is checked against it.
+
+:class:`Recipe` reads a column at C speed (one ``map`` per property: class, dtype,
+layout, device, shape) and hands the shapes to its subclass (:mod:`pincollate._plan.ragged`,
+:mod:`pincollate._plan.packed`), which places the field's tensors in the batch's per-batch area
+(:func:`place`) and queues their copies. Columns that are tensors only once converted
+(token ids as Python lists, numpy arrays) get a recipe that converts each batch first
+(:class:`NumberLists`, :class:`Arrays`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .._batch.layout import Part, TensorSpec
+from .._batch.views import align
+from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE
+from .._types.kinds import LISTS
+from .._types.leaves import lookup
+from .._types.wrap import Wrap
+from .fill import Fill
+from .ops import PLAIN
+
+if TYPE_CHECKING:
+    from .policies import Policy
+
+__all__ = [
+    "PLAIN",
+    "Arrays",
+    "NumberLists",
+    "Recipe",
+    "array_tensors",
+    "converted",
+    "kept_tensors",
+    "number_tensor",
+    "place",
+    "plain_tensors",
+]
+
+_ARRAYS = frozenset((np.ndarray,))
+_WRITEABLE: Any = operator.attrgetter("flags.writeable")
+
+
+class Recipe:
+    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`, or :meth:`run` whole.
+
+    ``cls`` is the values' exact class: ``torch.Tensor``, or a tensor subclass kept as
+    its class (torchvision's ``tv_tensors``, a user's subclass) by the recipes that
+    list values per sample.
+    """
+
+    __slots__ = ("dtypes", "ndim", "subclass", "types")
+
+    def __init__(self, dtype: torch.dtype, ndim: int, cls: type = torch.Tensor):
+        self.dtypes = frozenset((dtype,))
+        self.ndim = ndim
+        self.types = frozenset((cls,))
+        self.subclass = cls is not torch.Tensor
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
+        shapes = self.shapes(column)
+        if shapes is None:
+            return False
+        part = self.sized(column, shapes, fill)
+        if part is None:
+            return False
+        fill.parts[index] = part
+        return True
+
+    def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
+        """The values' shapes if they are tensors of the planned class, dtype and rank.
+
+        Their device and layout are checked by the copies themselves: a copy from a
+        sparse, meta or accelerator tensor into the buffer raises, and the op that ran
+        the recipe (its owner) has the batch planned again, carefully.
+        """
+        try:
+            if set(map(type, values)) != self.types:
+                return None
+            if self.subclass:
+                # A subclass's own __torch_function__ would run for every dtype and shape read.
+                with torch._C.DisableTorchFunctionSubclass():
+                    return self._shapes(values)
+            return self._shapes(values)
+        except (TypeError, AttributeError, RuntimeError):  # a nested tensor has no shape
+            return None
+
+    def _shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
+        if set(map(TENSOR_DTYPE, values)) != self.dtypes:
+            return None
+        shapes = list(map(TENSOR_SHAPE, values))
+        return shapes if set(map(len, shapes)) == {self.ndim} else None
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        raise NotImplementedError
+
+    def extras(self) -> tuple[str, ...]:
+        """The names of the outputs placed beside the field."""
+        return ()
+
+    def fits_beside(self, siblings: frozenset[Hashable] | None) -> bool:
+        """Whether the extra outputs have a parent mapping and clash with none of its keys."""
+        names = self.extras()
+        return not names or (siblings is not None and not siblings.intersection(names))
+
+
+def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
+    """The dtype and rank of a column of plain strided tensors of one dtype and one rank (at least 1).
+
+    ``None`` for anything else (an empty column, a subclass, a nested, sparse, quantized
+    or non-CPU tensor, 0-d values): what the careful planner plans (or refuses) for each batch.
+    """
+    if not column or set(map(type, column)) != PLAIN:
+        return None
+    return _described(column)
+
+
+def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
+    """:func:`plain_tensors`, or a column of one tensor subclass the collate keeps as its class.
+
+    The subclass's leaf handler (``tv_tensors`` are registered on first sight) must be a
+    tensor one that says how a view is wrapped, copies as plain tensors are copied, and
+    either stack values whose metadata agree (``Image``, ``Mask``, a user's subclass) or
+    never stack them (``BoundingBoxes``).
+    Returns the dtype, the rank and the class.
+    """
+    classes = set(map(type, column)) if column else set()
+    if len(classes) != 1:
+        return None
+    cls = classes.pop()
+    if cls is not torch.Tensor:
+        handler, base = lookup(cls), lookup(torch.Tensor)
+        if (
+            handler is None
+            or base is None
+            or handler.family != "tensor"
+            or handler.wrap is None
+            or (handler.meta is not None and handler.stackable)
+            # Copied as plain tensors are: a handler of its own that copies otherwise keeps the careful walk.
+            or handler.fill is not base.fill
+            or handler.concat is not base.concat
+        ):
+            return None
+    with torch._C.DisableTorchFunctionSubclass():
+        described = _described(column)
+    return None if described is None else (*described, cls)
+
+
+def _described(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
+    try:
+        dtypes = set(map(TENSOR_DTYPE, column))
+        ranks = {value.dim() for value in column}
+        if (
+            len(dtypes) != 1
+            or len(ranks) != 1
+            or any(v.is_nested or v.layout != torch.strided or not v.is_cpu for v in column)
+        ):
+            return None
+    except RuntimeError:
+        return None
+    dtype, ndim = dtypes.pop(), ranks.pop()
+    if ndim == 0 or any(v.is_quantized for v in column):
+        return None
+    return dtype, ndim
+
+
+def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...], wrap: Wrap | None = None) -> TensorSpec:
+    """The next tensor of the batch's per-batch area, as :meth:`Fill.place` places one."""
+    offset = fill.offset
+    spec = TensorSpec(dtype, shape, offset, wrap)
+    fill.offset = align(offset + spec.nbytes)
+    return spec
+
+
+def number_tensor(column: Sequence[Any]) -> torch.Tensor | None:
+    """A column of lists (or tuples) of Python numbers as one flat tensor, or ``None``.
+
+    ``torch.tensor`` of every number at once gives the dtype the careful planner gives
+    such a column (it asks the same of all its numbers) and the values converted to it.
+    Only exact ``list``/``tuple`` values of exact ``bool``/``int``/``float`` numbers, at
+    least one in all, are taken: anything else (a missing value, a numpy scalar, an
+    ``IntEnum``, a nested list) is left to the careful planner.
+    """
+    if set(map(type, column)) - LISTS:
+        return None
+    flat = list(itertools.chain.from_iterable(column))
+    types = set(map(type, flat))
+    if not flat or types - NUMBER_TYPES:
+        return None
+    try:
+        if int in types and float not in types:
+            # Ints (and bools among them): int64, as torch.tensor infers, at numpy's speed
+            # (torch.tensor reads a list of ints five times slower than np.array does).
+            return torch.from_numpy(np.array(flat, dtype=np.int64))
+        return torch.tensor(flat)
+    except (OverflowError, RuntimeError, TypeError, ValueError):  # an int beyond int64: the careful error
+        return None
+
+
+class NumberLists(Recipe):
+    """Token ids as Python lists (``datasets``, tokenizers, JSON): one ``torch.tensor`` per batch.
+
+    The column becomes one flat tensor (:func:`number_tensor`), split into a view per
+    sample, and ``inner`` (the recipe of a column of 1-D tensors of that dtype) places
+    and copies it. A batch of another dtype, or of anything but number lists, goes to
+    the careful planner.
+    """
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Recipe):
+        super().__init__(next(iter(inner.dtypes)), 1)
+        self.inner = inner
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        flat = number_tensor(column)
+        if flat is None or flat.dtype not in self.dtypes:
+            return False
+        return self.inner.run(torch.split(flat, list(map(len, column))), fill, index)
+
+    def extras(self) -> tuple[str, ...]:
+        return self.inner.extras()
+
+
+def array_tensors(column: Sequence[Any], dtypes: frozenset[np.dtype[Any]] | None = None) -> list[torch.Tensor] | None:
+    """A column of numpy arrays (of ``dtypes`` only, where given) as tensors over the same memory, or ``None``.
+
+    Only exact, writeable ``ndarray`` s that ``torch.from_numpy`` takes (a numeric or bool
+    dtype in this machine's byte order, no negative strides): read-only arrays, which it
+    would warn about, and anything else go to the careful planner.
+    """
+    if set(map(type, column)) != _ARRAYS or not all(map(_WRITEABLE, column)):
+        return None
+    if dtypes is not None and set(map(ARRAY_DTYPE, column)) != dtypes:
+        return None
+    try:
+        return list(map(torch.from_numpy, column))
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+class Arrays(Recipe):
+    """Ragged numpy arrays (waveforms from soundfile or librosa, say): as tensors, then ``inner``.
+
+    Each array becomes a tensor over its own memory (no copy), and ``inner`` (the recipe of
+    that column of tensors) places and copies them. A batch of another numpy dtype, or of
+    anything but arrays, goes to the careful planner.
+    """
+
+    __slots__ = ("arrays", "inner")
+
+    def __init__(self, inner: Recipe, dtype: np.dtype[Any]):
+        super().__init__(next(iter(inner.dtypes)), inner.ndim)
+        self.inner = inner
+        self.arrays = frozenset((dtype,))
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        tensors = array_tensors(column, self.arrays)
+        return tensors is not None and self.inner.run(tensors, fill, index)
+
+    def extras(self) -> tuple[str, ...]:
+        return self.inner.extras()
+
+
+def converted(
+    column: Sequence[Any], policy: Policy | None
+) -> tuple[Sequence[torch.Tensor], Callable[[Recipe], Recipe]] | None:
+    """A column a recipe takes once converted: the tensors to plan it by, and the recipe's wrapper.
+
+    Python number lists (under a policy that reads them as sequences) and numpy arrays;
+    ``None`` for anything else.
+    """
+    if policy is not None and policy.numbers_as_sequence:
+        flat = number_tensor(column)
+        if flat is not None:
+            return torch.split(flat, list(map(len, column))), NumberLists
+    tensors = array_tensors(column)
+    if tensors is not None and len(set(map(ARRAY_DTYPE, column))) == 1:
+        dtype = column[0].dtype
+        return tensors, lambda inner: Arrays(inner, dtype)
+    return None

@@ -1,0 +1,297 @@
+"""Planning a cached plan: one batch of a new structure into a template and its ops.
+
+Every field whose values all agree (one type, dtype and shape; mappings with one key
+set; sequences of one length) gets a slot at a fixed offset of the template and an op
+(:mod:`pincollate._plan.ops`) that gathers and checks its column for every later batch. Fields of one
+dtype and shape in one mapping share a block (one stack for all of them); Python
+numbers of one type share one. Fields that do not agree become *parts*: a ragged
+field's recipe (:mod:`pincollate._plan.ragged`) where one fits, else the careful planner's, for each
+batch. :mod:`pincollate._plan.cache` caches what this makes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .._batch.layout import PartSpec, Spec, TensorSpec, ValueSpec
+from .._batch.specs import (
+    DataclassSpec,
+    MappingSpec,
+    NamedTupleSpec,
+    RegisteredSpec,
+    SequenceSpec,
+)
+from .._batch.views import align, pitch
+from .._errors import Attr, CollateError
+from .._types.build import container_cls
+from .._types.builtin import KEPT_VALUES, NUMBERS, TENSOR_SHAPE, describe_tensor, fill_numbers, fits_int64
+from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
+from .._types.leaves import lookup
+from .items import MAX_DEPTH
+from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
+from .patterns import ITEMS, Settings
+from .ragged import recipe_for
+from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
+
+__all__ = ["Template"]
+
+Path = tuple[Hashable, ...]
+
+#: The most padding bytes a field of a block may take to start aligned.
+_MOST_PADDING = 4096
+
+
+class Template:
+    """Plans one batch into a cached template: slots where values agree, parts elsewhere."""
+
+    def __init__(self, settings: Settings, careful: set[Path]):
+        self.careful = careful  # the paths planned for each batch; it grows as planning finds more
+        self.rules = settings.rules
+        self.renames = settings.renames
+        self.default = settings.default
+        self.missing = settings.missing
+        self.items = settings.items
+        self.offset = 0
+        self.nvalues = 0
+        self.nparts = 0
+
+    def take(self, nbytes: int) -> int:
+        offset = self.offset
+        self.offset = align(offset + nbytes)
+        return offset
+
+    def part(
+        self, path: Path, siblings: frozenset[Hashable] | None, column: Sequence[Any] | None = None
+    ) -> tuple[Spec, Op]:
+        """A field planned for each batch: carefully, or by its recipe where ``column`` gets one."""
+        self.careful.add(path)
+        index = self.nparts
+        self.nparts += 1
+        recipe = None
+        if column is not None and len(path) <= MAX_DEPTH:
+            policy = (self.rules.lookup(path) if self.rules else None) or self.default
+            # Items (several images per sample) only where no field rule names them and no
+            # ragged= policy applies to them: the careful planner would apply that policy.
+            named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
+            items = None if named or self.default is not None else self.items
+            recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items)
+            if recipe is not None and not recipe.fits_beside(siblings):
+                recipe = None  # the careful planner says what clashes
+        return PartSpec(index), CarefulOp(path, index, siblings, recipe)
+
+    def per_batch(self, path: Path) -> bool:
+        """Whether ``path`` is planned anew for each batch: learnt as careful, or under a policy."""
+        return path in self.careful or bool(self.rules and self.rules.lookup(path) is not None)
+
+    def fixed(self, path: Path) -> bool:
+        """Whether ``path``'s policy takes tensors that agree as they are (``Stack()``).
+
+        Such a field gets a fixed slot, as with no policy; a later batch that does not
+        agree plans it carefully, where the policy names the sample and the shapes.
+        """
+        policy = self.rules.lookup(path) if self.rules and path not in self.careful else None
+        return policy is not None and policy.fixed_when_uniform
+
+    def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
+        """The dtype of a column of Python numbers of one type that a block can take."""
+        cls = type(column[0])
+        dtype = NUMBERS.get(cls)
+        if dtype is None or self.per_batch(path):
+            return None
+        if set(map(type, column)) != {cls}:
+            return None
+        if cls is int and not all(map(fits_int64, column)):
+            return None
+        return dtype
+
+    def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+        if len(path) > MAX_DEPTH or (self.missing and any(v is None for v in column)):
+            return self.part(path, siblings, column)
+        first = column[0]
+        cls = type(first)
+        if self.per_batch(path):
+            handler = lookup(cls)
+            if not (self.fixed(path) and handler is not None and handler.family in ("tensor", "ndarray")):
+                return self.part(path, siblings, column)
+            if set(map(type, column)) != {cls}:
+                return self.part(path, siblings, column)
+            return self.leaves(column, path, siblings, handler)
+        if set(map(type, column)) != {cls}:
+            return self.part(path, siblings, column)
+        n = len(column)
+        if cls in NUMBERS:
+            dtype = self.number(column, path)
+            if dtype is None:
+                return self.part(path, siblings, column)
+            spec = TensorSpec(dtype, (n,), self.take(n * dtype.itemsize))
+            return spec, StackOp(path, spec, cls, fill_numbers, None, None, None)
+        handler = lookup(cls)
+        if handler is not None:
+            if not handler.is_tensor:
+                if cls not in KEPT_VALUES:
+                    return self.part(path, siblings, column)
+                index = self.nvalues
+                self.nvalues += 1
+                return ValueSpec(index), ValueOp(path, index, cls)
+            return self.leaves(column, path, siblings, handler)
+        kind = kind_of(first)
+        if kind is MAPPING:
+            return self.mapping(column, path, siblings)
+        if kind is NAMEDTUPLE or (kind is SEQUENCE and not self.items):
+            if set(map(len, column)) != {len(first)}:
+                return self.part(path, siblings, column)
+            names = kind.keys(first)
+            specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
+            op = SequenceOp(path, cls, len(names), singles, blocks)
+            if kind is NAMEDTUPLE:
+                return NamedTupleSpec(cls, specs), op
+            return SequenceSpec(container_cls(cls, list), specs), op
+        if kind is DATACLASS:
+            fields = [f.name for f in dataclasses.fields(first)]
+            planned = [self.plan([getattr(v, name) for v in column], (*path, Attr(name)), None) for name in fields]
+            return DataclassSpec(cls, fields, [spec for spec, _ in planned]), DataclassOp(
+                path, cls, [(name, op) for name, (_, op) in zip(fields, planned, strict=True)]
+            )
+        if type(kind) is Registered:
+            assert isinstance(kind, Registered)
+            return self.registered(column, path, siblings, kind)
+        return self.part(path, siblings, column)
+
+    def registered(
+        self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, kind: Registered
+    ) -> tuple[Spec, Op]:
+        """A registered container class: one key set across the batch, each child planned by its key."""
+        try:
+            flat = [kind.flatten(value) for value in column]
+        except Exception:  # the careful planner names the sample
+            return self.part(path, siblings, column)
+        keys = list(flat[0][0])
+        if any(list(names) != keys or len(children) != len(keys) for names, children in flat):
+            return self.part(path, siblings, column)
+        columns = zip(*(children for _, children in flat), strict=True)
+        planned = [self.plan(list(child), (*path, key), None) for key, child in zip(keys, columns, strict=True)]
+        spec = RegisteredSpec(kind.cls, keys, [child for child, _ in planned])
+        return spec, RegisteredOp(path, kind, keys, [op for _, op in planned])
+
+    def leaves(
+        self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None, handler: Any
+    ) -> tuple[Spec, Op]:
+        # The ragged= policy applies to every field of tensors (its extras, a mask say,
+        # are there in every batch), so such fields are planned per batch.
+        if not handler.stackable or handler.key is None or self.default is not None:
+            return self.part(path, siblings, column)
+        first = column[0]
+        if handler.family == "tensor" and _shapes_differ(column):
+            return self.part(path, siblings, column)  # ragged: no need to describe each value
+        try:
+            described = {handler.describe(value, i, path) for i, value in enumerate(column)}
+        except Exception:  # the careful planner names the sample and the reason
+            return self.part(path, siblings, column)
+        keys = set(map(handler.key, column))
+        metas = {handler.meta(value) for value in column} if handler.meta is not None else set()
+        if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
+            return self.part(path, siblings, column)
+        dtype, shape = described.pop()
+        wrap = handler.wrap(first) if handler.wrap else None
+        spec = TensorSpec(
+            dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap
+        )
+        # The exact class is checked for every value: a subclass (an Image, a user's
+        # tensor type) passes the dtype getter but must keep its own class.
+        first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
+        return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop(), first_shape)
+
+    def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
+        """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
+        if type(column[0]) is not torch.Tensor or self.default is not None or self.per_batch(path):
+            return None
+        if set(map(type, column)) != {torch.Tensor} or _shapes_differ(column):
+            return None
+        try:
+            described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
+        except CollateError:
+            return None
+        return described.pop() if len(described) == 1 else None
+
+    def fields(
+        self,
+        columns: Sequence[Sequence[Any]],
+        path: Path,
+        names: Sequence[Hashable],
+        siblings: frozenset[Hashable] | None,
+    ) -> tuple[list[Spec], list[tuple[int, Op]], list[BlockOp]]:
+        """A container's fields: plain tensors of one dtype and shape share a block."""
+        specs: list[Spec | None] = [None] * len(names)
+        singles: list[tuple[int, Op]] = []
+        groups: dict[tuple[torch.dtype, tuple[int, ...]], list[int]] = {}
+        for j, name in enumerate(names):
+            uniform = self.uniform_tensors(columns[j], (*path, name)) if len(names) > 1 else None
+            if uniform is not None:
+                groups.setdefault(uniform, []).append(j)
+        n = len(columns[0]) if columns else 0
+        for (dtype, shape), members in list(groups.items()):
+            row = math.prod(shape) * dtype.itemsize
+            # Each field of a block starts aligned: rows of padding where its bytes need
+            # them, unless that wastes more than it saves (then one stack per field).
+            if len(members) == 1 or row == 0 or (pitch(n, row) - n) * row > _MOST_PADDING:
+                del groups[(dtype, shape)]
+        blocked = {j for members in groups.values() for j in members}
+        for j, name in enumerate(names):
+            if j not in blocked:
+                specs[j], op = self.plan(columns[j], (*path, name), siblings)
+                singles.append((j, op))
+        blocks = []
+        for (dtype, shape), members in groups.items():
+            rows = pitch(n, math.prod(shape) * dtype.itemsize)
+            field = rows * math.prod(shape) * dtype.itemsize
+            block = TensorSpec(dtype, (len(members) * rows, *shape), self.take(len(members) * field))
+            for k, j in enumerate(members):
+                specs[j] = TensorSpec(dtype, (n, *shape), block.offset + k * field)
+            blocks.append(BlockOp(path, [(*path, names[j]) for j in members], members, block, dtype, shape, rows - n))
+        return specs, singles, blocks  # type: ignore[return-value]
+
+    def mapping(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
+        first = column[0]
+        first_keys = first.keys()
+        if any(v.keys() != first_keys for v in column):
+            if not self.missing:
+                return self.part(path, siblings, column)
+            keys = union_keys(column)  # absent keys are None in their columns
+        else:
+            keys = list(first_keys)
+        numbers: dict[type, list[Hashable]] = {}
+        gathered: list[Hashable] = []
+        for key in keys:
+            child = [v.get(key) for v in column]
+            if type(child[0]) in NUMBERS and self.number(child, (*path, key)) is not None:
+                numbers.setdefault(type(child[0]), []).append(key)
+            else:
+                gathered.append(key)
+        columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
+        names = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
+        specs, singles, blocks = self.fields(columns, path, gathered, frozenset(names))
+        children = dict(zip(gathered, specs, strict=True))
+        number_ops = []
+        n = len(column)
+        for cls, group in numbers.items():
+            dtype = NUMBERS[cls]
+            rows = pitch(n, dtype.itemsize)  # each field's row starts aligned
+            block = TensorSpec(dtype, (len(group) * rows,), self.take(len(group) * rows * dtype.itemsize))
+            for j, key in enumerate(group):
+                children[key] = TensorSpec(dtype, (n,), block.offset + j * rows * dtype.itemsize)
+            number_ops.append(NumbersOp(path, cls, group, block))
+        spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
+        return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
+
+
+def _shapes_differ(column: Sequence[Any]) -> bool:
+    """Whether a column of tensors holds more than one shape (read at C speed)."""
+    try:
+        return len(set(map(TENSOR_SHAPE, column))) > 1
+    except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
+        return False

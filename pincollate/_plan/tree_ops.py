@@ -1,0 +1,229 @@
+"""The ops of a cached plan for containers and for parts planned per batch.
+
+A container op gathers its children's columns (one ``itemgetter`` per sample for a
+mapping's fields), checks the container class, keys and length at C speed, and runs
+its children's ops (:mod:`pincollate._plan.ops`): the single fields one by one, the blocks of fields of
+one dtype and shape one stack each, the numbers of one type one assignment each. A
+part op runs a ragged field's recipe, or hands the column to the careful planner.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from .._batch.layout import Part
+from .._errors import CollateError
+from .._types.kinds import Registered, union_keys
+from .fill import Fill, Mismatch
+from .ops import BlockOp, NumbersOp, Op, Recipe
+
+__all__ = ["CarefulOp", "DataclassOp", "MappingOp", "RegisteredOp", "SequenceOp"]
+
+Path = tuple[Hashable, ...]
+
+
+class _Fields(Op):
+    """A container's fields: single ops by column, block ops by columns.
+
+    Columns come as tuples; a mapping's strings come back as lists, as in
+    ``default_collate``, a sequence's as zip's tuples.
+    """
+
+    __slots__ = ("blocks", "singles")
+    as_lists = False
+
+    def __init__(self, path: Path, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
+        super().__init__(path)
+        self.singles = tuple((index, op, self.as_lists and op.lists) for index, op in singles)
+        self.blocks = tuple(blocks)
+
+    def fields(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
+        for index, op, as_list in self.singles:
+            column = columns[index]
+            op.run(list(column) if as_list else column, fill)
+        for block in self.blocks:
+            block.run([columns[index] for index in block.index], fill)
+
+
+class MappingOp(_Fields):
+    """A mapping of one type and one key set; fields by key, number blocks after.
+
+    Sample 0's keys must be the plan's, in order and of the same types (``True`` is
+    not ``1``): the output takes its key order from sample 0, as ``default_collate``.
+    ``gathered`` are the keys whose columns the single and block ops index. With
+    ``missing`` (``missing="none"``) samples may lack keys, as long as the batch's keys
+    in order (:func:`~pincollate._types.kinds.union_keys`) are the plan's; an absent value is
+    ``None`` in its column, and its field's op takes that up.
+    """
+
+    __slots__ = ("gather", "gathered", "key_types", "keys", "missing", "numbers", "single", "sizes", "types")
+    as_lists = True
+
+    def __init__(
+        self,
+        path: Path,
+        cls: type,
+        keys: Sequence[Hashable],
+        gathered: Sequence[Hashable],
+        singles: Sequence[tuple[int, Op]],
+        blocks: Sequence[BlockOp],
+        numbers: Sequence[NumbersOp],
+        missing: bool = False,
+    ):
+        super().__init__(path, singles, blocks)
+        self.missing = missing
+        self.gathered = tuple(gathered)
+        self.types = frozenset((cls,))
+        self.keys = tuple(keys)
+        self.key_types = tuple(map(type, self.keys))
+        # One C-level call per sample gathers its row; zip turns rows into columns. A
+        # single key's column is gathered directly.
+        self.gather: Callable[[Any], Any] | None = operator.itemgetter(*gathered) if gathered else None
+        self.single = len(gathered) == 1
+        self.numbers = tuple(numbers)
+        self.sizes = frozenset((len(self.keys),))
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        # One type and one size everywhere, and every key found: the key sets agree.
+        first = column[0]
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        columns: list[Any] | None = None
+        if (
+            set(map(len, column)) == self.sizes
+            and tuple(first) == self.keys
+            and tuple(map(type, first)) == self.key_types
+        ):
+            try:
+                if self.single:
+                    columns = [list(map(self.gather, column))]  # type: ignore[arg-type]
+                elif self.gather is not None:
+                    columns = list(zip(*map(self.gather, column), strict=True))
+                else:
+                    columns = []
+            except KeyError:  # a sample of the same size with another key
+                columns = None
+        if columns is None:
+            if not self.missing:
+                raise Mismatch(self.path)
+            columns = self._with_absent(column)
+        self.fields(columns, fill)
+        for numbers in self.numbers:
+            numbers.run(column, fill)
+
+    def _with_absent(self, column: Sequence[Any]) -> list[Any]:
+        """The columns where samples lack keys (``missing="none"``): ``None`` for each absent value."""
+        keys = union_keys(column)
+        if tuple(keys) != self.keys or tuple(map(type, keys)) != self.key_types:
+            raise Mismatch(self.path)
+        rows = [tuple(value.get(key) for key in self.gathered) for value in column]
+        return list(zip(*rows, strict=True))
+
+
+class SequenceOp(_Fields):
+    """Sequences (or namedtuples) of one type and length, transposed position by position."""
+
+    __slots__ = ("sizes", "types")
+
+    def __init__(self, path: Path, cls: type, size: int, singles: Sequence[tuple[int, Op]], blocks: Sequence[BlockOp]):
+        super().__init__(path, singles, blocks)
+        self.types = frozenset((cls,))
+        self.sizes = frozenset((size,))
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
+            raise Mismatch(self.path)
+        # zip's tuples, as default_collate: a column of strings comes back as one.
+        self.fields(list(zip(*column, strict=True)), fill)
+
+
+class DataclassOp(Op):
+    """Dataclass instances of one type, field by field."""
+
+    __slots__ = ("children", "types")
+
+    def __init__(self, path: Path, cls: type, children: Sequence[tuple[str, Op]]):
+        super().__init__(path)
+        self.types = frozenset((cls,))
+        self.children = tuple((operator.attrgetter(name), op) for name, op in children)
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        for get, op in self.children:
+            op.run(list(map(get, column)), fill)
+
+
+class RegisteredOp(Op):
+    """Instances of a registered container class with one key set, child by child."""
+
+    __slots__ = ("children", "flatten", "keys", "types")
+
+    def __init__(self, path: Path, kind: Registered, keys: Sequence[Hashable], children: Sequence[Op]):
+        super().__init__(path)
+        self.types = frozenset((kind.cls,))
+        self.flatten = kind.flatten
+        self.keys = list(keys)
+        self.children = tuple(children)
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if set(map(type, column)) != self.types:
+            raise Mismatch(self.path)
+        rows = []
+        for value in column:
+            try:
+                keys, children = self.flatten(value)
+            except Exception:  # the careful planner names the sample
+                raise Mismatch(self.path) from None
+            if list(keys) != self.keys or len(children) != len(self.keys):
+                raise Mismatch(self.path)
+            rows.append(children)
+        for op, child in zip(self.children, zip(*rows, strict=True), strict=True):
+            op.run(list(child), fill)
+
+
+class CarefulOp(Op):
+    """A field planned anew for each batch by the careful planner (ragged, policies).
+
+    ``siblings`` are the keys of the parent mapping, beside which the policy's extra
+    outputs go; ``None`` where the parent has no keys to put them beside.
+    """
+
+    __slots__ = ("index", "recipe", "siblings")
+    lists = True
+
+    def __init__(self, path: Path, index: int, siblings: frozenset[Hashable] | None, recipe: Recipe | None = None):
+        super().__init__(path)
+        self.index: int = index
+        self.siblings: frozenset[Hashable] | None = siblings
+        #: The field's sizes-only plan (:mod:`pincollate._plan.ragged`), tried first; its output names
+        #: were checked against ``siblings`` when it was made.
+        self.recipe: Recipe | None = recipe
+
+    def run(self, column: Sequence[Any], fill: Fill) -> None:
+        if self.recipe is not None:
+            tasks = fill.tasks
+            start = len(tasks)
+            if self.recipe.run(column, fill, self.index):
+                # A recipe's copy that fails (a sparse or meta tensor, which its checks leave
+                # to the copy) has the batch planned again, this field carefully.
+                for i in range(start, len(tasks)):
+                    tasks[i] = (*tasks[i][:3], self)
+                return
+        node, extras = fill.planner.plan(column, self.path)
+        if extras:
+            if self.siblings is None:
+                raise CollateError(
+                    f"the policy for this field returns {sorted(extras)}, which need a parent mapping; set their *_key arguments to None",
+                    path=self.path,
+                )
+            for name in extras:
+                if name in self.siblings:
+                    raise CollateError(
+                        f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key",
+                        path=self.path[:-1],
+                    )
+        spec = fill.place(node)
+        fill.parts[self.index] = Part(spec, tuple((name, fill.place(extra)) for name, extra in extras.items()))

@@ -1,0 +1,154 @@
+"""``Prefetcher``: batches copied to the accelerator ahead of the compute that needs them.
+
+Design choices, in short:
+
+1. **One side stream per prefetcher, created once.** A new stream per epoch would
+   strand the caching allocator's blocks on streams nobody uses again.
+2. **One copy per batch.** :func:`~pincollate.to_device` moves each storage's used
+   span in one ``non_blocking`` copy; a pincollate batch has one storage.
+3. **Staging off the training thread, ``depth`` batches ahead.** A background thread
+   reads the loader, pins what the loader did not pin (one pinned allocation per
+   batch), queues the copy and the transform on the side stream and records an event;
+   at most ``depth`` staged batches wait for the consumer, and the next one is staged
+   as soon as one is handed over, so with ``depth=1`` batch ``i + 1`` is copied while
+   step ``i`` runs. The training thread only waits on the event.
+4. **Memory safety across streams by** ``record_stream``. Device memory is
+   allocated on the side stream and read on the consumer's; ``record_stream`` on
+   one tensor per storage (every tensor the transform's result reaches, in any
+   container or object) tells the caching allocator not to reuse it until the
+   consumer's work is done. It costs one call per storage (one per batch), and
+   unlike holding references until a later step it is correct however long the
+   consumer keeps the batch. Pinned host memory needs nothing: the caching host
+   allocator records an event for each non-blocking copy from it.
+5. **The consumer waits on an event**, not on the whole side stream, so the copy of
+   batch ``i + 1`` overlaps the compute of batch ``i``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+from .._errors import CollateError
+from .._memory.arena import accelerator_can_pin
+from .staging import Ahead, CudaStaging, Passthrough
+from .transfer import pin
+
+__all__ = ["Prefetcher"]
+
+T = TypeVar("T")
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class Prefetcher(Generic[T]):
+    """Iterate a loader with each batch already on ``device``, copied in advance.
+
+    Args:
+        loader: any iterable of batches, usually a ``DataLoader`` with
+            ``collate_fn=pincollate.mm_collate``.
+        device: where batches go; ``None`` picks the current CUDA device, else CPU.
+        depth: how many batches are copied (and transformed) ahead, at least 1.
+        transform: a callable applied to each batch on the device, in the prefetch
+            stream (``pincollate.Normalize``, say).
+        pin_memory: ``"auto"`` pins unpinned batches on a background thread when
+            ``device`` is CUDA; ``True`` always does (an error if pinning is
+            impossible); ``False`` never does.
+        pinned_limit: bytes of pinned memory the CUDA host allocator may keep
+            cached; past it the cache is emptied, so variable-size batches cannot
+            grow pinned memory without bound. ``None``: no limit.
+
+    Without an accelerator (``device`` is CPU) it is a synchronous passthrough that
+    applies ``transform``. ``len()``, ``sampler``, ``batch_sampler``, ``dataset``
+    and ``set_epoch`` pass through to the loader.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> import pincollate
+        >>> loader = DataLoader([{"x": torch.ones(2)}] * 4, batch_size=2, collate_fn=pincollate.mm_collate)
+        >>> batches = pincollate.Prefetcher(loader, device="cpu")
+        >>> len(batches), [b["x"].shape for b in batches]
+        (2, [torch.Size([2, 2]), torch.Size([2, 2])])
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        device: torch.device | str | None = None,
+        depth: int = 2,
+        transform: Callable[[Any], Any] | None = None,
+        pin_memory: bool | Literal["auto"] = "auto",
+        pinned_limit: int | None = 4 << 30,
+    ):
+        if not isinstance(depth, int) or depth < 1:
+            raise CollateError(f"Prefetcher(depth=...) must be a positive int, got {depth!r}")
+        if pin_memory not in (True, False, "auto"):
+            raise CollateError(f"Prefetcher(pin_memory=...) must be True, False or 'auto', got {pin_memory!r}")
+        if transform is not None and not callable(transform):
+            raise CollateError(f"Prefetcher(transform=...) must be callable, got {type(transform).__name__}")
+        self.loader: Iterable[T] = loader
+        self.device: torch.device = _default_device() if device is None else torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Resolve "cuda" here, in the caller's thread (a DDP rank's device);
+            # the pin thread would otherwise see device 0.
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.depth: int = depth
+        self.transform: Callable[[Any], Any] | None = transform
+        self.pinned_limit: int | None = pinned_limit
+        cuda = self.device.type == "cuda"
+        if pin_memory is True and not accelerator_can_pin():
+            raise CollateError("pin_memory=True but pinned memory is not available in this process")
+        self.pin: bool = pin_memory is True or (pin_memory == "auto" and cuda and accelerator_can_pin())
+        self._stream: Any = None
+
+    # loader passthrough --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset  # type: ignore[attr-defined]
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler  # type: ignore[attr-defined]
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.loader.batch_sampler  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it."""
+        seen: set[int] = set()
+        found = False
+        for name in ("sampler", "batch_sampler", "dataset"):
+            target = getattr(self.loader, name, None)
+            if target is None or id(target) in seen:
+                continue
+            seen.add(id(target))
+            if callable(getattr(target, "set_epoch", None)):
+                target.set_epoch(epoch)
+                found = True
+        if not found and callable(getattr(self.loader, "set_epoch", None)):
+            self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    # iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[T]:
+        source: Iterator[Any] = iter(self.loader)
+        if self.device.type == "cuda":
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+            staging = CudaStaging(self)
+            return Ahead(source, self.depth, staging.stage, self.device, staging.hand)
+        if self.pin:
+            source = Ahead(source, self.depth, pin, self.device)
+        return Passthrough(source, self)

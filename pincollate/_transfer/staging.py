@@ -1,0 +1,233 @@
+"""The Prefetcher's staging: batches read, pinned, copied and transformed ahead of the consumer.
+
+A background thread (:class:`Ahead`) reads the loader and runs each batch's staging
+work, ``depth`` batches ahead; on CUDA (:class:`CudaStaging`) that is a pin where the
+loader did not pin, one copy and the transform on the prefetcher's side stream, an
+event, and ``record_stream`` for the consumer's stream; the consumer's thread only
+waits on the event. Without an accelerator :class:`Passthrough` moves and transforms
+synchronously. See :mod:`pincollate._transfer.prefetch` for the design.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+from .._batch.trees import reachable_tensors
+from .._memory.arena import trim_pinned
+from .transfer import pin, to_device
+
+__all__ = ["Ahead", "CudaStaging", "Owner", "Passthrough"]
+
+
+class Owner(Protocol):
+    """What staging reads of its :class:`~pincollate.Prefetcher`."""
+
+    device: torch.device
+    transform: Callable[[Any], Any] | None
+    pin: bool
+    pinned_limit: int | None
+    _stream: Any
+
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error: BaseException = error
+
+
+class _Staging:
+    """What the staging thread works on. It holds no reference to its iterator, so
+    dropping the iterator (an early ``break``) lets ``__del__`` stop the thread.
+
+    ``permits`` bounds what is staged and not yet handed over to ``depth`` batches.
+    """
+
+    def __init__(self, source: Iterator[Any], depth: int, work: Callable[[Any], Any], device: torch.device):
+        self.source: Iterator[Any] | None = source
+        self.work: Callable[[Any], Any] = work
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.permits = threading.Semaphore(depth)
+        self.stop = threading.Event()
+        self.device: torch.device = device
+
+    def run(self) -> None:
+        # Thread-local: keeps the copies in pin() from competing with the consumer.
+        torch.set_num_threads(1)
+        if self.device.type == "cuda":
+            # Pinned memory and streams belong to a device; a new thread starts on
+            # device 0, which would put every DDP rank's staging on GPU 0.
+            torch.cuda.set_device(self.device)
+        try:
+            while self._permit():
+                try:
+                    host = next(self.source)  # type: ignore[arg-type]
+                except StopIteration:
+                    self.queue.put(_END)
+                    return
+                if self.stop.is_set():
+                    return
+                self.queue.put(self.work(host))
+        except BaseException as error:  # re-raised in the consumer
+            # The error's traceback holds the loader's iterator (and so its worker
+            # processes) for as long as the consumer keeps the error: end them now.
+            shutdown = getattr(self.source, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            self.queue.put(_Failure(error))
+        finally:
+            # Drop the loader's iterator here, on this thread: a DataLoader
+            # iterator shuts its workers down when it is released.
+            self.source = None
+
+    def _permit(self) -> bool:
+        while not self.stop.is_set():
+            if self.permits.acquire(timeout=0.1):
+                return True
+        return False
+
+
+class Ahead(Iterator[Any]):
+    """Batches from the loader, each passed through ``work`` on a background thread,
+    ``depth`` ahead of the consumer; ``hand`` runs on the consumer's thread."""
+
+    def __init__(
+        self,
+        source: Iterator[Any],
+        depth: int,
+        work: Callable[[Any], Any],
+        device: torch.device,
+        hand: Callable[[Any], Any] | None = None,
+    ):
+        self._state = _Staging(source, depth, work, device)
+        self._hand = hand
+        self._done = False
+        self._thread = threading.Thread(target=self._state.run, name="pincollate-prefetch", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        state = self._state
+        item = state.queue.get()
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            error = item.error
+            if hasattr(error, "add_note"):
+                error.add_note("(raised while pincollate.Prefetcher read the loader on its staging thread)")
+            raise error
+        state.permits.release()  # the next batch is staged while this one is used
+        return item if self._hand is None else self._hand(item)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread and release what it holds; safe to call twice.
+
+        With ``wait`` (an explicit close, the end of the loader) this waits, up to 10 s,
+        for the thread to let the loader go. The garbage collector's close does not
+        wait: it may run on the training thread while the staging thread is still
+        inside the loader (a worker's slow batch), and it must not stall that thread.
+        The staging thread stops at its next check either way.
+        """
+        self._done = True
+        state = self._state
+        state.stop.set()
+        while True:
+            try:
+                state.queue.get_nowait()
+            except queue.Empty:
+                break
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def __del__(self) -> None:
+        if not self._done:
+            self.close(wait=False)
+
+
+class Passthrough(Iterator[Any]):
+    """No accelerator: move (a no-op on CPU) and transform, synchronously."""
+
+    def __init__(self, source: Iterator[Any], owner: Owner):
+        self._source: Iterator[Any] = source
+        self._owner: Owner = owner
+
+    def __next__(self) -> Any:
+        batch = next(self._source)
+        owner = self._owner
+        if owner.device.type != "cpu":
+            batch = to_device(batch, owner.device)
+        if owner.transform is not None:
+            batch = owner.transform(batch)
+        return batch
+
+    def close(self) -> None:
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class CudaStaging:
+    """The CUDA work of the staging thread and the hand-over on the consumer's.
+
+    On the staging thread: pin what is not pinned, queue the one copy and the
+    transform on the side stream, record an event, and ``record_stream`` every device
+    storage the batch reaches for the consumer's stream (captured when iteration
+    began), so the caching allocator cannot give the memory to the side stream's next
+    batch while the consumer still reads it. On the consumer's thread: wait on the
+    event, nothing else.
+    """
+
+    def __init__(self, owner: Owner):
+        self.owner: Owner = owner
+        self.consumer: Any = torch.cuda.current_stream(owner.device)
+        self.count = 0
+
+    def stage(self, host: Any) -> tuple[Any, Any, Any]:
+        owner = self.owner
+        if owner.pin:
+            host = pin(host)  # a batch already pinned (DataLoader's pin thread, a registered slot) as it is
+        stream = owner._stream
+        with torch.cuda.device(owner.device), torch.cuda.stream(stream):
+            batch = to_device(host, owner.device, non_blocking=True)
+            if owner.transform is not None:
+                batch = owner.transform(batch)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(stream)
+        _record_stream(batch, self.consumer)
+        self.count += 1
+        if owner.pinned_limit is not None and self.count % 16 == 0:
+            # Here, not on the consumer's thread: emptying the cache waits for the device.
+            trim_pinned(owner.pinned_limit)
+        return batch, event, self.consumer
+
+    def hand(self, item: tuple[Any, Any, Any]) -> Any:
+        batch, event, recorded = item
+        consumer = torch.cuda.current_stream(self.owner.device)
+        consumer.wait_event(event)
+        if consumer != recorded:  # the consumer switched streams mid-epoch
+            _record_stream(batch, consumer)
+        return batch
+
+
+def _record_stream(batch: Any, stream: Any) -> None:
+    seen: set[int] = set()
+    for t in reachable_tensors(batch):
+        if t.device.type == "cuda":
+            storage = t.untyped_storage().data_ptr()
+            if storage not in seen:
+                seen.add(storage)
+                t.record_stream(stream)

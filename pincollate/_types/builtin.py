@@ -1,0 +1,251 @@
+"""The built-in leaf types: tensors, numpy arrays and scalars, Python numbers, str, bytes, None.
+
+Each registers its :class:`~pincollate._types.leaves.LeafHandler` when this module is
+imported (the package imports it). Tensors and arrays stack with one call per column
+(concatenated where a policy asks); numbers go through numpy into their region in
+one assignment; str, bytes and None are kept as per-sample lists.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import CollateError
+from .leaves import LeafHandler, register_leaf
+from .wrap import Wrap
+
+#: The dtype getters, called at C speed by ``map``.
+TENSOR_DTYPE: Callable[[Any], Any] = torch.Tensor.dtype.__get__  # type: ignore[attr-defined]
+TENSOR_SHAPE: Callable[[Any], Any] = torch.Tensor.shape.__get__  # type: ignore[attr-defined]
+ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
+
+__all__ = [
+    "ARRAY_DTYPE",
+    "KEPT_VALUES",
+    "NUMBERS",
+    "NUMBER_TYPES",
+    "TENSOR_DTYPE",
+    "TENSOR_SHAPE",
+    "concat_tensors",
+    "describe_tensor",
+    "fill_numbers",
+    "fits_float64",
+    "fits_int64",
+    "number_dtype",
+    "stack_tensors",
+    "torch_dtype",
+]
+
+Path = tuple[Hashable, ...]
+
+
+# --- tensors -------------------------------------------------------------------------
+
+
+def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if value.is_nested:
+        raise CollateError(
+            "nested tensors are not supported; pass their components as a list", sample=sample, path=path
+        )
+    if value.is_quantized:
+        raise CollateError(
+            "quantized tensors are not supported; pass their dequantize() or int_repr()", sample=sample, path=path
+        )
+    if value.layout != torch.strided:
+        raise CollateError(
+            f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path
+        )
+    if value.device.type != "cpu":
+        raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
+    return value.dtype, tuple(value.shape)
+
+
+def stack_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.stack(values, out=region)
+
+
+def concat_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    torch.cat(values, out=region)
+
+
+def _copy_tensor(region: torch.Tensor, values: list[torch.Tensor]) -> None:
+    region.copy_(values[0])
+
+
+def _tensor_signature(value: torch.Tensor) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
+    # A tensor subclass comes back as its class, as torch.stack gives it; one that turns
+    # __torch_function__ off (nn.Parameter) is a plain tensor to torch.stack.
+    cls = type(value)
+    if cls is torch.Tensor or getattr(cls, "__torch_function__", None) is torch._C._disabled_torch_function_impl:
+        return None
+    return Wrap(cls)
+
+
+register_leaf(
+    torch.Tensor,
+    LeafHandler(
+        "Tensor",
+        "tensor",
+        describe_tensor,
+        stack_tensors,
+        wrap=_subclass_wrap,
+        key=TENSOR_DTYPE,
+        signature=_tensor_signature,
+        concat=concat_tensors,
+        fill_one=_copy_tensor,
+    ),
+)
+
+
+# --- numpy ---------------------------------------------------------------------------
+
+# default_collate rejects string, bytes, unicode and object arrays with this test.
+_NP_REJECTED = re.compile(r"[SaUO]")
+
+
+@functools.cache
+def torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
+    try:
+        return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
+    except TypeError:
+        return None
+
+
+def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    if _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(
+            f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path
+        )
+    dtype = torch_dtype(value.dtype)
+    if dtype is None:
+        raise CollateError(f"numpy dtype {value.dtype} has no torch equivalent", sample=sample, path=path)
+    return dtype, value.shape
+
+
+def _fill_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    # np.stack reads memmaps and read-only arrays without torch's "not writable"
+    # warning, and casts to the promoted dtype.
+    np.stack(values, out=region.numpy())
+
+
+def _concat_arrays(region: torch.Tensor, values: list[np.ndarray]) -> None:
+    np.concatenate(values, out=region.numpy())
+
+
+def _array_signature(value: np.ndarray) -> Hashable:
+    return (value.dtype, value.shape)
+
+
+register_leaf(
+    np.ndarray,
+    LeafHandler(
+        "ndarray",
+        "ndarray",
+        _describe_array,
+        _fill_arrays,
+        key=ARRAY_DTYPE,
+        signature=_array_signature,
+        concat=_concat_arrays,
+    ),
+)
+
+
+# --- numbers -------------------------------------------------------------------------
+
+
+def _describe_np_scalar(value: np.generic, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    dtype = torch_dtype(value.dtype)
+    if dtype is None or _NP_REJECTED.search(value.dtype.str) is not None:
+        raise CollateError(f"numpy scalar of dtype {value.dtype} cannot be collated", sample=sample, path=path)
+    return dtype, ()
+
+
+def _describe_bool(value: bool, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.bool, ()
+
+
+def _describe_int(value: int, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.int64, ()
+
+
+def _describe_float(value: float, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    # default_collate makes float64 of Python floats: one rule for every float.
+    return torch.float64, ()
+
+
+def _describe_complex(value: complex, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    return torch.complex128, ()
+
+
+#: The dtype of a column of exact Python numbers of one type: :func:`number_dtype`'s answer
+#: for it, without asking torch (an ``int`` column must fit ``int64``).
+NUMBERS: dict[type, torch.dtype] = {int: torch.int64, float: torch.float64, bool: torch.bool}
+#: The exact Python number types (a column of several becomes one tensor by :func:`number_dtype`).
+NUMBER_TYPES = frozenset(NUMBERS)
+#: The values every collate keeps as they are, never in the buffer: a str, bytes, ``None``.
+KEPT_VALUES = frozenset((str, bytes, type(None)))
+
+
+def number_dtype(values: Sequence[Any]) -> torch.dtype:
+    """The dtype ``default_collate`` gives a column of numbers: one rule, used everywhere.
+
+    A column that starts with a Python float (or a subclass) is ``float64``; one that
+    starts with an int or bool, or a numpy scalar, takes the dtype torch infers for the
+    whole column, as ``torch.tensor`` / ``torch.as_tensor`` do there.
+    """
+    first = next(v for v in values if v is not None)
+    present = [v for v in values if v is not None]
+    if isinstance(first, float):
+        return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
+    if isinstance(first, complex):
+        return torch.complex128
+    if isinstance(first, int):
+        return torch.tensor(present).dtype
+    if isinstance(first, np.generic) and len({type(v) for v in present}) == 1:
+        # One numpy scalar type (uint64 too, which torch.as_tensor of scalars refuses): its dtype.
+        found = torch_dtype(first.dtype)
+        if found is not None:
+            return found
+    return torch.as_tensor(present).dtype
+
+
+def fits_int64(value: int) -> bool:
+    """Whether a Python int fits the ``int64`` a column of ints becomes."""
+    return -(2**63) <= value < 2**63
+
+
+#: The largest magnitude a Python int may have and still convert to a finite ``float64``.
+_FLOAT64_INT_LIMIT = 2**1024 - 2**970
+
+
+def fits_float64(value: Any) -> bool:
+    """Whether a number converts to ``float64`` (an int too large for a float does not), at Python speed."""
+    return type(value) is not int or -_FLOAT64_INT_LIMIT < value < _FLOAT64_INT_LIMIT
+
+
+def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
+    # One numpy assignment is ten times cheaper than torch.tensor(values).
+    region.numpy()[...] = values
+
+
+register_leaf(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
+register_leaf(int, LeafHandler("int", "number", _describe_int, fill_numbers))
+register_leaf(float, LeafHandler("float", "number", _describe_float, fill_numbers))
+register_leaf(complex, LeafHandler("complex", "number", _describe_complex, fill_numbers))
+register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, fill_numbers))
+
+# --- values kept as a list -----------------------------------------------------------
+
+register_leaf(str, LeafHandler("str", "str", None, None))
+register_leaf(bytes, LeafHandler("bytes", "bytes", None, None))
+register_leaf(type(None), LeafHandler("None", "None", None, None))

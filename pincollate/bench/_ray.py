@@ -1,0 +1,160 @@
+"""``python -m pincollate.bench --ray``: Ray Data's own batch conversion against pincollate's, on a local cluster.
+
+For the manyleaf and vlm scenarios, one Ray dataset of the scenario's samples is iterated
+with ``iter_torch_batches`` three ways, in alternating rounds of one run:
+
+* Ray's own conversion (manyleaf: its default, which takes every numeric column; vlm:
+  Ray cannot convert the ragged columns, so a hand-written ``NumpyBatchCollateFn`` pads and
+  concatenates them with ``pad_sequence`` and ``torch.cat``, what a user writes today);
+* ``ColumnCollate`` on the trainer side (``collate_fn=collate.for_ray()``);
+* ``ColumnCollate`` on the data side (``map_batches(collate.pack)``, then one packed row
+  per batch unpacked on the trainer side). The packed dataset is materialized before the
+  rounds, as a data cluster would have collated ahead of the trainer: what is timed is the
+  trainer's share of the work, one copy of each batch's bytes.
+
+Reported: batches per second (higher is better) and each method's ratio to Ray's own.
+Both the dataset's reads and the iteration run in this process's local cluster; the
+string column of manyleaf is dropped for every method, since Ray's default refuses it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from .._integrations.columns import ColumnCollate
+from .._plan.packing import Concat
+from .._plan.policies import Pad
+from ..datasets import SCENARIOS, InMemory
+
+__all__ = ["format_ray", "run_ray"]
+
+
+def _rows(scenario: str, count: int) -> list[dict[str, Any]]:
+    cls, _ = SCENARIOS[scenario]
+    dataset = InMemory(cls(length=count))
+    rows = []
+    for i in range(count):
+        sample = dataset[i]
+        row = {}
+        for key, value in sample.items():
+            if isinstance(value, str):
+                continue  # Ray's default conversion refuses strings
+            if isinstance(value, list):
+                value = np.concatenate([v.float().numpy() for v in value])  # a VLM's patches, one ragged array
+            row[key] = value.numpy() if isinstance(value, torch.Tensor) else value
+        rows.append(row)
+    return rows
+
+
+def _by_hand_vlm() -> Any:
+    from ray.data.collate_fn import NumpyBatchCollateFn
+
+    class ByHand(NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
+        """What a Ray user writes for ragged columns: pad the ids, concatenate the patches."""
+
+        def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+            ids = [torch.from_numpy(np.array(v)) for v in batch["input_ids"]]
+            patches = [torch.from_numpy(np.array(v)) for v in batch["pixel_values"]]
+            lengths = torch.tensor([len(t) for t in ids])
+            return {
+                "input_ids": pad_sequence(ids, batch_first=True),
+                "attention_mask": torch.arange(int(lengths.max()))[None, :] < lengths[:, None],
+                "pixel_values": torch.cat(patches),
+                "pixel_values_offsets": torch.tensor([0, *np.cumsum([len(p) for p in patches])], dtype=torch.int32),
+            }
+
+    return ByHand()
+
+
+def _collate(scenario: str) -> ColumnCollate:
+    if scenario == "vlm":
+        return ColumnCollate(
+            fields={
+                "input_ids": Pad(mask_key="attention_mask", lengths_key=None),
+                "pixel_values": Concat(counts_key=None, item_offsets_key=None),
+            }
+        )
+    return ColumnCollate()
+
+
+def _methods(scenario: str, dataset: Any, packed: Any, collate: ColumnCollate, batch_size: int) -> dict[str, Any]:
+    """Each method as a function giving a fresh iterator over the scenario's batches."""
+    own = _by_hand_vlm() if scenario == "vlm" else None
+    return {
+        "Ray's own conversion": lambda: dataset.iter_torch_batches(batch_size=batch_size, device="cpu", collate_fn=own),
+        "ColumnCollate, trainer side": lambda: dataset.iter_torch_batches(
+            batch_size=batch_size, collate_fn=collate.for_ray(), device="cpu"
+        ),
+        # Collated by map_batches before the rounds (materialized): what is timed is the trainer's share.
+        "ColumnCollate, data side": lambda: packed.iter_torch_batches(
+            batch_size=1, collate_fn=collate.for_ray(unpack=True), device="cpu"
+        ),
+    }
+
+
+def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
+    """Batches per second of each method, per scenario, on a local cluster (started and stopped here if none runs)."""
+    import ray
+    from tqdm.auto import tqdm
+
+    rounds = 2 if quick else 5
+    batches = 8 if quick else 48
+    started = not ray.is_initialized()  # a cluster already running (a test's) is used as it is
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    results: dict[str, Any] = {}
+    try:
+        bar = tqdm(total=2 * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False)
+        for scenario in ("manyleaf", "vlm"):
+            _, batch_size = SCENARIOS[scenario]
+            dataset = ray.data.from_items(_rows(scenario, batch_size * batches)).materialize()
+            collate = _collate(scenario)
+            packed = dataset.map_batches(collate.pack, batch_size=batch_size).materialize()
+            methods = _methods(scenario, dataset, packed, collate, batch_size)
+            rates: dict[str, list[float]] = {name: [] for name in methods}
+            for round_ in range(rounds):
+                order = list(methods) if round_ % 2 == 0 else list(methods)[::-1]
+                for name in order:
+                    start = time.perf_counter()
+                    count = sum(1 for _ in methods[name]())
+                    rates[name].append(count / (time.perf_counter() - start))
+                    bar.update(1)
+            base = rates["Ray's own conversion"]
+            results[scenario] = {
+                name: {
+                    "batches_per_s": statistics.median(values),
+                    "ratio": statistics.median(values) / statistics.median(base),
+                    "spread": [
+                        min(v / b for v, b in zip(values, base, strict=True)),
+                        max(v / b for v, b in zip(values, base, strict=True)),
+                    ],
+                }
+                for name, values in rates.items()
+            }
+        bar.close()
+    finally:
+        if started:
+            ray.shutdown()
+    return {"rounds": rounds, "batches": batches, "results": results}
+
+
+def format_ray(report: dict[str, Any]) -> str:
+    lines = [
+        f"Ray Data on a local 2-CPU cluster: batches per second through iter_torch_batches ({report['batches']} batches,",
+        f"{report['rounds']} alternating rounds, medians; x Ray: ratio to Ray's own conversion, higher is better)",
+        "",
+        f"{'scenario':<10} {'method':<30} {'batches/s':>10} {'x Ray (spread)':>20}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for scenario, rows in report["results"].items():
+        for name, row in rows.items():
+            ratio = f"{row['ratio']:.2f}x ({row['spread'][0]:.2f}-{row['spread'][1]:.2f})"
+            lines.append(f"{scenario:<10} {name:<30} {row['batches_per_s']:>10.1f} {ratio:>20}")
+    return "\n".join(lines)
