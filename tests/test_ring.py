@@ -466,3 +466,25 @@ def test_a_layout_crosses_once_then_as_its_key(clean, monkeypatch):
     # Each worker (its ring's token) sent the layout once; every later batch came as the key alone.
     assert sum(with_layout for _, with_layout in sent) == len({key for key, _ in sent}) == 2
     del batches
+
+
+def test_a_layout_a_worker_keeps_using_stays_known_to_the_receiver():
+    """Two collates in one worker: one structure used every other batch while new ones keep crossing.
+
+    The worker refreshes a layout on every use and sends its batches as the key alone; the
+    receiver must keep it by the same rule, however many layouts crossed since it first did.
+    """
+    from pincollate._batch.layout import Layout, TensorSpec
+
+    ring = _ring._Ring(1)
+    receiver = _receiver._Receiver((ring.token, ring.pid, ring.state_storage, False))
+    _receiver._receivers[ring.token] = receiver
+    try:
+        steady = Layout(TensorSpec(torch.float32, (4,), 0), 64)
+        for n in range(1, 5 * _ring.LAYOUTS_KEPT):
+            for layout in (steady, Layout(TensorSpec(torch.uint8, (n,), 0), 64 * n)):
+                key, sent = _ring._layout_ref(ring, layout)
+                assert _receiver.layout(ring.token, key, sent) is layout
+        assert len(ring.layouts) == _ring.LAYOUTS_KEPT and len(receiver.layouts) == 4 * _ring.LAYOUTS_KEPT
+    finally:
+        _receiver._receivers.pop(ring.token, None)

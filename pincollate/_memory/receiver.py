@@ -20,14 +20,13 @@ import multiprocessing
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from . import ownership as _ownership
 from . import registration as _registration
-from .ring import LAYOUTS_KEPT, Header, words
+from .ring import LAYOUTS_KEPT, Header, RecentLayouts, words
 
 __all__ = ["close_all", "layout", "lease", "leased", "open_rings"]
 
@@ -87,7 +86,8 @@ class _Receiver:
         self.slots: dict[int, _Mapping] = {}
         self.closed = False
         self.watched = False  # its worker's Process object closes it (see _watch)
-        self.layouts: OrderedDict[int, Any] = OrderedDict()  # layouts the worker sent, by key
+        # The layouts the worker sent, by key, kept by the worker's own rule and more of them.
+        self.layouts: RecentLayouts = RecentLayouts(4 * LAYOUTS_KEPT)
 
     def release(self, index: int, reusable: bool) -> None:
         self.state[index] = 0 if reusable else 2
@@ -101,8 +101,9 @@ def layout(token: int, key: int, sent: Any) -> Any:
     """The layout a batch from ring ``token`` crossed with: ``sent``, kept under ``key``, or the one kept.
 
     A worker sends each layout once (:func:`pincollate._memory.ring.send`) and its batches arrive in the
-    order it sent them, so a key always arrives after its layout. The receiver keeps
-    more layouts than the worker remembers sending, so a key it is sent is still kept.
+    order it sent them, so a key always arrives after its layout. Both sides keep layouts
+    by one rule (:class:`~pincollate._memory.ring.RecentLayouts`), the receiver more of them,
+    so a key it is sent is still kept.
     """
     if key == 0:
         return sent
@@ -111,9 +112,7 @@ def layout(token: int, key: int, sent: Any) -> Any:
         if receiver is None:
             raise RuntimeError("pincollate: a worker batch arrived for a ring this process has closed")
         if sent is not None:
-            receiver.layouts[key] = sent
-            if len(receiver.layouts) > 4 * LAYOUTS_KEPT:
-                receiver.layouts.popitem(last=False)
+            receiver.layouts.put(key, sent)
             return sent
         found = receiver.layouts.get(key)
     if found is None:

@@ -42,7 +42,18 @@ from torch.utils.data import get_worker_info
 from . import ownership as _ownership
 from . import shm as _shm
 
-__all__ = ["DEFAULT_SLOTS", "LAYOUTS_KEPT", "Header", "capacity_for", "is_slot", "send", "take", "wait", "words"]
+__all__ = [
+    "DEFAULT_SLOTS",
+    "LAYOUTS_KEPT",
+    "Header",
+    "RecentLayouts",
+    "capacity_for",
+    "is_slot",
+    "send",
+    "take",
+    "wait",
+    "words",
+]
 
 #: At most this many slots per worker unless a collate says otherwise.
 DEFAULT_SLOTS = 8
@@ -105,7 +116,7 @@ class _Ring:
         self.pin = False  # ask the receiver to register slots with CUDA
         self.starved = False  # the last wait timed out (see wait)
         # Layouts already sent to the receiver, by id: a batch of one of them crosses as its key.
-        self.layouts: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self.layouts: RecentLayouts = RecentLayouts(LAYOUTS_KEPT)
         self.next_key = 1
 
     def _idle(self, index: int) -> bool:
@@ -253,6 +264,41 @@ def is_slot(buffer: torch.Tensor) -> bool:
 LAYOUTS_KEPT = 64
 
 
+class RecentLayouts:
+    """The layouts one ring's batches crossed with, most recently used last: one rule for both sides.
+
+    A worker remembers the last ``capacity`` layouts it sent (by id) and sends a batch of
+    one of them as its key alone; the receiver keeps the layouts it was sent by key. Both
+    evict the least recently *used* one, and a worker's batches arrive in the order it sent
+    them, so the receiver, keeping at least as many, still holds every key a worker may
+    send: a layout the worker keeps using is recent on both sides, however long ago it
+    first crossed.
+    """
+
+    __slots__ = ("_kept", "capacity")
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._kept: OrderedDict[Any, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: Any) -> Any:
+        """The value kept under ``key`` (now the most recent), or ``None``."""
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+        return found
+
+    def put(self, key: Any, value: Any) -> None:
+        """Keep ``value`` under ``key`` as the most recent, evicting the least recently used."""
+        self._kept[key] = value
+        self._kept.move_to_end(key)
+        if len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+
 def send(buffer: torch.Tensor, layout: Any) -> tuple[Header, int, int, Any, tuple[int, Any]] | None:
     """What a batch over ``buffer`` crosses as, if ``buffer`` is a slot of this worker's ring.
 
@@ -290,11 +336,8 @@ def _layout_ref(ring: _Ring, layout: Any) -> tuple[int, Any]:
         return 0, layout
     known = ring.layouts.get(id(layout))
     if known is not None and known[0] is layout:
-        ring.layouts.move_to_end(id(layout))
         return known[1], None
     key = ring.next_key
     ring.next_key += 1
-    ring.layouts[id(layout)] = (layout, key)  # held, so its id stays its own
-    if len(ring.layouts) > LAYOUTS_KEPT:
-        ring.layouts.popitem(last=False)
+    ring.layouts.put(id(layout), (layout, key))  # held, so its id stays its own
     return key, layout
