@@ -183,3 +183,36 @@ def test_the_circle_check_sees_a_circle(tmp_path):
     assert graph == {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert _circles(graph) == [["a", "b", "c", "a"]]
     assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+#: torch's factories that follow the default device (``with torch.device(...)``, ``set_default_device``).
+FACTORIES = {"empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor", "empty_like", "zeros_like"}
+
+
+def _factory_calls_without_device(root: Path = PACKAGE) -> list[str]:
+    found = []
+    for name, path in _modules(root).items():
+        if _stage(name) in OUTSIDE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+                and not any(keyword.arg == "device" for keyword in node.keywords)
+            ):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_every_torch_factory_in_the_runtime_names_its_device():
+    # A batch is built on the host whatever the default device; see tests/test_default_device.py.
+    assert not _factory_calls_without_device()
+
+
+def test_the_factory_check_sees_a_call_without_a_device(tmp_path):
+    (tmp_path / "_plan").mkdir()
+    (tmp_path / "_plan" / "x.py").write_text("import torch\na = torch.zeros(2)\nb = torch.zeros(2, device='cpu')\n")
+    assert _factory_calls_without_device(tmp_path) == ["_plan.x:2"]

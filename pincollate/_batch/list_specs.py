@@ -70,7 +70,7 @@ class SplitSpec(Spec):
             counts = self.sizes[0::2]
             if 0 in counts:  # no bytes to read: torch.empty's own storage (see Views.tensor)
                 for i in [i for i, count in enumerate(counts) if not count]:
-                    out[i] = torch.empty(shapes[i], dtype=dtype)
+                    out[i] = torch.empty(shapes[i], dtype=dtype, device="cpu")
         if self.wraps is not None:
             out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
         for position in self.absent:

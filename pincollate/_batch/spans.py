@@ -140,7 +140,7 @@ def pin_spans(tree: T) -> T:
     cpu = torch.device("cpu")
 
     def keep(storage: torch.UntypedStorage) -> bool:
-        return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8).set_(storage))
+        return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage))
 
     def per_leaf(t: torch.Tensor) -> torch.Tensor:
         out = pinned_allocator()(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)

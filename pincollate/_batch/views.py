@@ -217,7 +217,7 @@ class Views:
         if not count:
             # No bytes to read: a storage of its own that cannot share an address (and so
             # a dtype, for torch.save) with the field after it.
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(shape, dtype=dtype, device="cpu")
         as_numpy = _NUMPY.get(dtype)
         if as_numpy is not None:
             return carve(source, as_numpy, shape, offset)

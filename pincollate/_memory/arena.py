@@ -47,7 +47,7 @@ PinnedAllocator = Callable[[int], torch.Tensor]
 
 
 def _torch_pinned(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=True)
 
 
 def _torch_is_pinned(tensor: torch.Tensor) -> bool:
@@ -186,7 +186,7 @@ def allocate(
     try:
         if kind == "shared":
             storage = _shm.new_shared(nbytes)
-            return torch.empty(0, dtype=torch.uint8).set_(storage)
+            return torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
         if kind == "pinned":
             return _pinned_allocator(nbytes)
         return _recycled.take(nbytes)

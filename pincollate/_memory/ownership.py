@@ -154,7 +154,7 @@ def grant(memory: np.ndarray[Any, Any], done: Done, *, shared: bool, keep: Any =
 
 def bytes_of(storage: torch.UntypedStorage) -> np.ndarray[Any, Any]:
     """A ``uint8`` array over all of ``storage`` (it holds the storage), to slice leases from."""
-    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+    return torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage).numpy()
 
 
 def hold(tensor: torch.Tensor, owner: Any) -> torch.Tensor:

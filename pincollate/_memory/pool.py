@@ -52,7 +52,7 @@ class Recycled:
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes == 0:
-            return torch.empty(0, dtype=torch.uint8)  # no memory: nothing can read it
+            return torch.empty(0, dtype=torch.uint8, device="cpu")  # no memory: nothing can read it
         if nbytes < self.least:
             return owned(nbytes)  # not recycled: nothing to hand back
         with self.lock:
@@ -62,7 +62,7 @@ class Recycled:
             if found is None:
                 # Room for the recent batches, but never more than this one could use again.
                 wanted = min(max(self.recent), 2 * nbytes)
-                found = _Kept(torch.empty(capacity_for(wanted), dtype=torch.uint8))
+                found = _Kept(torch.empty(capacity_for(wanted), dtype=torch.uint8, device="cpu"))
                 self.kept.append(found)
                 if len(self.kept) > self.slots:
                     idle = [kept for kept in self.kept if not kept.busy]
@@ -84,5 +84,5 @@ def owned(nbytes: int) -> torch.Tensor:
     on any of them (which swaps its memory for fresh shared memory) frees nothing that
     another reader still reads. No lease is needed: the memory is never handed out again.
     """
-    owner = torch.empty(nbytes, dtype=torch.uint8).numpy()
+    owner = torch.empty(nbytes, dtype=torch.uint8, device="cpu").numpy()
     return _ownership.hold(torch.from_numpy(owner), owner)

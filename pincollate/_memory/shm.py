@@ -116,7 +116,7 @@ def outside_buffer(nbytes: int, pin: Any) -> torch.Tensor:
         buffer = _ownership.grant(view[:nbytes], _nothing, shared=True, keep=view)
         how = "outside /dev/shm (anonymous shared memory)"
     else:
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device="cpu")
         how = "through its result pipe"
     ptr = buffer.data_ptr()
     with _lock:

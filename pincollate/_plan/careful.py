@@ -215,8 +215,8 @@ class _Walk(ContainerWalk):
     def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
         numbers = [x for v in values if v is not None for x in v]
         try:
-            dtype = torch.tensor(numbers).dtype if numbers else torch.int64
-            return [None if v is None else torch.tensor(list(v), dtype=dtype) for v in values]
+            dtype = torch.tensor(numbers, device="cpu").dtype if numbers else torch.int64
+            return [None if v is None else torch.tensor(list(v), dtype=dtype, device="cpu") for v in values]
         except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
             raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
 
@@ -230,13 +230,14 @@ class _Walk(ContainerWalk):
         from torch.utils.data import default_collate
 
         try:
-            with warnings.catch_warnings():
+            # On the host, whatever the default device (its factories would follow that).
+            with warnings.catch_warnings(), torch.device("cpu"):
                 warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
                 value = default_collate(list(values))
         except (RuntimeError, TypeError, ValueError):
             # It gives up where a tensor comes first: each value as a tensor, then stacked.
             try:
-                value = torch.stack([torch.as_tensor(v) for v in values])
+                value = torch.stack([torch.as_tensor(v, device="cpu") for v in values])
             except (RuntimeError, TypeError, ValueError) as exc:
                 raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
         shape = tuple(value.shape)

@@ -154,7 +154,7 @@ def stacked_class(classes: Sequence[type]) -> type | None:
     tensors = [cls for cls in dict.fromkeys(classes) if issubclass(cls, torch.Tensor)]
     if len(tensors) != len(set(classes)):
         return None
-    probes: list[torch.Tensor] = [torch.empty(0).as_subclass(cls) for cls in classes]
+    probes: list[torch.Tensor] = [torch.empty(0, device="cpu").as_subclass(cls) for cls in classes]
     return type(torch.stack(probes))
 
 

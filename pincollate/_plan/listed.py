@@ -202,5 +202,5 @@ def items_recipe(column: Sequence[Any], items: bool, whole: bool | None = None) 
 @functools.lru_cache(maxsize=256)
 def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
     """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
-    zeros = torch.zeros((step, *trailing), dtype=dtype)
+    zeros = torch.zeros((step, *trailing), dtype=dtype, device="cpu")
     return tuple(zeros[:gap] for gap in range(step))

@@ -183,7 +183,7 @@ class BlockOp(Op):
         self.joined = math.prod(shape) * dtype.itemsize <= JOIN_BYTES
         self.fill: Filler = functools.partial(_stack_joined, dtype=dtype) if self.joined else _stack
         # Rows stacked after each field so that the next one starts aligned.
-        self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype),) * pad
+        self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype, device="cpu"),) * pad
 
     def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
         if self.pad:

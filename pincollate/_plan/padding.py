@@ -214,5 +214,7 @@ def _pad_values(dtype: torch.dtype, value: Any, rows: int, trailing: tuple[int, 
     kept = _pads.get(key)
     if kept is None or kept.shape[0] < rows:
         # Grown to the next power of two rows: a few sizes over a run, at most twice PAD_BYTES.
-        kept = _pads[key] = torch.full((1 << max(rows - 1, 0).bit_length(), *trailing), value, dtype=dtype)
+        kept = _pads[key] = torch.full(
+            (1 << max(rows - 1, 0).bit_length(), *trailing), value, dtype=dtype, device="cpu"
+        )
     return kept[:rows]

@@ -199,7 +199,7 @@ def number_tensor(column: Sequence[Any]) -> torch.Tensor | None:
             # Ints (and bools among them): int64, as torch.tensor infers, at numpy's speed
             # (torch.tensor reads a list of ints five times slower than np.array does).
             return torch.from_numpy(np.array(flat, dtype=np.int64))
-        return torch.tensor(flat)
+        return torch.tensor(flat, device="cpu")
     except (OverflowError, RuntimeError, TypeError, ValueError):  # an int beyond int64: the careful error
         return None
 

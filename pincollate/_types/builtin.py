@@ -210,13 +210,13 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
     if isinstance(first, complex):
         return torch.complex128
     if isinstance(first, int):
-        return torch.tensor(present).dtype
+        return torch.tensor(present, device="cpu").dtype
     if isinstance(first, np.generic) and len({type(v) for v in present}) == 1:
         # One numpy scalar type (uint64 too, which torch.as_tensor of scalars refuses): its dtype.
         found = torch_dtype(first.dtype)
         if found is not None:
             return found
-    return torch.as_tensor(present).dtype
+    return torch.as_tensor(present, device="cpu").dtype
 
 
 def fits_int64(value: int) -> bool:
