@@ -94,3 +94,55 @@ def test_memory_moved_away_by_share_memory_saves_what_the_batch_reads(moved):
     expected["x"] += 1
     assert_same(_saved_and_loaded(batch), expected)
     assert_same(pickle.loads(pickle.dumps(batch)), expected)
+
+
+def _moved_three_ways(batch):
+    return (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch))
+
+
+@pytest.mark.parametrize("view", ["conj", "neg"])
+def test_a_conjugate_or_negative_item_of_a_per_sample_list_loses_the_layout(view):
+    batch = MMCollate(pin_memory=False)([{"z": torch.tensor([1 + 2j, 3 + 4j])}, {"z": torch.tensor([5 + 6j])}])
+    assert type(batch["z"]) is list and batch.layout is not None
+    first = batch["z"][0]
+    batch["z"][0] = first.conj() if view == "conj" else torch._neg_view(first)
+    expected = first.conj() if view == "conj" else first.neg()
+    assert batch.layout is None
+    for again in _moved_three_ways(batch):
+        assert torch.equal(again["z"][0].resolve_conj().resolve_neg(), expected)
+
+
+def test_a_box_rewrapped_with_another_canvas_size_loses_the_layout():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    boxes = [tv_tensors.BoundingBoxes(torch.ones(n, 4), format="XYXY", canvas_size=(8, 8)) for n in (1, 2)]
+    batch = MMCollate(pin_memory=False)([{"boxes": boxes[0]}, {"boxes": boxes[1]}])
+    assert batch.layout is not None
+    batch["boxes"][0] = tv_tensors.wrap(batch["boxes"][0].as_subclass(torch.Tensor), like=boxes[0], canvas_size=(9, 9))
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True)):
+        assert tuple(again["boxes"][0].canvas_size) == (9, 9) and tuple(again["boxes"][1].canvas_size) == (8, 8)
+
+
+def test_a_stacked_subclass_rewrapped_with_other_metadata_loses_the_layout():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    points = [tv_tensors.KeyPoints(torch.ones(2, 2), canvas_size=(8, 8))] * 2
+    batch = MMCollate(pin_memory=False)([{"points": points[0]}, {"points": points[1]}])
+    assert batch.layout is not None
+    batch["points"][1] = tv_tensors.wrap(
+        batch["points"][1].as_subclass(torch.Tensor), like=points[1], canvas_size=(3, 3)
+    )
+    assert batch.layout is None
+    again = pickle.loads(pickle.dumps(batch))
+    assert [tuple(p.canvas_size) for p in again["points"]] == [(8, 8), (3, 3)]
+
+
+def test_a_jagged_field_remade_with_lengths_loses_the_layout_and_is_saved_as_it_reads():
+    from pincollate import Jagged
+
+    batch = MMCollate(pin_memory=False, fields={"x": Jagged()})([{"x": torch.arange(3.0)}, {"x": torch.arange(5.0)}])
+    assert batch.layout is not None
+    field = batch["x"]
+    batch["x"] = torch.nested.nested_tensor_from_jagged(field.values(), field.offsets(), lengths=torch.tensor([1, 2]))
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), _saved_and_loaded(batch)):
+        assert [row.tolist() for row in again["x"].unbind()] == [[0.0], [0.0, 1.0]]

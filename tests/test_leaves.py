@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -80,6 +82,19 @@ def test_bounding_boxes_stay_per_image_even_when_counts_agree():
     assert isinstance(listed, list) and [b.canvas_size for b in listed] == [(8, 8), (8, 9)]
     assert all(type(b) is tv_tensors.BoundingBoxes and b.shape == (2, 4) for b in listed)
     assert [b[0, 0].item() for b in listed] == [8.0, 9.0]
+
+
+@pytest.mark.skipif(not hasattr(tv_tensors, "KeyPoints"), reason="this torchvision has no KeyPoints")
+def test_key_points_stay_per_image_with_their_canvas_size():
+    points = [tv_tensors.KeyPoints(torch.full((n, 2), float(n)), canvas_size=(6, 4 + n)) for n in (2, 2, 3)]
+    for _ in range(2):  # fresh, then warm
+        out = mm_collate([{"points": p} for p in points])
+        assert isinstance(out["points"], list)
+        for got, want in zip(out["points"], points, strict=True):
+            assert type(got) is tv_tensors.KeyPoints and got.canvas_size == want.canvas_size
+            assert torch.equal(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor))
+        again = pickle.loads(pickle.dumps(out))
+        assert [p.canvas_size for p in again["points"]] == [(6, 6), (6, 6), (6, 7)]
 
 
 def test_lookup_prefers_the_nearest_registered_base():

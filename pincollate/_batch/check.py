@@ -16,6 +16,7 @@ import torch
 
 from .._types.build import make_mapping, make_sequence
 from .._types.kinds import MAPPING, is_sequence, kind_of, registered
+from .._types.wrap import Wrap
 from .layout import Layout, Part, PartSpec, Spec, TensorSpec, ValueSpec
 from .list_specs import GroupsSpec, ItemsSpec, RowsSpec, SplitSpec
 from .specs import (
@@ -72,7 +73,7 @@ class _Check:
         if kind is TensorSpec:
             wrap = spec.wrap  # type: ignore[attr-defined]
             return (
-                type(obj) is (torch.Tensor if wrap is None else wrap.cls)
+                (type(obj) is torch.Tensor if wrap is None else wrap.fits(obj))
                 and (obj.data_ptr() == self.base + spec.offset or not obj.numel())  # type: ignore[attr-defined]
                 and obj.dtype == spec.dtype  # type: ignore[attr-defined]
                 and obj.shape == spec.shape  # type: ignore[attr-defined]
@@ -88,6 +89,8 @@ class _Check:
             return (
                 isinstance(obj, torch.Tensor)
                 and obj.is_nested
+                # Lengths shorten each row over the same values: not the layout's field any more.
+                and obj.lengths() is None  # type: ignore[attr-defined]
                 and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
@@ -163,15 +166,16 @@ class _Check:
             gone = set(spec.absent)
             obj = [value for i, value in enumerate(obj) if i not in gone]
         dtype = spec.region.dtype
-        classes: list[type] = [torch.Tensor] * len(obj) if spec.wraps is None else [wrap.cls for wrap in spec.wraps]
-        for tensor, cls, offset, shape in zip(obj, classes, *spec.places(), strict=True):
+        wraps: list[Wrap | None] = [None] * len(obj) if spec.wraps is None else list(spec.wraps)
+        for tensor, wrap, offset, shape in zip(obj, wraps, *spec.places(), strict=True):
             if not (
-                isinstance(tensor, torch.Tensor)
-                and type(tensor) is cls
+                (type(tensor) is torch.Tensor if wrap is None else wrap.fits(tensor))
                 and (tensor.data_ptr() == self.base + offset or not tensor.numel())
                 and tensor.dtype == dtype
                 and tensor.shape == shape
                 and tensor.is_contiguous()
+                and not tensor.is_conj()
+                and not tensor.is_neg()
             ):
                 return False
         return True

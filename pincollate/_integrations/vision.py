@@ -90,34 +90,44 @@ def register_tv_tensors() -> None:
             ),
         )
 
-    def boxes(value: Any) -> Wrap:
-        fields = {"format": value.format, "canvas_size": tuple(value.canvas_size)}
-        if hasattr(value, "clamping_mode"):
-            fields["clamping_mode"] = value.clamping_mode
+    def per_image(value: Any) -> Wrap:
+        fields = {name: getattr(value, name) for name in _PER_IMAGE_FIELDS if hasattr(value, name)}
+        if "canvas_size" in fields:
+            fields["canvas_size"] = tuple(fields["canvas_size"])
         return Wrap(type(value), tuple(sorted(fields.items())))
 
-    # Boxes stay one tensor per image, with their own format and canvas size:
-    # torchvision's BoundingBoxes are 2-D by definition.
-    register_leaf(
-        tv_tensors.BoundingBoxes,
-        LeafHandler(
-            "BoundingBoxes",
-            "tensor",
-            base.describe,
-            base.fill,
-            wrap=boxes,
-            meta=boxes,
-            stackable=False,
-            concat=base.concat,
-            fill_one=base.fill_one,
-        ),
-    )
+    # Boxes and key points stay one tensor per image, with their own format and canvas size:
+    # torchvision's BoundingBoxes are 2-D by definition, and a stacked batch of either would
+    # have one canvas size for images of several.
+    kinds = [tv_tensors.BoundingBoxes, getattr(tv_tensors, "KeyPoints", None)]
+    for cls in (kind for kind in kinds if kind is not None):
+        register_leaf(
+            cls,
+            LeafHandler(
+                cls.__name__,
+                "tensor",
+                base.describe,
+                base.fill,
+                wrap=per_image,
+                meta=per_image,
+                stackable=False,
+                concat=base.concat,
+                fill_one=base.fill_one,
+            ),
+        )
     from .._batch.batch import allow_loading
 
     allow_loading(
-        tv_tensors.Image, tv_tensors.Video, tv_tensors.Mask, tv_tensors.BoundingBoxes, tv_tensors.BoundingBoxFormat
+        tv_tensors.Image,
+        tv_tensors.Video,
+        tv_tensors.Mask,
+        tv_tensors.BoundingBoxFormat,
+        *(kind for kind in kinds if kind is not None),
     )
 
+
+#: The metadata a box or key point tensor carries per image (those its torchvision release has).
+_PER_IMAGE_FIELDS = ("format", "canvas_size", "clamping_mode")
 
 on_first_sight("PIL", register_pil)
 on_first_sight("torchvision", register_tv_tensors)

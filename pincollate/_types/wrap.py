@@ -27,6 +27,20 @@ class Wrap:
             return self.cls._wrap(view, **dict(self.meta))  # type: ignore[attr-defined,no-any-return]
         return view.as_subclass(self.cls)
 
+    def fits(self, obj: Any) -> bool:
+        """Whether ``obj`` is what this wrap makes: its exact class and the same metadata.
+
+        A tensor re-wrapped over the same bytes with other metadata (a box with another
+        canvas size) is not the output this wrap made, and must not be rebuilt as it.
+        """
+        if type(obj) is not self.cls:
+            return False
+        for name, value in self.meta:
+            found = getattr(obj, name, None)
+            if (tuple(found) if isinstance(found, list) else found) != value:
+                return False
+        return True
+
     def __eq__(self, other: object) -> bool:
         return type(other) is Wrap and self.cls is other.cls and self.meta == other.meta
 
