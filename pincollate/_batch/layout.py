@@ -208,10 +208,11 @@ class Layout:
         >>> import torch
         >>> import pincollate
         >>> samples = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.zeros(2, 3), "y": 2}]
-        >>> layout = pincollate.MMCollate(pin_memory=False).plan(samples)
+        >>> collate = pincollate.MMCollate(pin_memory=False)
+        >>> layout = collate.plan(samples)
         >>> layout.nbytes, [(t.dtype, t.shape, t.offset) for t in layout.tensors()]
         (128, [(torch.float32, (2, 2, 3), 0), (torch.int64, (2,), 64)])
-        >>> batch = pincollate.mm_collate(samples)
+        >>> batch = collate(samples)
         >>> batch.layout == layout
         True
         >>> again = layout.build(batch.buffer.clone())  # the same tree over a copy of the bytes
