@@ -4,22 +4,29 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := $(VENV)/.demo
+DOCS   := $(VENV)/.docs
 
-.PHONY: demo test test-fast notebooks fuzz lint format typecheck verifytypes bench gpu-check install clean
+.PHONY: demo test test-fast notebooks fuzz lint format typecheck docs verifytypes bench gpu-check install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# What make test needs: the package with every extra (frameworks, notebooks, lint).
+# What make test needs: the package with every extra (frameworks, notebooks, lint), and the doc tools.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations,ray]"
+	$(BIN)/python -m pip install -q -e ".[test,bench,notebooks,integrations,ray]" --group docs
 	touch $(STAMP)
 
 # What make demo needs, and no more: the package, torchvision, matplotlib and tqdm.
 $(DEMO): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e ".[demo]"
 	touch $(DEMO)
+
+# What make docs needs: the doc tools alone (the docs dependency group, not the package:
+# mkdocstrings reads the package's source beside mkdocs.yml).
+$(DOCS): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --group docs
+	touch $(DOCS)
 
 install: $(STAMP)
 
@@ -63,6 +70,11 @@ verifytypes: $(STAMP)
 	rm -rf build/verifytypes && $(BIN)/python -m pip install -q --no-deps --no-build-isolation --target build/verifytypes .
 	cd build && PYTHONPATH=$(CURDIR)/build/verifytypes $(CURDIR)/$(BIN)/pyright --pythonpath $(CURDIR)/$(BIN)/python --verifytypes pincollate --ignoreexternal
 
+## The guide and the API reference (from the docstrings) as a site in site/; any warning fails the build.
+## Material's notice about its own end of life is no build warning: it is kept out of the log.
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 ## The full benchmark (all scenarios, longer runs).
 bench: $(STAMP)
 	$(BIN)/python -m pincollate.bench --json bench.json --plot bench.png
@@ -75,4 +87,4 @@ gpu-check:
 	PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1 $(PYTHON) tests/gpu_check.py --out $(GPU_CHECK_JSON)
 
 clean:
-	rm -rf $(VENV) build bench.json bench.png gpu-check.json .pytest_cache
+	rm -rf $(VENV) build site bench.json bench.png gpu-check.json .pytest_cache

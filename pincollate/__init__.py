@@ -1,6 +1,6 @@
 """pincollate: multimodal batches in one buffer, from Dataset to accelerator.
 
-Example:
+Examples:
     >>> import torch
     >>> import pincollate
     >>> loader = torch.utils.data.DataLoader(

@@ -45,7 +45,7 @@ def DigitsDataset(split: str = "train", test_fraction: float = 0.25, seed: int =
     ``label`` and ``id``. ``split`` is ``"train"`` or ``"test"``, drawn once with
     ``seed``. Needs scikit-learn (``pip install scikit-learn``).
 
-    Example:
+    Examples:
         >>> train = DigitsDataset("train")
         >>> sample = train[0]
         >>> len(train), tuple(sample["image"].shape), sample["ink"].dtype

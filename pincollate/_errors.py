@@ -23,7 +23,7 @@ class Attr(str):
 def format_path(path: Sequence[Hashable]) -> str:
     """Render a key path the way a user would reach into the sample.
 
-    Example:
+    Examples:
         >>> format_path(("meta", "boxes", 0))
         "['meta']['boxes'][0]"
         >>> format_path(("meta", Attr("box"), 0))
@@ -40,12 +40,25 @@ class CollateError(TypeError, ValueError):
     """A batch that cannot be collated, with the sample and key path that broke it.
 
     It is both a ``TypeError`` and a ``ValueError`` so that code written against
-    ``default_collate``'s exceptions keeps catching it.
+    ``default_collate``'s exceptions keeps catching it. The message starts with
+    ``sample N at PATH``: ``N`` is the sample's position in the batch the collate
+    function received, not its index in the dataset.
 
     Attributes:
-        sample: index of the offending sample in the batch, or ``None`` when the
-            problem concerns the batch as a whole.
+        sample: the offending sample's position in the batch (from 0), or ``None``
+            when the problem concerns the batch as a whole.
         path: the key path inside the sample, as a tuple of keys and indices.
+
+    Examples:
+        >>> import torch
+        >>> import pincollate
+        >>> try:
+        ...     pincollate.mm_collate([{"x": torch.zeros(2)}, {"x": torch.zeros(2)}, {"x": "oops"}])
+        ... except pincollate.CollateError as error:
+        ...     print(error.sample, error.path)
+        ...     print(error)
+        2 ('x',)
+        sample 2 at ['x']: expected Tensor, got str
     """
 
     def __init__(self, message: str, *, sample: int | None = None, path: Sequence[Hashable] = ()):

@@ -199,7 +199,7 @@ class _InMemory(Dataset[Any]):
 def ManyLeafDataset(length: int = 512, fields: int = 40, image_size: int = 64) -> Dataset[Any]:
     """An image plus ``fields`` small tensor and number fields: a typical multimodal record.
 
-    Example:
+    Examples:
         >>> sample = ManyLeafDataset(4)[0]
         >>> len(sample), sample["image"].shape
         (43, torch.Size([3, 64, 64]))
@@ -210,7 +210,7 @@ def ManyLeafDataset(length: int = 512, fields: int = 40, image_size: int = 64) -
 def NestedDataset(length: int = 512, features: int = 24, crops: int = 8) -> Dataset[Any]:
     """A many-leaf record with nesting: an image, a dict of 24 small features, 8 crops, ids, a label.
 
-    Example:
+    Examples:
         >>> sample = NestedDataset(4)[0]
         >>> len(sample["feats"]), len(sample["crops"]), sample["crops"][0].shape
         (24, 8, torch.Size([3, 8, 8]))
@@ -226,7 +226,7 @@ def RaggedDataset(length: int = 512, max_tokens: int = 512) -> Dataset[Any]:
 def TokenListDataset(length: int = 512, max_tokens: int = 512) -> Dataset[Any]:
     """Token ids of 16 to 512 per sample as a Python list (as ``datasets`` and tokenizers give them), and a label.
 
-    Example:
+    Examples:
         >>> sample = TokenListDataset(4)[0]
         >>> type(sample["input_ids"]).__name__, type(sample["input_ids"][0]).__name__
         ('list', 'int')

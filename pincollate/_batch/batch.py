@@ -151,9 +151,25 @@ class _Carrier:
 
 
 class Batch(_Carrier, dict[Hashable, Any]):
-    """A collated ``dict`` batch whose tensors all lie in :attr:`buffer`.
+    """A collated ``dict`` batch whose tensors all lie in one buffer.
 
-    Example:
+    A ``dict`` that carries its layout, so it moves, pins and pickles as one buffer;
+    changed (a key added, a tensor replaced), it does all three leaf by leaf.
+
+    Attributes:
+        layout: the batch's [Layout][pincollate.Layout], or ``None`` once its contents
+            no longer match it.
+        buffer: the one ``uint8`` tensor every tensor of the batch lies in, or ``None``
+            with ``layout``. In pageable memory it is a tensor of its own over those
+            bytes: moving it (``share_memory_``) moves nothing the fields read.
+
+    Methods:
+        to: the batch moved or cast as ``Tensor.to`` (same arguments) does each of its
+            tensors; a dtype casts the floating-point ones only. One copy of the buffer.
+        pin_memory: the batch in pinned memory: one pinned allocation and one copy,
+            or the batch itself if it is pinned.
+
+    Examples:
         >>> import torch
         >>> from pincollate import mm_collate
         >>> batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
@@ -165,7 +181,18 @@ class Batch(_Carrier, dict[Hashable, Any]):
 
 
 class BatchList(_Carrier, list[Any]):
-    """A collated ``list`` batch whose tensors all lie in :attr:`buffer`."""
+    """A collated ``list`` batch whose tensors all lie in one buffer.
+
+    The same attributes and methods as [Batch][pincollate.Batch], for a batch of lists
+    or tuples.
+
+    Examples:
+        >>> import torch
+        >>> from pincollate import BatchList, mm_collate
+        >>> batch = mm_collate([[torch.ones(2), 1], [torch.zeros(2), 2]])
+        >>> isinstance(batch, BatchList), batch[0].shape, batch[1].tolist()
+        (True, torch.Size([2, 2]), [1, 2])
+    """
 
 
 #: The carrier classes made so far, and who wants to hear of each new one (:mod:`pincollate._batch.crossing`

@@ -195,20 +195,29 @@ def _recast(spec: Spec, cast: Any) -> Spec:
 class Layout:
     """A batch's structure over one buffer of ``nbytes`` bytes.
 
-    ``root`` is the output tree; ``parts`` fill its :class:`PartSpec` placeholders.
+    The containers, keys, and for every tensor its dtype, shape and byte offset in the
+    buffer; no sample values. A batch carries it (``batch.layout``), and
+    [MMCollate.plan][pincollate.MMCollate.plan] gives it without copying anything.
+    ``root`` is the output tree's spec; ``parts`` fill its placeholders (policy
+    outputs placed anew for each batch).
 
-    Example:
+    Attributes:
+        nbytes: the size of the buffer the layout fills, in bytes.
+
+    Examples:
         >>> import torch
-        >>> from pincollate._batch.specs import MappingSpec
-        >>> layout = Layout(MappingSpec(None, ["x", "name"], [TensorSpec(torch.float32, (2, 3), 0), ValueSpec(0)]), 64)
-        >>> buffer = torch.zeros(layout.nbytes, dtype=torch.uint8)
-        >>> out = layout.build(buffer, [["a", "b"]])
-        >>> out["x"].shape, out["name"]
-        (torch.Size([2, 3]), ['a', 'b'])
-        >>> out["x"].data_ptr() == buffer.data_ptr()  # the first field, at offset 0
+        >>> import pincollate
+        >>> samples = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.zeros(2, 3), "y": 2}]
+        >>> collate = pincollate.MMCollate(pin_memory=False)
+        >>> layout = collate.plan(samples)
+        >>> layout.nbytes, [(t.dtype, t.shape, t.offset) for t in layout.tensors()]
+        (128, [(torch.float32, (2, 2, 3), 0), (torch.int64, (2,), 64)])
+        >>> batch = collate(samples)
+        >>> batch.layout == layout
         True
-        >>> out["x"].untyped_storage().nbytes()  # a storage over its own 24 bytes
-        24
+        >>> again = layout.build(batch.buffer.clone())  # the same tree over a copy of the bytes
+        >>> again["x"].equal(batch["x"]), again["y"].tolist()
+        (True, [1, 2])
     """
 
     __slots__ = ("_bulk", "nbytes", "parts", "root")

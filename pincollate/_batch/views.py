@@ -49,7 +49,7 @@ def pitch(rows: int, row_bytes: int) -> int:
 
     Fields stacked as one block each take this many rows, so each starts aligned.
 
-    Example:
+    Examples:
         >>> pitch(8, 12), pitch(32, 4), pitch(3, 0)
         (16, 32, 3)
     """

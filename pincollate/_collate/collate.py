@@ -49,7 +49,7 @@ class MMCollate:
 
     Use an instance as a DataLoader's ``collate_fn``. Wherever torch's
     ``default_collate`` succeeds the result is the same (container types, dtypes,
-    shapes, values; a top-level dict comes back as :class:`~pincollate.Batch`, a
+    shapes, values; a top-level dict comes back as a [Batch][pincollate.Batch], a
     ``dict`` subclass). Every output tensor lies in one ``uint8`` buffer:
     shared memory inside a DataLoader worker (a recycled slot, see ``worker_slots``),
     pinned memory in the main process when ``pin_memory`` asks for it.
@@ -62,8 +62,10 @@ class MMCollate:
             position), falling back to item semantics when lengths differ;
             ``"items"`` treats every list as that sample's items (several images of
             one prompt): stacked where they agree, else kept as a list.
-        fields: policies for key-path patterns, e.g. ``{"input_ids": Pad()}``; see
-            :class:`~pincollate._plan.policies.FieldRules`.
+        fields: policies by key-path pattern, e.g. ``{"input_ids": Pad()}``: keys
+            joined by dots, list positions as digits, ``*`` for any one key or
+            position. The most specific pattern wins; one that matches nothing is
+            reported once.
         ragged: the policy for fields no pattern names (``None``: stack when the
             values agree, else a list).
         missing: ``"error"`` (keys must agree across samples) or ``"none"`` (absent
@@ -77,12 +79,12 @@ class MMCollate:
             file descriptor or a new mapping). A ring only grows to the batches a
             worker has in flight at once, about ``prefetch_factor + 1``; with every
             slot in use a batch takes a fresh buffer. ``0`` gives every batch a
-            fresh buffer.
+            fresh buffer; the default is 8.
         pin_slots: in the main process, register each worker slot with CUDA once,
             so worker batches arrive page-locked and ``pin_memory`` copies nothing.
             Needs CUDA in the main process; without it slots are left as they are.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate
         >>> collate = MMCollate(pin_memory=False)
@@ -147,7 +149,7 @@ class MMCollate:
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:
-        """The Layout ``batch`` would have, without copying anything."""
+        """The [Layout][pincollate.Layout] ``batch`` would have, without copying anything."""
         return self._through_plans(_samples(batch), lambda plan, samples: plan.run(samples, self._planner)[0])  # type: ignore[no-any-return]
 
     def __call__(self, batch: Sequence[Any]) -> Any:
@@ -223,5 +225,5 @@ class MMCollate:
                     )
 
 
-#: The default instance: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``.
 mm_collate: MMCollate = MMCollate()
+"""``MMCollate()`` with its defaults: ``DataLoader(dataset, collate_fn=pincollate.mm_collate)``."""

@@ -45,8 +45,13 @@ _NUMERIC = frozenset("biufc")
 class ColumnCollate:
     """Collate a columnar batch (a mapping of column name to array) into one buffer.
 
+    A dense numeric column (``bool``, ints, floats, complex) is one tensor of the
+    column's shape, whatever its policy but ``Pad``/``Concat``/``Jagged``/``AsList``,
+    which take its rows. String columns are lists of ``str``. ``datetime64`` and
+    ``timedelta64`` columns are refused: convert them first.
+
     Args:
-        pin_memory: as :class:`~pincollate.MMCollate`: ``"auto"`` pins where this
+        pin_memory: as for [MMCollate][pincollate.MMCollate]: ``"auto"`` pins where this
             process has started an accelerator.
         fields: policies by column name (or key-path pattern inside a column's
             values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
@@ -56,12 +61,7 @@ class ColumnCollate:
         missing: ``"none"`` takes ``None`` rows in ragged columns (empty for
             ``Pad``/``Concat``/``Jagged``).
 
-    A dense numeric column (``bool``, ints, floats, complex) is one tensor of the
-    column's shape, whatever its policy but ``Pad``/``Concat``/``Jagged``/``AsList``,
-    which take its rows. String columns are lists of ``str``. ``datetime64`` and
-    ``timedelta64`` columns are refused: convert them first.
-
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import pincollate
         >>> collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})
@@ -105,7 +105,7 @@ class ColumnCollate:
         self._samples = state["samples"]
 
     def __call__(self, batch: Mapping[str, Any]) -> Any:
-        """The batch's columns in one buffer, as a :class:`~pincollate.Batch`."""
+        """The batch's columns in one buffer, as a [Batch][pincollate.Batch]."""
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
         fill = Fill(self._samples._planner, 0, 0, 0)
@@ -162,7 +162,7 @@ class ColumnCollate:
         """This collate as Ray Data's ``NumpyBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
 
         Ray (2.47 and later) asks for a ``NumpyBatchCollateFn`` subclass rather than a
-        function. With ``unpack``, it unpacks batches :meth:`pack` made on the data side.
+        function. With ``unpack``, it unpacks batches ``pack`` made on the data side.
         Needs ``ray`` (``pip install "pincollate[ray]"``).
         """
         from .ray import RayCollate
@@ -176,7 +176,7 @@ class ColumnCollate:
 
         The row holds the buffer (``uint8``) and the pickled layout and non-tensor
         values: one array through an object store instead of one per column.
-        Iterate the packed dataset one row at a time and :meth:`unpack` each.
+        Iterate the packed dataset one row at a time and ``unpack`` each.
         """
         collated = self(batch)
         state = carried(collated)
@@ -187,7 +187,7 @@ class ColumnCollate:
         return {BUFFER: buffer[: layout.nbytes].numpy()[None], LAYOUT: described}
 
     def unpack(self, row: Mapping[str, Any]) -> Any:
-        """The batch :meth:`pack` made, from a one-row batch: one copy of its bytes.
+        """The batch ``pack`` made, from a one-row batch: one copy of its bytes.
 
         The copy lands in memory of this process (pinned where it pins), so the
         batch is writable and outlives the object store's read-only view.

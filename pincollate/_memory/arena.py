@@ -219,8 +219,15 @@ def _copy(source: torch.Tensor, device: torch.device, non_blocking: bool) -> tor
 def pinned_footprint() -> dict[str, int]:
     """Bytes of pinned host memory held by the CUDA caching host allocator.
 
-    ``reserved`` is what the allocator holds (in use or cached), ``active`` what is
-    handed out now, ``peak`` the most ever reserved. All zero without CUDA.
+    Returns:
+        A dict of byte counts: ``reserved`` (what the allocator holds, in use or
+        cached), ``active`` (what is handed out now) and ``peak`` (the most ever
+        reserved). All zero without CUDA.
+
+    Examples:
+        >>> import pincollate
+        >>> sorted(pincollate.pinned_footprint())
+        ['active', 'peak', 'reserved']
     """
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "host_memory_stats"):
         return {"reserved": 0, "active": 0, "peak": 0}

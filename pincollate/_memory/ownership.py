@@ -130,7 +130,7 @@ def grant(memory: np.ndarray[Any, Any], done: Done, *, shared: bool, keep: Any =
     saving or pickling a batch writes its own size, and it cannot be resized over a
     neighbour.
 
-    Example:
+    Examples:
         >>> import torch
         >>> owner = torch.zeros(256, dtype=torch.uint8).numpy()
         >>> answers = []

@@ -62,7 +62,18 @@ _MARGIN = 1 << 20
 
 
 class SharedMemoryWarning(UserWarning):
-    """/dev/shm is too small for a loader's batches: workers wait, or send batches by pipe."""
+    """/dev/shm is too small for a loader's batches: workers wait, or send batches outside it.
+
+    Warned once per loader. A batch that does not fit waits for one of its worker's
+    slots, else crosses in a memfd (or, without ``memfd_create``, through the result
+    pipe): slower, with the same values. The message says how big /dev/shm is and how
+    to give it more.
+
+    Examples:
+        >>> import warnings
+        >>> import pincollate
+        >>> warnings.filterwarnings("ignore", category=pincollate.SharedMemoryWarning)
+    """
 
 
 def new_shared(nbytes: int) -> torch.UntypedStorage:

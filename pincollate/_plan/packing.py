@@ -38,7 +38,7 @@ class Concat(Policy):
         item_offsets_key: name of the per-item offsets (lists of items only), or
             ``None``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, Concat
         >>> collate = MMCollate(fields={"ids": Concat()})
@@ -146,7 +146,7 @@ class Jagged(Concat):
     The values and ``int64`` offsets both live in the batch buffer; the nested
     tensor is built on them with ``torch.nested.nested_tensor_from_jagged``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, Jagged
         >>> batch = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(3)}, {"ids": torch.arange(2)}])

@@ -86,7 +86,7 @@ def valid_1d(lengths: Sequence[int], size: int, left: bool, out: np.ndarray[Any,
     row copy each: half the cost of numpy's broadcast comparison, a sixth of torch's);
     longer ones are that comparison.
 
-    Example:
+    Examples:
         >>> valid_1d([1, 3], 3, left=False).astype(int).tolist()
         [[1, 0, 0], [1, 1, 1]]
         >>> valid_1d([1, 3], 3, left=True).astype(int).tolist()

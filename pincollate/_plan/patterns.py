@@ -27,7 +27,7 @@ class FieldRules:
     indices as digits); ``*`` matches any one key. More literal segments is more
     specific; ties go to the pattern given first.
 
-    Example:
+    Examples:
         >>> from pincollate import Concat, Pad, Stack
         >>> rules = FieldRules({"*.boxes": Pad(), "images.*": Concat(), "meta.boxes": Stack()})
         >>> rules.lookup(("meta", "boxes"))
@@ -87,7 +87,7 @@ class Renames:
 
     A renamed field's policy extras take the new name too (``labels_mask``).
 
-    Example:
+    Examples:
         >>> renames = Renames({"meta.label": "labels"})
         >>> renames.key(("meta", "label")), renames.key(("meta", "other"))
         ('labels', 'other')

@@ -31,7 +31,12 @@ __all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "fits", "int_node"]
 
 
 class Policy:
-    """How one field is collated. Subclasses implement :meth:`plan`."""
+    """How one field is collated: the type ``fields=`` and ``ragged=`` take.
+
+    [Stack][pincollate.Stack], [AsList][pincollate.AsList], [PerSample][pincollate.PerSample],
+    [Pad][pincollate.Pad], [Concat][pincollate.Concat] and [Jagged][pincollate.Jagged] are
+    its subclasses; each implements ``plan``.
+    """
 
     #: Whether per-sample values may be lists of items, flattened before planning.
     takes_items = False
@@ -45,7 +50,7 @@ class Policy:
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         """Return the field's node and its extra outputs keyed by their names.
 
-        ``counts`` is set for policies that take lists of items (:attr:`takes_items`):
+        ``counts`` is set for policies that take lists of items (``takes_items``):
         how many of the column's values each sample gave.
         """
         raise NotImplementedError
@@ -67,7 +72,7 @@ class Policy:
 class Stack(Policy):
     """Strict stacking: values of different shapes are an error naming them.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, Stack
         >>> collate = MMCollate(fields={"x": Stack()})
@@ -96,7 +101,15 @@ class Stack(Policy):
 
 
 class AsList(Policy):
-    """Always a list of per-sample tensors, each in the batch buffer."""
+    """Always a list of per-sample tensors, each in the batch buffer.
+
+    Examples:
+        >>> import torch
+        >>> from pincollate import AsList, MMCollate
+        >>> batch = MMCollate(fields={"box": AsList()})([{"box": torch.zeros(2, 4)}, {"box": torch.zeros(2, 4)}])
+        >>> [t.shape for t in batch["box"]]  # a list even though the shapes agree
+        [torch.Size([2, 4]), torch.Size([2, 4])]
+    """
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
@@ -106,9 +119,9 @@ class PerSample(Policy):
     """One output per sample for a whole subtree: a list of the samples' own structures.
 
     What torchvision's detection models take as targets: a list of per-image dicts of
-    boxes and labels. Every tensor is still a view of the batch's one buffer.
+    boxes and labels. Every tensor still lies in the batch's one buffer.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, PerSample
         >>> collate = MMCollate(fields={"target": PerSample()})
@@ -158,7 +171,7 @@ class Pad(Policy):
         mask_key: name of the mask (``bool``, ``(B, *padded sizes)``, ``True`` on
             real values), or ``None``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, Pad
         >>> collate = MMCollate(fields={"ids": Pad(value=-1)})

@@ -50,6 +50,10 @@ def _default_device() -> torch.device:
 class Prefetcher(Generic[T]):
     """Iterate a loader with each batch already on ``device``, copied in advance.
 
+    Without an accelerator (``device`` is CPU) it is a synchronous passthrough that
+    applies ``transform``. ``len()``, ``sampler``, ``batch_sampler``, ``dataset``
+    and ``set_epoch`` pass through to the loader.
+
     Args:
         loader: any iterable of batches, usually a ``DataLoader`` with
             ``collate_fn=pincollate.mm_collate``.
@@ -64,11 +68,7 @@ class Prefetcher(Generic[T]):
             cached; past it the cache is emptied, so variable-size batches cannot
             grow pinned memory without bound. ``None``: no limit.
 
-    Without an accelerator (``device`` is CPU) it is a synchronous passthrough that
-    applies ``transform``. ``len()``, ``sampler``, ``batch_sampler``, ``dataset``
-    and ``set_epoch`` pass through to the loader.
-
-    Example:
+    Examples:
         >>> import torch
         >>> from torch.utils.data import DataLoader
         >>> import pincollate

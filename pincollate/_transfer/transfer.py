@@ -46,7 +46,7 @@ def to_device(tree: T, device: torch.device | str, non_blocking: bool = True) ->
         non_blocking: asynchronous copies; honoured only from pinned memory on
             MPS, where a non-blocking copy from pageable memory is unsafe.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import mm_collate, to_device
         >>> batch = mm_collate([{"x": torch.ones(2)}, {"x": torch.zeros(2)}])

@@ -33,7 +33,7 @@ class Normalize:
         dtype: the floating dtype of the result.
         channels_last: return ``channels_last`` memory format (4-D images).
 
-    Example:
+    Examples:
         >>> import torch
         >>> norm = Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
         >>> out = norm({"image": torch.full((1, 3, 2, 2), 255, dtype=torch.uint8), "label": 3})
@@ -96,6 +96,7 @@ class Normalize:
         return out
 
     def __call__(self, batch: Any) -> Any:
+        """A shallow copy of ``batch`` with the images at ``keys`` normalised."""
         for path in self.keys:
             batch = _replace(batch, path, self.normalize)
         return batch

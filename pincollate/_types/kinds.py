@@ -151,7 +151,7 @@ _by_class: dict[type, Kind | None] = {}
 def kind_of(value: Any) -> Kind | None:
     """The container kind of ``value``, or ``None`` for anything else (leaves included).
 
-    Example:
+    Examples:
         >>> import collections
         >>> [kind_of(v).name for v in ({}, collections.OrderedDict(), [1], (1,), range(2))]
         ['mapping', 'mapping', 'sequence', 'sequence', 'sequence']
@@ -193,7 +193,7 @@ def union_keys(column: Sequence[Any]) -> list[Hashable]:
     theirs: the order of a collated batch's keys. ``None`` entries (absent mappings) are
     skipped.
 
-    Example:
+    Examples:
         >>> union_keys([{"ids": 1}, None, {"ids": 2, "pixels": 3}, {"audio": 4}])
         ['ids', 'pixels', 'audio']
     """
@@ -249,7 +249,7 @@ def register_container(cls: type, flatten: Flatten, unflatten: Unflatten) -> Non
     a batch must be exactly of ``cls`` with the same keys. Register in the module that
     defines ``cls``, so every process that unpickles a batch of it has it registered.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from pincollate import MMCollate, register_container
         >>> class Pair:

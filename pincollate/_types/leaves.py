@@ -44,13 +44,14 @@ class LeafHandler:
         name: what error messages call the type ("Tensor").
         family: handlers of one family may be mixed in one column.
         describe: ``describe(value, sample, path) -> (dtype, shape)``; validates and
-            raises :class:`CollateError` for values it cannot take. ``None`` for
+            raises [CollateError][pincollate.CollateError] for values it cannot take. ``None`` for
             leaves that are not tensors (strings), which are returned as a list.
         fill: ``fill(region, values)`` copies values into ``region``, whose first
             dimension indexes the values.
-        wrap: ``wrap(value)`` gives the :class:`~pincollate._types.wrap.Wrap` that turns a
-            plain view into a value's type (a tensor subclass and its metadata), or
-            ``None`` for a plain tensor.
+        wrap: ``wrap(value)`` gives what turns a plain view of the buffer into the
+            value's type again (a tensor subclass and its metadata; the built-in
+            handlers use it for torchvision's ``tv_tensors``), or ``None`` for a plain
+            tensor.
         key: what must agree across a column for a cached plan to stack it, beside
             the type (a tensor's dtype); read at C speed, so a plain function.
         signature: what of a value decides its place in the buffer (dtype and shape).
@@ -126,7 +127,7 @@ def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None
     handler for a subclass overrides its base's. As torch's ``default_collate_fn_map``
     does for ``default_collate``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> import pincollate
         >>> class Celsius(float):

@@ -110,7 +110,7 @@ def _careful(fields: dict[str, Policy], first: list[Any]) -> MMCollate:
 def run_recipes(quick: bool = False, batch_size: int = 32) -> dict[str, Any]:
     """Time every kind's recipe, careful walk and hand-written collate; medians (ms) and ratios.
 
-    Example:
+    Examples:
         >>> report = run_recipes(quick=True)
         >>> sorted(report["kinds"]["ints beside floats"])
         ['by_hand_ms', 'careful_ms', 'over_by_hand', 'over_careful', 'recipe_ms']

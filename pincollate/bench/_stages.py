@@ -51,7 +51,7 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     in the caches); ``in_turn_us`` collates as many different batches in turn, as a
     loader does (each batch's samples read afresh).
 
-    Example:
+    Examples:
         >>> report = main_stages("ragged", quick=True)
         >>> sorted(report["stages_us"])[:2], list(report["in_turn_us"]) == list(report["stages_us"])
         (['baseline (pad/cat by hand)', 'buffer: take and hand back'], True)

@@ -45,7 +45,7 @@ def rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
     after a given other in most rounds; adding the reversed rotations (C B A, ...)
     gives every ordered pair the same share over ``2 * len(fns)`` rounds.
 
-    Example:
+    Examples:
         >>> [[name for name, _ in rotated(dict.fromkeys("abc"), r)] for r in range(6)]  # doctest: +NORMALIZE_WHITESPACE
         [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['c', 'b', 'a'], ['b', 'a', 'c'], ['a', 'c', 'b']]
     """
