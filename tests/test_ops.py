@@ -91,7 +91,7 @@ def test_a_small_block_is_checked_by_its_stack_and_a_large_one_by_reading():
 
 
 def test_a_warm_block_of_plain_tensors_is_checked_by_one_call_not_by_reading_classes(monkeypatch):
-    # The fast path of BlockOp's class check: one has_torch_function call over the block's
+    # The fast path of a block's class check: one has_torch_function call over the block's
     # values answers it. Were it bypassed (every value's class read), the results would not
     # change; this says the call answers for plain tensors, and a subclass still keeps its class.
     from pincollate._plan import ops as _ops
@@ -105,7 +105,8 @@ def test_a_warm_block_of_plain_tensors_is_checked_by_one_call_not_by_reading_cla
 
     collate = MMCollate(pin_memory=False)
     collate(_block([torch.float32] * 3))
-    monkeypatch.setattr(_ops, "HAS_TORCH_FUNCTION", counted)
+    # The plan's generated function reads it from its own namespace.
+    monkeypatch.setitem(collate._plans.last.compiled.run.__globals__, "HAS_TORCH_FUNCTION", counted)
     assert_identical(collate(_block([torch.float32] * 3)), default_collate(_block([torch.float32] * 3)))
     assert calls == [False]
     tagged = [

@@ -29,7 +29,17 @@ __all__ = ["MMCollate", "mm_collate"]
 
 Path = tuple[Hashable, ...]
 
-_SETTINGS = ("pin_memory", "sequences", "fields", "ragged", "missing", "rename", "worker_slots", "pin_slots")
+_SETTINGS = (
+    "pin_memory",
+    "sequences",
+    "fields",
+    "ragged",
+    "missing",
+    "rename",
+    "worker_slots",
+    "pin_slots",
+    "compile",
+)
 
 
 def _samples(batch: Any) -> list[Any]:
@@ -83,6 +93,10 @@ class MMCollate:
         pin_slots: in the main process, register each worker slot with CUDA once,
             so worker batches arrive page-locked and ``pin_memory`` copies nothing.
             Needs CUDA in the main process; without it slots are left as they are.
+        compile: ``True`` plans each structure once and runs every later batch as the
+            plan's generated code; ``False`` walks every batch carefully, value by value
+            (slower; the same batches and errors: for debugging, and as the reference
+            the compiled plans are tested against).
 
     Examples:
         >>> import torch
@@ -106,6 +120,7 @@ class MMCollate:
         rename: Mapping[str, str] | None = None,
         worker_slots: int = _ring.DEFAULT_SLOTS,
         pin_slots: bool = False,
+        compile: bool = True,
     ):
         if pin_memory not in (True, False, "auto"):
             raise CollateError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
@@ -117,6 +132,8 @@ class MMCollate:
             raise CollateError(f"worker_slots must be an int >= 0, got {worker_slots!r}")
         if not isinstance(pin_slots, bool):
             raise CollateError(f"pin_slots must be True or False, got {pin_slots!r}")
+        if not isinstance(compile, bool):
+            raise CollateError(f"compile must be True or False, got {compile!r}")
         if ragged is not None and not isinstance(ragged, Policy):
             raise CollateError(f"ragged must be a policy or None, got {type_name(ragged)}")
         self.pin_memory: PinMode = pin_memory
@@ -127,11 +144,12 @@ class MMCollate:
         self.rename: dict[str, str] = dict(rename or {})
         self.worker_slots = worker_slots
         self.pin_slots = pin_slots
+        self.compile = compile
         self._rules = FieldRules(self.fields)
         self._renames = Renames(self.rename)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
-        settings = Settings(self._rules, self._renames, ragged, missing == "none", sequences == "items")
+        settings = Settings(self._rules, self._renames, ragged, missing == "none", sequences == "items", compile)
         self._planner = Planner(settings)
         self._plans = Plans(settings)
 
@@ -145,7 +163,7 @@ class MMCollate:
         return (
             f"MMCollate(pin_memory={self.pin_memory!r}, sequences={self.sequences!r}, "
             f"fields={self.fields!r}, ragged={self.ragged!r}, missing={self.missing!r}, rename={self.rename!r}, "
-            f"worker_slots={self.worker_slots!r}, pin_slots={self.pin_slots!r})"
+            f"worker_slots={self.worker_slots!r}, pin_slots={self.pin_slots!r}, compile={self.compile!r})"
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:

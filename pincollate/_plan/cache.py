@@ -28,6 +28,7 @@ from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
+from .codegen import CompiledPlan, compile_plan
 from .fill import Fill, Mismatch
 from .items import MAX_DEPTH
 from .ops import Op
@@ -52,7 +53,7 @@ class Plan:
     ``size`` is its batch size: the ops check each sample, not how many there are.
     """
 
-    __slots__ = ("bulk", "key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
+    __slots__ = ("bulk", "compiled", "key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
 
     def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
         self.size: int = size
@@ -64,13 +65,15 @@ class Plan:
         self.bulk = bulk_of(template)
         self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
+        #: The plan's one runner: the generated function of its node tree.
+        self.compiled: CompiledPlan = compile_plan(op, _describe(op, size))
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
-        self.op.run(samples, fill)
+        self.compiled.run(samples, fill)
         layout = self.layout
         if layout is None:
             layout = Layout(self.template, fill.offset, fill.parts, self.bulk)
@@ -114,8 +117,9 @@ class Plans:
         """
         with self._lock:  # another thread may be committing what it learnt
             careful = {*self.careful, *learned}
-        if _refers_to_itself(samples[0]):
-            # The careful walk names where the sample refers to itself, whatever was planned before.
+        if not self.settings.compiled or _refers_to_itself(samples[0]):
+            # The careful walk for the whole batch: asked for (compile=False), or it names
+            # where the sample refers to itself, whatever was planned before.
             careful.add(())
         template = Template(self.settings, careful)
         spec, op = template.plan(samples, (), None)
@@ -189,3 +193,10 @@ def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0)
     found = any(_refers_to_itself(child, open_, depth + 1) for child in children)
     open_.discard(id(value))
     return found
+
+
+def _describe(op: Op, size: int) -> str:
+    """A short name for a plan's generated file: its batch size and top-level keys or class."""
+    keys = getattr(op, "keys", None)
+    what = ", ".join(map(str, keys))[:60] if keys else type(op).__name__
+    return f"{size} x {what}"

@@ -1,18 +1,17 @@
-"""The ops of a cached plan for leaves: per field, check the column, queue one copy.
+"""The nodes of a cached plan for leaves: what each field's compiled code checks, and its copy.
 
-An op mirrors one node of the cached Layout. It checks what the plan relies on at C
-speed (``set(map(type, column))``, one dtype read per tensor, sample 0's shape; the
-other shapes are compared by ``torch.stack`` as it copies) and raises
-:class:`~pincollate._plan.fill.Mismatch` where the batch differs. Fields that agree in
-one container are stacked as blocks: one call for all the plain tensors of one dtype
-and shape, one numpy assignment for all the numbers of one type. The ops of
+A node mirrors one node of the cached Layout. Its compiled code (:mod:`pincollate._plan.codegen`)
+checks what the plan relies on at C speed (``set(map(type, column))``, one dtype read per
+tensor, sample 0's shape; the other shapes are compared by ``torch.stack`` as it copies)
+and raises :class:`~pincollate._plan.fill.Mismatch` where the batch differs. Fields that
+agree in one container are stacked as blocks: one call for all the plain tensors of one
+dtype and shape, one numpy assignment for all the numbers of one type. The nodes of
 containers and of parts planned per batch are in :mod:`pincollate._plan.tree_ops`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import operator
 from collections.abc import Callable, Hashable, Sequence
@@ -21,8 +20,8 @@ from typing import Any, Protocol
 import torch
 
 from .._batch.layout import TensorSpec
-from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, fits_int64
-from .fill import Fill, Filler, Mismatch
+from .._types.builtin import fits_int64
+from .fill import Fill, Filler
 
 
 class Recipe(Protocol):
@@ -42,6 +41,8 @@ __all__ = [
     "Recipe",
     "StackOp",
     "ValueOp",
+    "fill_block",
+    "fill_one_field",
 ]
 
 Path = tuple[Hashable, ...]
@@ -51,9 +52,9 @@ FIRST: Callable[[Any], Any] = operator.itemgetter(0)
 
 
 class Op:
-    """One node of a cached plan: gathers its column from the samples and queues copies.
+    """One node of a cached plan: what its compiled code checks, and where its copy goes.
 
-    ``lists``: whether the op needs its column as a list (it may keep it), where a
+    ``lists``: whether the node needs its column as a list (it may keep it), where a
     parent would hand it a tuple.
     """
 
@@ -62,9 +63,6 @@ class Op:
 
     def __init__(self, path: Path):
         self.path: Path = path
-
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        raise NotImplementedError
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
         """The key paths to plan carefully when this op's queued copy failed."""
@@ -114,18 +112,6 @@ class StackOp(Op):
         self.key: Callable[[Any], Any] | None = key
         self.expected = frozenset((expected,))
         self.shape: tuple[int, ...] | None = shape
-
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        try:
-            if (
-                set(map(type, column)) != self.types
-                or (self.key is not None and set(map(self.key, column)) != self.expected)
-                or (self.shape is not None and column[0].shape != self.shape)
-            ):
-                raise Mismatch(self.path)
-        except (TypeError, AttributeError, RuntimeError):  # the dtype getter on something else; a nested tensor
-            raise Mismatch(self.path) from None
-        fill.tasks.append((self.fill, self.spec, column, self))
 
 
 #: The largest value (bytes) whose dtype a block's copy checks instead of a read per value:
@@ -185,30 +171,6 @@ class BlockOp(Op):
         # Rows stacked after each field so that the next one starts aligned.
         self.pad: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype, device="cpu"),) * pad
 
-    def run(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
-        if self.pad:
-            values: list[Any] = []
-            for column in columns:
-                values += column
-                values += self.pad
-        else:
-            values = list(itertools.chain.from_iterable(columns))
-        try:
-            # Exact classes first: a tensor subclass passes the dtype getter. Where no value
-            # has a __torch_function__ of its own (one pointer comparison per plain tensor),
-            # torch.stack treats every value as a plain tensor and refuses anything else.
-            ok = not HAS_TORCH_FUNCTION(values) or set(map(type, values)) == PLAIN
-            if ok:
-                firsts = list(map(FIRST, columns))
-                ok = set(map(TENSOR_SHAPE, firsts)) == self.shapes and set(map(TENSOR_DTYPE, firsts)) == self.dtypes
-            if ok and not self.joined:
-                ok = set(map(TENSOR_DTYPE, values)) == self.dtypes
-        except (TypeError, RuntimeError):  # a nested tensor has no shape
-            ok = False
-        if not ok:
-            raise Mismatch(*self.blame(values))
-        fill.tasks.append((self.fill, self.block, values, self))
-
     def blame(self, payload: Any) -> tuple[Path, ...]:
         rows = len(payload) // len(self.paths)
         n = rows - len(self.pad)
@@ -231,19 +193,14 @@ class ValueOp(Op):
         self.index: int = index
         self.types = frozenset((cls,))
 
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if set(map(type, column)) != self.types:
-            raise Mismatch(self.path)
-        fill.values[self.index] = column
 
-
-def _fill_block(region: torch.Tensor, rows: list[Any]) -> None:
+def fill_block(region: torch.Tensor, rows: list[Any]) -> None:
     # One numpy assignment for every number field of one type: rows are samples; each
     # field's row is padded to start aligned, and the padding is left as it is.
     region.numpy().reshape(len(rows[0]), -1)[:, : len(rows)].T[...] = rows
 
 
-def _fill_one_field(region: torch.Tensor, values: list[Any]) -> None:
+def fill_one_field(region: torch.Tensor, values: list[Any]) -> None:
     # A block of one number field: its values are the block's first row.
     region.numpy()[: len(values)] = values
 
@@ -260,20 +217,6 @@ class NumbersOp(Op):
         self.block: TensorSpec = block
         # One C-level call per sample gathers its row (a tuple, or one value).
         self.get = operator.itemgetter(*self.keys)
-
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        try:
-            rows = list(map(self.get, column))
-        except KeyError:  # absent in a sample (missing="none"): these fields are planned for each batch
-            raise Mismatch(*((*self.path, key) for key in self.keys)) from None
-        if len(self.keys) == 1:
-            if set(map(type, rows)) != self.types:
-                raise Mismatch(self.path + self.keys)
-            fill.tasks.append((_fill_one_field, self.block, rows, self))
-            return
-        if set(map(type, itertools.chain.from_iterable(rows))) != self.types:
-            raise Mismatch(*self.blame(rows))
-        fill.tasks.append((_fill_block, self.block, rows, self))
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
         # A type that differs, or an int beyond int64 (the copy overflowed).

@@ -129,6 +129,8 @@ class Settings:
         default: the policy for tensor fields no pattern names (``ragged=``).
         missing: whether absent keys are taken as ``None``.
         items: whether lists are each sample's items (``sequences="items"``).
+        compiled: whether structures are planned once and run as compiled code; ``False``
+            walks every batch carefully (``MMCollate(compile=False)``).
     """
 
     rules: FieldRules
@@ -136,3 +138,4 @@ class Settings:
     default: Policy | None = None
     missing: bool = False
     items: bool = False
+    compiled: bool = True

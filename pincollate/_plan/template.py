@@ -56,6 +56,7 @@ class Template:
         self.default = settings.default
         self.missing = settings.missing
         self.items = settings.items
+        self.compiled = settings.compiled
         self.offset = 0
         self.nvalues = 0
         self.nparts = 0
@@ -73,7 +74,7 @@ class Template:
         index = self.nparts
         self.nparts += 1
         recipe = None
-        if column is not None and len(path) <= MAX_DEPTH:
+        if column is not None and len(path) <= MAX_DEPTH and self.compiled:
             policy = (self.rules.lookup(path) if self.rules else None) or self.default
             # Items (several images per sample) only where no field rule names them and no
             # ragged= policy applies to them: the careful planner would apply that policy.

@@ -1,10 +1,9 @@
-"""The ops of a cached plan for containers and for parts planned per batch.
+"""The nodes of a cached plan for containers, and for parts planned per batch.
 
-A container op gathers its children's columns (one ``itemgetter`` per sample for a
-mapping's fields), checks the container class, keys and length at C speed, and runs
-its children's ops (:mod:`pincollate._plan.ops`): the single fields one by one, the blocks of fields of
-one dtype and shape one stack each, the numbers of one type one assignment each. A
-part op runs a ragged field's recipe, or hands the column to the careful planner.
+A container node holds what its compiled code (:mod:`pincollate._plan.codegen`) checks and
+gathers: the container class, keys and length, and its children's nodes (the single fields,
+the blocks of fields of one dtype and shape, the numbers of one type). A part node runs a
+ragged field's recipe, or hands the column to the careful planner, for each batch.
 """
 
 from __future__ import annotations
@@ -38,13 +37,6 @@ class _Fields(Op):
         super().__init__(path)
         self.singles = tuple((index, op, self.as_lists and op.lists) for index, op in singles)
         self.blocks = tuple(blocks)
-
-    def fields(self, columns: Sequence[Sequence[Any]], fill: Fill) -> None:
-        for index, op, as_list in self.singles:
-            column = columns[index]
-            op.run(list(column) if as_list else column, fill)
-        for block in self.blocks:
-            block.run([columns[index] for index in block.index], fill)
 
 
 class MappingOp(_Fields):
@@ -85,35 +77,7 @@ class MappingOp(_Fields):
         self.numbers = tuple(numbers)
         self.sizes = frozenset((len(self.keys),))
 
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        # One type and one size everywhere, and every key found: the key sets agree.
-        first = column[0]
-        if set(map(type, column)) != self.types:
-            raise Mismatch(self.path)
-        columns: list[Any] | None = None
-        if (
-            set(map(len, column)) == self.sizes
-            and tuple(first) == self.keys
-            and tuple(map(type, first)) == self.key_types
-        ):
-            try:
-                if self.single:
-                    columns = [list(map(self.gather, column))]  # type: ignore[arg-type]
-                elif self.gather is not None:
-                    columns = list(zip(*map(self.gather, column), strict=True))
-                else:
-                    columns = []
-            except KeyError:  # a sample of the same size with another key
-                columns = None
-        if columns is None:
-            if not self.missing:
-                raise Mismatch(self.path)
-            columns = self._with_absent(column)
-        self.fields(columns, fill)
-        for numbers in self.numbers:
-            numbers.run(column, fill)
-
-    def _with_absent(self, column: Sequence[Any]) -> list[Any]:
+    def with_absent(self, column: Sequence[Any]) -> list[Any]:
         """The columns where samples lack keys (``missing="none"``): ``None`` for each absent value."""
         keys = union_keys(column)
         if tuple(keys) != self.keys or tuple(map(type, keys)) != self.key_types:
@@ -132,12 +96,6 @@ class SequenceOp(_Fields):
         self.types = frozenset((cls,))
         self.sizes = frozenset((size,))
 
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if set(map(type, column)) != self.types or set(map(len, column)) != self.sizes:
-            raise Mismatch(self.path)
-        # zip's tuples, as default_collate: a column of strings comes back as one.
-        self.fields(list(zip(*column, strict=True)), fill)
-
 
 class DataclassOp(Op):
     """Dataclass instances of one type, field by field."""
@@ -148,12 +106,6 @@ class DataclassOp(Op):
         super().__init__(path)
         self.types = frozenset((cls,))
         self.children = tuple((operator.attrgetter(name), op) for name, op in children)
-
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if set(map(type, column)) != self.types:
-            raise Mismatch(self.path)
-        for get, op in self.children:
-            op.run(list(map(get, column)), fill)
 
 
 class RegisteredOp(Op):
@@ -168,9 +120,8 @@ class RegisteredOp(Op):
         self.keys = list(keys)
         self.children = tuple(children)
 
-    def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if set(map(type, column)) != self.types:
-            raise Mismatch(self.path)
+    def rows(self, column: Sequence[Any]) -> list[list[Any]]:
+        """Each value's children, where every value flattens to the plan's keys."""
         rows = []
         for value in column:
             try:
@@ -180,8 +131,7 @@ class RegisteredOp(Op):
             if list(keys) != self.keys or len(children) != len(self.keys):
                 raise Mismatch(self.path)
             rows.append(children)
-        for op, child in zip(self.children, zip(*rows, strict=True), strict=True):
-            op.run(list(child), fill)
+        return rows
 
 
 class CarefulOp(Op):

@@ -173,11 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         help="only time fields planned once (ragged, policies) against the careful walk of every batch, and exit",
     )
     parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="only count the Python and C calls of a warm main-process batch of each scenario, and exit",
+    )
+    parser.add_argument(
         "--ray",
         action="store_true",
         help="only time Ray Data's own batch conversion against ColumnCollate (trainer and data side), and exit",
     )
     args = parser.parse_args(argv)
+    if args.calls:
+        from ._calls import format_calls, run_calls
+
+        return _only(args, "calls", lambda: run_calls(args.scenario), format_calls)
     if args.ray:
         from ._ray import format_ray, run_ray
 

@@ -1,0 +1,294 @@
+"""The compiled plan: one generated Python function per cached plan, run for every later batch.
+
+The template (:mod:`pincollate._plan.template`) plans a structure into a tree of typed nodes
+(:mod:`pincollate._plan.ops` for leaves, :mod:`pincollate._plan.tree_ops` for containers and
+parts) that holds no sample values. :func:`compile_plan` turns that tree into straight-line
+code: for each field, in the order of the tree, the gather (one ``itemgetter`` call per
+sample for a mapping's fields), the guards at C speed (exact classes, dtypes, sample 0's
+shape, keys, lengths), and one queued copy. Every guard that fails raises
+:class:`~pincollate._plan.fill.Mismatch` with the key paths the tree names, as the nodes
+themselves would; the cache then plans the batch again, carefully where it failed.
+
+As in attrs' and cattrs' generated code, nothing of the plan is spliced into the source as
+text: keys, classes, dtypes and nodes are read from a constant table (``k0``, ``k1``, ...),
+and each field's group of lines starts with its key path as a comment. The source is
+registered in :mod:`linecache` under a unique file name, so a traceback or a debugger shows
+the line that failed, and :attr:`CompiledPlan.source` keeps it for review.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import re
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .._errors import format_path
+from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE
+from .fill import Fill, Mismatch
+from .ops import HAS_TORCH_FUNCTION, PLAIN, BlockOp, NumbersOp, Op, StackOp, ValueOp, fill_block, fill_one_field
+from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
+
+__all__ = ["CompiledPlan", "compile_plan"]
+
+Path = tuple[Hashable, ...]
+
+_serial = itertools.count(1)
+
+#: What every generated function may name besides its constants.
+_GLOBALS: dict[str, Any] = {
+    "Mismatch": Mismatch,
+    "HAS_TORCH_FUNCTION": HAS_TORCH_FUNCTION,
+    "PLAIN": PLAIN,
+    "TENSOR_DTYPE": TENSOR_DTYPE,
+    "TENSOR_SHAPE": TENSOR_SHAPE,
+    "fill_block": fill_block,
+    "fill_one_field": fill_one_field,
+    "chain": itertools.chain.from_iterable,
+}
+
+
+class CompiledPlan:
+    """A plan's generated function and the source it was compiled from.
+
+    ``run(samples, fill)`` gathers and checks ``samples`` against the plan and queues
+    their copies in ``fill``; it raises :class:`~pincollate._plan.fill.Mismatch` where the
+    batch does not fit.
+    """
+
+    __slots__ = ("filename", "run", "source")
+
+    def __init__(self, run: Callable[[Any, Fill], None], source: str, filename: str):
+        self.run: Callable[[Any, Fill], None] = run
+        self.source: str = source
+        self.filename: str = filename
+
+
+class _Writer:
+    """Lines of one generated function, its constant table, and fresh local names."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self._ids: dict[int, str] = {}
+        self._locals = itertools.count()
+
+    def const(self, value: Any) -> str:
+        """The name under which ``value`` is read from the table (one name per object)."""
+        name = self._ids.get(id(value))
+        if name is None:
+            name = self._ids[id(value)] = f"k{len(self.constants)}"
+            self.constants[name] = value
+        return name
+
+    def local(self, stem: str) -> str:
+        return f"{stem}{next(self._locals)}"
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def comment(self, depth: int, path: Path) -> None:
+        self.line(depth, "# " + _text(format_path(path)))
+
+    def mismatch(self, depth: int, *paths: Path) -> None:
+        # The key path beside the raise: a traceback shows the field on the line that failed.
+        where = _text(", ".join(format_path(path) for path in paths))
+        self.line(depth, f"raise Mismatch(*{self.const(tuple(paths))})  # {where}")
+
+
+def _text(text: str) -> str:
+    """``text`` fit for a comment: a comment is text, never code, so only printable characters stay."""
+    return re.sub(r"[^\x20-\x7e]", "?", text)[:160]
+
+
+def compile_plan(op: Op, description: str = "plan") -> CompiledPlan:
+    """Generate, compile and register the function that runs the plan whose root node is ``op``.
+
+    ``description`` goes into the generated file name (``<pincollate plan 3: description>``).
+    """
+    writer = _Writer()
+    _emit(writer, op, "samples", 1)
+    head = ["def run(samples, fill):"]
+    if any("append((" in line for line in writer.lines):
+        head.append("    append = fill.tasks.append")
+    source = "\n".join(head + writer.lines) + "\n"
+    safe = re.sub(r"[^\w.,= -]", "_", description)[:80]
+    filename = f"<pincollate plan {next(_serial)}: {safe}>"
+    namespace = {**_GLOBALS, **writer.constants}
+    exec(compile(source, filename, "exec"), namespace)
+    # Tracebacks and debuggers read generated lines from linecache, as from a file.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return CompiledPlan(namespace["run"], source, filename)
+
+
+def _emit(w: _Writer, op: Op, column: str, depth: int) -> None:
+    """The lines that run node ``op`` over the expression ``column`` (a local name)."""
+    kind = type(op)
+    if kind is MappingOp:
+        _mapping(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is SequenceOp:
+        _sequence(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is StackOp:
+        _stack(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is ValueOp:
+        _value(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is DataclassOp:
+        _dataclass(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is RegisteredOp:
+        _registered(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is CarefulOp:
+        w.comment(depth, op.path)
+        w.line(depth, f"{w.const(op)}.run({column}, fill)")
+    else:
+        raise TypeError(f"no code for a plan node of type {kind.__name__}")
+
+
+def _types(w: _Writer, op: Op, column: str, depth: int) -> None:
+    w.line(depth, f"if set(map(type, {column})) != {w.const(op.types)}:")  # type: ignore[attr-defined]
+    w.mismatch(depth + 1, op.path)
+
+
+def _stack(w: _Writer, op: StackOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    guards = [f"set(map(type, {column})) != {w.const(op.types)}"]
+    if op.key is not None:
+        guards.append(f"set(map({w.const(op.key)}, {column})) != {w.const(op.expected)}")
+    if op.shape is not None:
+        guards.append(f"{column}[0].shape != {w.const(op.shape)}")
+    w.line(depth, "try:")
+    w.line(depth + 1, f"if {' or '.join(guards)}:")
+    w.mismatch(depth + 2, op.path)
+    # The dtype getter on something that is not a tensor; a nested tensor's shape.
+    w.line(depth, "except (TypeError, AttributeError, RuntimeError):")
+    w.line(depth + 1, f"raise Mismatch(*{w.const((op.path,))}) from None")
+    w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.spec)}, {column}, {w.const(op)}))")
+
+
+def _value(w: _Writer, op: ValueOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    _types(w, op, column, depth)
+    w.line(depth, f"fill.values[{op.index}] = {column}")
+
+
+def _fields(w: _Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
+    """A container's fields: single nodes by column, blocks by columns."""
+    for index, child, as_list in op.singles:
+        name = w.local("c")
+        w.line(depth, f"{name} = list({columns}[{index}])" if as_list else f"{name} = {columns}[{index}]")
+        _emit(w, child, name, depth)
+    for block in op.blocks:
+        _block(w, block, [f"{columns}[{index}]" for index in block.index], depth)
+
+
+def _block(w: _Writer, op: BlockOp, columns: list[str], depth: int) -> None:
+    w.comment(depth, op.path)
+    w.line(depth, "# a block of " + _text(", ".join(format_path(path) for path in op.paths)))
+    values = w.local("v")
+    if op.pad:
+        pad = w.const(op.pad)
+        w.line(depth, f"{values} = [*{f', *{pad}, *'.join(columns)}, *{pad}]")
+    else:
+        w.line(depth, f"{values} = [*{', *'.join(columns)}]")
+    firsts = w.local("f")
+    w.line(depth, f"{firsts} = ({', '.join(f'{column}[0]' for column in columns)},)")
+    ok = w.local("ok")
+    w.line(depth, "try:")
+    # Exact classes first: a subclass passes the dtype getter. Where no value has a
+    # __torch_function__ of its own, torch.stack takes every value as a plain tensor.
+    w.line(depth + 1, f"{ok} = not HAS_TORCH_FUNCTION({values}) or set(map(type, {values})) == PLAIN")
+    w.line(
+        depth + 1,
+        f"{ok} = {ok} and set(map(TENSOR_SHAPE, {firsts})) == {w.const(op.shapes)}"
+        f" and set(map(TENSOR_DTYPE, {firsts})) == {w.const(op.dtypes)}",
+    )
+    if not op.joined:
+        w.line(depth + 1, f"{ok} = {ok} and set(map(TENSOR_DTYPE, {values})) == {w.const(op.dtypes)}")
+    w.line(depth, "except (TypeError, RuntimeError):  # a nested tensor has no shape")
+    w.line(depth + 1, f"{ok} = False")
+    w.line(depth, f"if not {ok}:")
+    w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({values}))")
+    w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.block)}, {values}, {w.const(op)}))")
+
+
+def _numbers(w: _Writer, op: NumbersOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    w.line(depth, "# numbers at " + _text(", ".join(repr(key) for key in op.keys)))
+    rows = w.local("r")
+    w.line(depth, "try:")
+    w.line(depth + 1, f"{rows} = list(map({w.const(op.get)}, {column}))")
+    w.line(depth, "except KeyError:  # absent in a sample (missing='none'): planned for each batch")
+    w.line(depth + 1, f"raise Mismatch(*{w.const(tuple((*op.path, key) for key in op.keys))}) from None")
+    if len(op.keys) == 1:
+        w.line(depth, f"if set(map(type, {rows})) != {w.const(op.types)}:")
+        w.mismatch(depth + 1, op.path + op.keys)
+        w.line(depth, f"append((fill_one_field, {w.const(op.block)}, {rows}, {w.const(op)}))")
+        return
+    w.line(depth, f"if set(map(type, chain({rows}))) != {w.const(op.types)}:")
+    w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({rows}))")
+    w.line(depth, f"append((fill_block, {w.const(op.block)}, {rows}, {w.const(op)}))")
+
+
+def _mapping(w: _Writer, op: MappingOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    _types(w, op, column, depth)
+    first, columns = w.local("first"), w.local("cols")
+    w.line(depth, f"{first} = {column}[0]")
+    w.line(depth, f"{columns} = None")
+    # One class and size everywhere, sample 0's keys in order and of the same types
+    # (True is not 1), and every key found: the key sets agree.
+    w.line(
+        depth,
+        f"if set(map(len, {column})) == {w.const(op.sizes)} and tuple({first}) == {w.const(op.keys)}"
+        f" and tuple(map(type, {first})) == {w.const(op.key_types)}:",
+    )
+    w.line(depth + 1, "try:")
+    if op.gather is None:
+        w.line(depth + 2, f"{columns} = []")
+    elif op.single:
+        w.line(depth + 2, f"{columns} = [list(map({w.const(op.gather)}, {column}))]")
+    else:
+        w.line(depth + 2, f"{columns} = list(zip(*map({w.const(op.gather)}, {column}), strict=True))")
+    w.line(depth + 1, "except KeyError:  # a sample of the same size with another key")
+    w.line(depth + 2, f"{columns} = None")
+    w.line(depth, f"if {columns} is None:")
+    if op.missing:
+        w.line(depth + 1, f"{columns} = {w.const(op)}.with_absent({column})")
+    else:
+        w.mismatch(depth + 1, op.path)
+    _fields(w, op, columns, depth)
+    for numbers in op.numbers:
+        _numbers(w, numbers, column, depth)
+
+
+def _sequence(w: _Writer, op: SequenceOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    w.line(
+        depth,
+        f"if set(map(type, {column})) != {w.const(op.types)} or set(map(len, {column})) != {w.const(op.sizes)}:",
+    )
+    w.mismatch(depth + 1, op.path)
+    columns = w.local("cols")
+    # zip's tuples, as default_collate: a column of strings comes back as one.
+    w.line(depth, f"{columns} = list(zip(*{column}, strict=True))")
+    _fields(w, op, columns, depth)
+
+
+def _dataclass(w: _Writer, op: DataclassOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    _types(w, op, column, depth)
+    for get, child in op.children:
+        name = w.local("c")
+        w.line(depth, f"{name} = list(map({w.const(get)}, {column}))")
+        _emit(w, child, name, depth)
+
+
+def _registered(w: _Writer, op: RegisteredOp, column: str, depth: int) -> None:
+    w.comment(depth, op.path)
+    _types(w, op, column, depth)
+    rows = w.local("rows")
+    w.line(depth, f"{rows} = {w.const(op)}.rows({column})")
+    for index, child in enumerate(op.children):
+        name = w.local("c")
+        w.line(depth, f"{name} = [row[{index}] for row in {rows}]")
+        _emit(w, child, name, depth)
