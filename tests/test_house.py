@@ -10,7 +10,18 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "pincollate"
 
 #: The stages, lowest first. A module imports only from its own stage or one below it.
-LAYERS = ("_errors", "_types", "_memory", "_batch", "_plan", "_collate", "_transfer", "_integrations", "__init__")
+LAYERS = (
+    "_errors",
+    "_generate",
+    "_types",
+    "_memory",
+    "_batch",
+    "_plan",
+    "_collate",
+    "_transfer",
+    "_integrations",
+    "__init__",
+)
 #: Imported by nothing in the runtime: the benchmark and the sample datasets (bench, notebooks) sit above it all.
 OUTSIDE = ("bench", "datasets", "_digits")
 

@@ -143,8 +143,9 @@ def test_a_mapping_of_many_tensors_is_built_at_once_in_key_order(monkeypatch, ra
     assert list(out) == list(samples[0])
     assert_identical(out, first)
     assert out["name"] == ["s0", "s1", "s2"] and torch.equal(out["d"][2], torch.full((2, 2), 2, dtype=torch.int32))
-    # Built on their own: the image (a tv_tensor, wrapped), and with a part every tensor.
-    assert len(built) == (1 if not ragged else 5)
+    # Without a part the layout builds by its generated code (the wrapped image too); with a
+    # part the specs build: the image, and every tensor of the mapping with the part.
+    assert len(built) == (0 if not ragged else 5)
 
 
 def test_a_fixed_layouts_tensors_are_made_at_once(monkeypatch):
@@ -162,3 +163,27 @@ def test_a_fixed_layouts_tensors_are_made_at_once(monkeypatch):
     # Only the number block's region, which is no output tensor, is made on its own.
     assert not {id(spec) for spec in made} & {id(spec) for spec in out.layout.tensors()} and len(made) == 1
     assert torch.equal(out["b"][3], torch.arange(3, 10)) and out["a"].untyped_storage().nbytes() == out["a"].nbytes
+
+
+def test_a_layout_without_parts_builds_by_generated_code_and_by_its_specs_alike(monkeypatch):
+    samples = [
+        {"img": torch.full((3, 2), i, dtype=torch.uint8), "meta": {"s": "x", "v": [torch.ones(2) * i, i]}}
+        for i in range(3)
+    ]
+    collate = MMCollate(pin_memory=False)
+    batch = collate(samples)
+    layout = batch.layout
+    assert not layout.parts and layout._builder is not None
+    by_code = layout.build(batch.buffer.clone(), batch._pincollate[2])
+    monkeypatch.setattr(layout, "_builder", layout.root.build)  # bypassed: the specs walk
+    by_specs = layout.build(batch.buffer.clone(), batch._pincollate[2])
+    assert_identical(by_code, by_specs)
+    assert_identical(by_code, {**batch})
+
+
+def test_a_layout_built_over_memory_not_made_at_once_walks_its_specs():
+    # On a buffer whose tensors are views of its storage (pinned memory, an accelerator;
+    # here the meta device), the generated build hands over to the specs.
+    batch = MMCollate(pin_memory=False)([{"x": torch.ones(2), "y": 1}] * 2)
+    out = batch.layout.build(torch.empty(batch.layout.nbytes, dtype=torch.uint8, device="meta"))
+    assert out["x"].device.type == "meta" and out["x"].shape == (2, 2) and out["y"].dtype == torch.int64

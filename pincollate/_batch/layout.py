@@ -18,7 +18,7 @@ those parts. The container specs live in :mod:`pincollate._batch.specs`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -220,13 +220,15 @@ class Layout:
         (True, [1, 2])
     """
 
-    __slots__ = ("_bulk", "nbytes", "parts", "root")
+    __slots__ = ("_builder", "_bulk", "nbytes", "parts", "root")
 
     def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = (), bulk: Bulk | None = None):
         self.root: Spec = root
         self.nbytes: int = nbytes
         self.parts: tuple[Part, ...] = tuple(parts)
         self._bulk: Bulk | None = bulk  # the root's, where the caller has it (a cached plan)
+        # A layout without parts (a cached plan's, shared by its batches) builds by generated code.
+        self._builder: Callable[[Views], Any] | None = None
 
     def bulk(self) -> Bulk:
         """The root's tensors a :class:`Views` makes at once (:func:`bulk_of`), found once."""
@@ -247,7 +249,14 @@ class Layout:
             views = Views(buffer, values, self.parts, self.bulk())
         else:
             views.parts = self.parts
-        return self.root.build(views)
+        if self.parts:
+            return self.root.build(views)
+        builder = self._builder
+        if builder is None:
+            from .compiled import compile_build  # it builds on the specs, which build on this module
+
+            builder = self._builder = compile_build(self.root, self.bulk()[0])
+        return builder(views)
 
     def tensors(self) -> list[TensorSpec]:
         """Every tensor spec, in buffer order."""

@@ -19,12 +19,11 @@ the line that failed, and :attr:`CompiledPlan.source` keeps it for review.
 from __future__ import annotations
 
 import itertools
-import linecache
-import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from .._errors import format_path
+from .._generate import Writer, text
 from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE
 from .fill import Fill, Mismatch
 from .ops import HAS_TORCH_FUNCTION, PLAIN, BlockOp, NumbersOp, Op, StackOp, ValueOp, fill_block, fill_one_field
@@ -34,7 +33,6 @@ __all__ = ["CompiledPlan", "compile_plan"]
 
 Path = tuple[Hashable, ...]
 
-_serial = itertools.count(1)
 
 #: What every generated function may name besides its constants.
 _GLOBALS: dict[str, Any] = {
@@ -65,64 +63,29 @@ class CompiledPlan:
         self.filename: str = filename
 
 
-class _Writer:
-    """Lines of one generated function, its constant table, and fresh local names."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.constants: dict[str, Any] = {}
-        self._ids: dict[int, str] = {}
-        self._locals = itertools.count()
-
-    def const(self, value: Any) -> str:
-        """The name under which ``value`` is read from the table (one name per object)."""
-        name = self._ids.get(id(value))
-        if name is None:
-            name = self._ids[id(value)] = f"k{len(self.constants)}"
-            self.constants[name] = value
-        return name
-
-    def local(self, stem: str) -> str:
-        return f"{stem}{next(self._locals)}"
-
-    def line(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
-
-    def comment(self, depth: int, path: Path) -> None:
-        self.line(depth, "# " + _text(format_path(path)))
-
-    def mismatch(self, depth: int, *paths: Path) -> None:
-        # The key path beside the raise: a traceback shows the field on the line that failed.
-        where = _text(", ".join(format_path(path) for path in paths))
-        self.line(depth, f"raise Mismatch(*{self.const(tuple(paths))})  # {where}")
-
-
-def _text(text: str) -> str:
-    """``text`` fit for a comment: a comment is text, never code, so only printable characters stay."""
-    return re.sub(r"[^\x20-\x7e]", "?", text)[:160]
-
-
 def compile_plan(op: Op, description: str = "plan") -> CompiledPlan:
     """Generate, compile and register the function that runs the plan whose root node is ``op``.
 
     ``description`` goes into the generated file name (``<pincollate plan 3: description>``).
     """
-    writer = _Writer()
+    writer = Writer()
     _emit(writer, op, "samples", 1)
-    head = ["def run(samples, fill):"]
-    if any("append((" in line for line in writer.lines):
-        head.append("    append = fill.tasks.append")
-    source = "\n".join(head + writer.lines) + "\n"
-    safe = re.sub(r"[^\w.,= -]", "_", description)[:80]
-    filename = f"<pincollate plan {next(_serial)}: {safe}>"
-    namespace = {**_GLOBALS, **writer.constants}
-    exec(compile(source, filename, "exec"), namespace)
-    # Tracebacks and debuggers read generated lines from linecache, as from a file.
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    return CompiledPlan(namespace["run"], source, filename)
+    head = ("    append = fill.tasks.append",) if any("append((" in line for line in writer.lines) else ()
+    run, source, filename = writer.compile("samples, fill", "plan", description, _GLOBALS, head)
+    return CompiledPlan(run, source, filename)
 
 
-def _emit(w: _Writer, op: Op, column: str, depth: int) -> None:
+def _comment(w: Writer, depth: int, path: Path) -> None:
+    w.line(depth, "# " + text(format_path(path)))
+
+
+def _mismatch(w: Writer, depth: int, *paths: Path) -> None:
+    # The key path beside the raise: a traceback shows the field on the line that failed.
+    where = text(", ".join(format_path(path) for path in paths))
+    w.line(depth, f"raise Mismatch(*{w.const(tuple(paths))})  # {where}")
+
+
+def _emit(w: Writer, op: Op, column: str, depth: int) -> None:
     """The lines that run node ``op`` over the expression ``column`` (a local name)."""
     kind = type(op)
     if kind is MappingOp:
@@ -138,19 +101,19 @@ def _emit(w: _Writer, op: Op, column: str, depth: int) -> None:
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp:
-        w.comment(depth, op.path)
+        _comment(w, depth, op.path)
         w.line(depth, f"{w.const(op)}.run({column}, fill)")
     else:
         raise TypeError(f"no code for a plan node of type {kind.__name__}")
 
 
-def _types(w: _Writer, op: Op, column: str, depth: int) -> None:
+def _types(w: Writer, op: Op, column: str, depth: int) -> None:
     w.line(depth, f"if set(map(type, {column})) != {w.const(op.types)}:")  # type: ignore[attr-defined]
-    w.mismatch(depth + 1, op.path)
+    _mismatch(w, depth + 1, op.path)
 
 
-def _stack(w: _Writer, op: StackOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _stack(w: Writer, op: StackOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     guards = [f"set(map(type, {column})) != {w.const(op.types)}"]
     if op.key is not None:
         guards.append(f"set(map({w.const(op.key)}, {column})) != {w.const(op.expected)}")
@@ -158,20 +121,20 @@ def _stack(w: _Writer, op: StackOp, column: str, depth: int) -> None:
         guards.append(f"{column}[0].shape != {w.const(op.shape)}")
     w.line(depth, "try:")
     w.line(depth + 1, f"if {' or '.join(guards)}:")
-    w.mismatch(depth + 2, op.path)
+    _mismatch(w, depth + 2, op.path)
     # The dtype getter on something that is not a tensor; a nested tensor's shape.
     w.line(depth, "except (TypeError, AttributeError, RuntimeError):")
     w.line(depth + 1, f"raise Mismatch(*{w.const((op.path,))}) from None")
     w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.spec)}, {column}, {w.const(op)}))")
 
 
-def _value(w: _Writer, op: ValueOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _value(w: Writer, op: ValueOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     _types(w, op, column, depth)
     w.line(depth, f"fill.values[{op.index}] = {column}")
 
 
-def _fields(w: _Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
+def _fields(w: Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
     """A container's fields: single nodes by column, blocks by columns."""
     for index, child, as_list in op.singles:
         name = w.local("c")
@@ -181,9 +144,9 @@ def _fields(w: _Writer, op: MappingOp | SequenceOp, columns: str, depth: int) ->
         _block(w, block, [f"{columns}[{index}]" for index in block.index], depth)
 
 
-def _block(w: _Writer, op: BlockOp, columns: list[str], depth: int) -> None:
-    w.comment(depth, op.path)
-    w.line(depth, "# a block of " + _text(", ".join(format_path(path) for path in op.paths)))
+def _block(w: Writer, op: BlockOp, columns: list[str], depth: int) -> None:
+    _comment(w, depth, op.path)
+    w.line(depth, "# a block of " + text(", ".join(format_path(path) for path in op.paths)))
     values = w.local("v")
     if op.pad:
         pad = w.const(op.pad)
@@ -211,9 +174,9 @@ def _block(w: _Writer, op: BlockOp, columns: list[str], depth: int) -> None:
     w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.block)}, {values}, {w.const(op)}))")
 
 
-def _numbers(w: _Writer, op: NumbersOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
-    w.line(depth, "# numbers at " + _text(", ".join(repr(key) for key in op.keys)))
+def _numbers(w: Writer, op: NumbersOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
+    w.line(depth, "# numbers at " + text(", ".join(repr(key) for key in op.keys)))
     rows = w.local("r")
     w.line(depth, "try:")
     w.line(depth + 1, f"{rows} = list(map({w.const(op.get)}, {column}))")
@@ -221,7 +184,7 @@ def _numbers(w: _Writer, op: NumbersOp, column: str, depth: int) -> None:
     w.line(depth + 1, f"raise Mismatch(*{w.const(tuple((*op.path, key) for key in op.keys))}) from None")
     if len(op.keys) == 1:
         w.line(depth, f"if set(map(type, {rows})) != {w.const(op.types)}:")
-        w.mismatch(depth + 1, op.path + op.keys)
+        _mismatch(w, depth + 1, op.path + op.keys)
         w.line(depth, f"append((fill_one_field, {w.const(op.block)}, {rows}, {w.const(op)}))")
         return
     w.line(depth, f"if set(map(type, chain({rows}))) != {w.const(op.types)}:")
@@ -229,8 +192,8 @@ def _numbers(w: _Writer, op: NumbersOp, column: str, depth: int) -> None:
     w.line(depth, f"append((fill_block, {w.const(op.block)}, {rows}, {w.const(op)}))")
 
 
-def _mapping(w: _Writer, op: MappingOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _mapping(w: Writer, op: MappingOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     _types(w, op, column, depth)
     first, columns = w.local("first"), w.local("cols")
     w.line(depth, f"{first} = {column}[0]")
@@ -255,27 +218,27 @@ def _mapping(w: _Writer, op: MappingOp, column: str, depth: int) -> None:
     if op.missing:
         w.line(depth + 1, f"{columns} = {w.const(op)}.with_absent({column})")
     else:
-        w.mismatch(depth + 1, op.path)
+        _mismatch(w, depth + 1, op.path)
     _fields(w, op, columns, depth)
     for numbers in op.numbers:
         _numbers(w, numbers, column, depth)
 
 
-def _sequence(w: _Writer, op: SequenceOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _sequence(w: Writer, op: SequenceOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     w.line(
         depth,
         f"if set(map(type, {column})) != {w.const(op.types)} or set(map(len, {column})) != {w.const(op.sizes)}:",
     )
-    w.mismatch(depth + 1, op.path)
+    _mismatch(w, depth + 1, op.path)
     columns = w.local("cols")
     # zip's tuples, as default_collate: a column of strings comes back as one.
     w.line(depth, f"{columns} = list(zip(*{column}, strict=True))")
     _fields(w, op, columns, depth)
 
 
-def _dataclass(w: _Writer, op: DataclassOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _dataclass(w: Writer, op: DataclassOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     _types(w, op, column, depth)
     for get, child in op.children:
         name = w.local("c")
@@ -283,8 +246,8 @@ def _dataclass(w: _Writer, op: DataclassOp, column: str, depth: int) -> None:
         _emit(w, child, name, depth)
 
 
-def _registered(w: _Writer, op: RegisteredOp, column: str, depth: int) -> None:
-    w.comment(depth, op.path)
+def _registered(w: Writer, op: RegisteredOp, column: str, depth: int) -> None:
+    _comment(w, depth, op.path)
     _types(w, op, column, depth)
     rows = w.local("rows")
     w.line(depth, f"{rows} = {w.const(op)}.rows({column})")
