@@ -134,3 +134,99 @@ def test_the_bench_scenarios_generate_the_reviewed_code(scenario):
     if os.environ.get("PINCOLLATE_GOLDEN") == "write":
         path.write_text(header + source)
     assert header + source == path.read_text()
+
+
+class _Sub(torch.Tensor):
+    """A user's tensor subclass: a warm plan of plain tensors must not take it as one."""
+
+
+def _base(i: int) -> dict:
+    # One of each node the template plans: a stacked tensor, a block of same-shape fields,
+    # numbers, strings, a nested mapping, a list transposed position by position, a tuple.
+    return {
+        "image": torch.full((3, 2, 2), i, dtype=torch.uint8),
+        "feats": {"a": torch.ones(4) * i, "b": torch.zeros(4), "c": torch.full((4,), 2.0)},
+        "label": i,
+        "score": 0.5 * i,
+        "name": f"s{i}",
+        "crops": [torch.ones(2) * i, torch.zeros(2)],
+        "pair": (i, torch.tensor([i, i + 1])),
+    }
+
+
+def _off(name: str, sample: dict) -> dict:
+    """``sample`` with one fact changed at one place."""
+    s = {**sample, "feats": dict(sample["feats"]), "crops": list(sample["crops"])}
+    if name == "dtype":
+        s["image"] = s["image"].to(torch.int32)
+    elif name == "rank":
+        s["image"] = s["image"][0]
+    elif name == "shape":
+        s["image"] = torch.zeros(3, 2, 3, dtype=torch.uint8)
+    elif name == "subclass":
+        s["image"] = s["image"].as_subclass(_Sub)
+    elif name == "block-dtype":
+        s["feats"]["b"] = s["feats"]["b"].double()
+    elif name == "block-subclass":
+        s["feats"]["c"] = s["feats"]["c"].as_subclass(_Sub)
+    elif name == "block-shape":
+        s["feats"]["a"] = torch.ones(5)
+    elif name == "key-order":
+        s["feats"] = {"b": s["feats"]["b"], "a": s["feats"]["a"], "c": s["feats"]["c"]}
+    elif name == "key-type":
+        s["feats"] = {**s["feats"], 1: torch.ones(1)}
+        del s["feats"]["c"]
+    elif name == "missing-key":
+        del s["feats"]["c"]
+    elif name == "extra-key":
+        s["extra"] = torch.ones(1)
+    elif name == "length":
+        s["crops"].append(torch.ones(2))
+    elif name == "number-type":
+        s["label"] = float(s["label"])
+    elif name == "bool-for-int":
+        s["label"] = True
+    elif name == "int-beyond-int64":
+        s["label"] = 2**64
+    elif name == "string-to-bytes":
+        s["name"] = b"x"
+    elif name == "tuple-for-list":
+        s["crops"] = tuple(s["crops"])
+    elif name == "list-for-dict":
+        s["feats"] = list(s["feats"].values())
+    elif name == "array-for-tensor":
+        s["image"] = s["image"].numpy()
+    elif name == "number-for-tensor":
+        s["pair"] = (s["pair"][0], 7)
+    elif name == "none":
+        s["score"] = None
+    elif name == "nested-tensor":
+        s["crops"][0] = torch.nested.nested_tensor([torch.ones(1), torch.ones(2)], layout=torch.jagged)
+    elif name == "conj":
+        s["feats"]["a"] = s["feats"]["a"].to(torch.complex64).conj()
+    return s
+
+
+ONE_FACT_OFF = [
+    "dtype", "rank", "shape", "subclass", "block-dtype", "block-subclass", "block-shape", "key-order", "key-type",
+    "missing-key", "extra-key", "length", "number-type", "bool-for-int", "int-beyond-int64", "string-to-bytes",
+    "tuple-for-list", "list-for-dict", "array-for-tensor", "number-for-tensor", "none", "nested-tensor", "conj",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+@pytest.mark.parametrize("name", ONE_FACT_OFF)
+def test_one_fact_off_in_a_warm_batch_gives_what_the_careful_walk_gives(name, where):
+    # A warm compiled plan meets a batch that differs in one fact, in sample 0 or the last:
+    # it gives exactly the careful walk's batch or error, and then the next plain batch too.
+    def make():
+        samples = [_base(i) for i in range(3)]
+        k = 0 if where == "first" else -1
+        samples[k] = _off(name, samples[k])
+        return samples
+
+    compiled = MMCollate(pin_memory=False)
+    for _ in range(2):
+        compiled([_base(i) for i in range(3)])
+    _same_or_same_error(make, MMCollate(pin_memory=False, compile=False), compiled)
+    _same_or_same_error(lambda: [_base(i) for i in range(3)], MMCollate(pin_memory=False, compile=False), compiled)
