@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate
-from samples import assert_one_buffer, assert_same, storages
+from samples import assert_identical, assert_one_buffer, assert_same, storages
 
 P2 = collections.namedtuple("P2", "a b")
 
@@ -247,3 +247,23 @@ def test_item_lists_under_policies_keep_every_item_in_order(counts, policy):
             rows = [sum(len(t) for t in s["items"]) for s in batch]
             assert out["items_offsets"].tolist() == [sum(rows[:i]) for i in range(len(rows) + 1)]
     assert_one_buffer(out)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=specs(ragged=True), size=st.integers(1, 4), seeds=st.lists(st.integers(0, 2**16), min_size=2, max_size=4))
+def test_compiled_plans_equal_the_careful_walk_on_random_trees(spec, size, seeds):
+    # One long-lived compiled collate and the careful walk (compile=False) over batches of one
+    # random structure, ragged ones included: the same batch, or the same error, every time.
+    compiled = MMCollate(pin_memory=False)
+    careful = MMCollate(pin_memory=False, compile=False)
+    for seed in seeds:
+        outs = []
+        for collate in (careful, compiled):
+            try:
+                outs.append(collate(_batch(spec, size, seed)))
+            except CollateError as error:
+                outs.append(str(error))
+        if isinstance(outs[0], str) or isinstance(outs[1], str):
+            assert outs[0] == outs[1]
+        else:
+            assert_identical(outs[1], outs[0])
