@@ -11,7 +11,9 @@ Design choices, in short:
 
 1. **A few clock reads and sums per batch, under one uncontended lock.** The lock
    makes a snapshot taken on another thread whole (batches, samples and seconds of
-   one moment); uncontended it costs about as much as one clock read.
+   one moment); uncontended it costs about as much as one clock read. CPython's GIL
+   happens not to switch threads inside a run of attribute updates without a call,
+   but free-threaded Python switches anywhere.
 2. **A batch's figures travel with it.** The Prefetcher's staging thread times its
    read and its staging and counts the batch, and hands these over with the batch,
    so the figures count when the loop receives the batch, never ``depth`` ahead.
