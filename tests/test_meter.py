@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, default_collate
 import pincollate
 from pincollate import CollateError, InputMeter, InputStats, MMCollate, Pad, Prefetcher, mm_collate
 from pincollate._transfer import meter as meter_module
-from pincollate._transfer.meter import Clock, Timeline, count_batch, counter
+from pincollate._transfer.meter import Clock, CopyTimes, Timeline, count_batch, counter
 from pincollate._transfer.staging import Ahead
 
 #: A sleep long against Python's own per-batch work, short enough to keep the suite quick.
@@ -277,6 +277,37 @@ def test_the_staging_thread_figures_travel_with_the_batch():
     stats = clock.epoch
     assert (stats.batches, stats.samples, stats.batch_bytes, stats.h2d_bytes) == (4, 8, 4 * size, 4 * size)
     assert stats.loader_s > 3 * NAP and stats.input_bound > 0.7, stats
+
+
+class _Event:
+    """A CUDA event's part that CopyTimes uses: done or not, and the time since another."""
+
+    def __init__(self, done: bool, ms: float = 0.0):
+        self.done, self.ms = done, ms
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.ms
+
+
+def test_the_copies_timed_stand_for_every_copy():
+    clock = Clock()
+    sums = clock.begin(None, reads_loader=False)
+    copies = CopyTimes(clock, sums, every=2)
+    assert [copies.due() for _ in range(5)] == [False, True, False, True, False]
+    copies.timed(_Event(True), _Event(False, 40.0), 1000)  # still running on the device
+    copies.timed(_Event(True), _Event(True, 10.0), 1000)  # done, but read back in order
+    assert clock.epoch.copy_s == 0 and len(copies.pending) == 2
+    copies.collect(wait=True)  # the epoch's end
+    assert not copies.pending
+    clock.step_staged(sums, 0.0, 1.0, (4, 4000), 0.0, 0.0, 4000)
+    # 2,000 bytes timed in 50 ms: the 4,000 copied took 100 ms at 40 kB/s.
+    assert clock.epoch.copy_s == pytest.approx(0.1) and clock.epoch.copy_bytes_per_s == pytest.approx(4e4)
 
 
 # --- threads ------------------------------------------------------------------------------

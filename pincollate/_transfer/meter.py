@@ -79,8 +79,8 @@ class InputStats:
         staging_s: seconds the ``Prefetcher`` spent in this process staging batches:
             pinning, launching the copy and the transform (running them, without CUDA).
         h2d_bytes: bytes the ``Prefetcher`` copied from the host to the device.
-        copy_s: device seconds of those copies, estimated from every 16th batch's copy
-            timed with CUDA events (0 without CUDA).
+        copy_s: device seconds of those copies, estimated from the copies of every
+            16th batch (the second, the 18th, ...) timed with CUDA events (0 without CUDA).
 
     Example:
         >>> stats = InputStats(batches=10, samples=320, waited_s=3.0, busy_s=1.0)
@@ -718,7 +718,8 @@ class Timeline:
 
 
 class CopyTimes:
-    """Device time of the Prefetcher's copies, timed on every ``every``-th batch with CUDA events.
+    """Device time of the Prefetcher's copies, timed on every ``every``-th batch with CUDA events
+    (from the second: the first copy of an epoch may be cold).
 
     Recorded on the staging thread, read back there once the device has run them, so
     nothing waits for the device until the epoch's end.
@@ -732,8 +733,9 @@ class CopyTimes:
         self.pending: deque[tuple[Any, Any, int]] = deque()
 
     def due(self) -> bool:
+        """Whether this batch's copy is timed."""
         self.seen += 1
-        return self.seen % self.every == 0
+        return self.seen % self.every == 2 % self.every
 
     def timed(self, begun: Any, copied: Any, nbytes: int) -> None:
         self.pending.append((begun, copied, nbytes))

@@ -268,7 +268,8 @@ class CudaStaging:
     storage the batch reaches for the consumer's stream (captured when iteration
     began), so the caching allocator cannot give the memory to the side stream's next
     batch while the consumer still reads it. On the consumer's thread: wait on the
-    event, nothing else. With ``copies``, every 16th copy is timed with CUDA events.
+    event, nothing else. With ``copies``, every 16th copy is timed with CUDA events
+    (:class:`~pincollate._transfer.meter.CopyTimes`).
     """
 
     def __init__(self, owner: Owner, copies: CopyTimes | None = None):
