@@ -208,9 +208,7 @@ class Passthrough(Iterator[Any]):
         self._owner: Owner = owner
 
     def __next__(self) -> Any:
-        return self._stage(next(self._source))
-
-    def _stage(self, batch: Any) -> Any:
+        batch = next(self._source)
         owner = self._owner
         if owner.device.type != "cpu":
             batch = to_device(batch, owner.device)
@@ -252,10 +250,15 @@ class MeteredPassthrough(Passthrough):
             clock.step(sums, asked, perf_counter(), count(host))
             return host
         read = perf_counter()
-        batch = self._stage(host)
+        batch = host
+        owner = self._owner
+        if owner.device.type != "cpu":
+            batch = to_device(batch, owner.device)
+        if owner.transform is not None:
+            batch = owner.transform(batch)
         got = perf_counter()
         counted = count(host)
-        h2d = counted[1] if self._owner.device.type != "cpu" else 0
+        h2d = counted[1] if owner.device.type != "cpu" else 0
         clock.step_staged(sums, asked, got, counted, read - asked, got - read, h2d)
         return batch
 
