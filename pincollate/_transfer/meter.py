@@ -535,10 +535,10 @@ def pass_epoch(loader: Any, epoch: int) -> None:
 
 
 def length_of(loader: Any) -> int | None:
-    """``len(loader)``, or ``None`` for a loader without one."""
+    """``len(loader)``, or ``None`` for a loader without one (an iterable dataset's ``DataLoader`` raises)."""
     try:
         return len(loader)
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return None
 
 
