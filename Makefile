@@ -42,9 +42,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 
-## Run the three notebooks in place and keep their outputs (as committed); uses what make test installs.
+## Run the notebooks whose code changed, in place, and keep their outputs (as committed); FORCE=1 runs all three.
+## Uses what make test installs.
 notebooks: $(STAMP)
-	$(BIN)/python notebooks/run.py
+	$(BIN)/python notebooks/run.py $(if $(FORCE),--force)
 
 ## The lifetime fuzzer's long run (about 10 minutes on 2 cores); SEED=n picks another program.
 SEED ?= 0

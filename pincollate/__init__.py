@@ -12,6 +12,8 @@ Examples:
     torch.Size([2, 3, 8, 8])
 """
 
+from typing import TYPE_CHECKING, Any
+
 # Registrations: the built-in leaf types; how batches cross processes; PIL and torchvision on first sight.
 from ._batch import crossing as _crossing  # noqa: F401
 from ._batch.batch import Batch, BatchList
@@ -24,6 +26,7 @@ from ._memory.arena import pinned_footprint
 from ._memory.shm import SharedMemoryWarning
 from ._plan.packing import Concat, Jagged
 from ._plan.policies import AsList, Pad, PerSample, Policy, Stack
+from ._transfer.meter import InputMeter, InputStats
 from ._transfer.prefetch import Prefetcher
 from ._transfer.transfer import to_device
 from ._transfer.transforms import Normalize
@@ -38,6 +41,8 @@ __all__ = [
     "CollateError",
     "ColumnCollate",
     "Concat",
+    "InputMeter",
+    "InputStats",
     "Jagged",
     "Layout",
     "LeafHandler",
@@ -60,3 +65,21 @@ __version__ = "0.1.0"
 
 # Tracebacks name the public home of the one exception type.
 CollateError.__module__ = __name__
+
+if TYPE_CHECKING:
+    from ._integrations.lightning_monitor import LightningInputMonitor as LightningInputMonitor
+    from ._integrations.transformers_monitor import TransformersInputMonitor as TransformersInputMonitor
+
+#: The framework callbacks, each loaded with its framework on first use, so `import pincollate` loads neither.
+_LAZY = {
+    "LightningInputMonitor": "._integrations.lightning_monitor",
+    "TransformersInputMonitor": "._integrations.transformers_monitor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,13 @@ import traceback
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = ["tests/test_batch.py", "tests/test_prefetch.py", "tests/test_ring.py", "tests/test_transfer.py"]
+TESTS = [
+    "tests/test_batch.py",
+    "tests/test_meter.py",
+    "tests/test_prefetch.py",
+    "tests/test_ring.py",
+    "tests/test_transfer.py",
+]
 
 
 def failed_rows(tree: Any, path: str = "") -> list[str]:
@@ -56,6 +62,10 @@ def run_bench() -> dict[str, Any]:
     report = bench.run(["manyleaf", "video"], quick=True, workers=2, progress=False)
     report["gpu"] = bench.run_gpu(quick=True)
     print(bench.format_table(report), flush=True)
+    from pincollate.bench._stats_cost import format_stats_cost, run_stats_cost
+
+    report["stats_cost"] = run_stats_cost(quick=True)  # the staging thread's path: only a GPU takes it
+    print(format_stats_cost(report["stats_cost"]), flush=True)
     return report
 
 

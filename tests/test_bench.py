@@ -226,3 +226,25 @@ def test_small_shm_report_reads_as_a_table():
     text = format_small_shm(report)
     assert "default_collate     23 MiB      40.00 fails: x" in text
     assert "mm_collate          23 MiB     135.00      89.00        0.66x" in text
+
+
+def test_stats_cost_times_the_prefetcher_with_and_without_stats(tmp_path, capsys, monkeypatch):
+    from pincollate.bench import _stats_cost
+
+    report = _stats_cost.run_stats_cost(quick=True, batches=12, rounds=4)
+    assert (report["batches"], report["rounds"], report["target"]) == (12, 4, 0.01)
+    assert set(report["loops"]) == {"training step", "data only"}
+    for row in report["loops"].values():
+        lo, hi = row["spread"]
+        assert row["no_stats_us"] > 0 and row["stats_us"] > 0 and lo <= row["ratio"] <= hi
+        # The stats side measured something: its loop's figures.
+        assert 0.0 <= row["measured"]["input_bound"] <= 1.0 and row["measured"]["batches_per_s"] > 0
+    table = _stats_cost.format_stats_cost(report)
+    assert table.splitlines()[1].split() == ["loop", "no", "stats", "stats", "ratio", "(spread)", "cost", "us"]
+    assert "training step" in table and "data only" in table and "target: at most 1%" in table
+    # The command line: its machine line, the table, the JSON.
+    monkeypatch.setattr(_stats_cost, "run_stats_cost", lambda quick: report)
+    out_json = tmp_path / "s.json"
+    assert bench.main(["--stats-cost", "--quick", "--json", str(out_json)]) == 0
+    assert capsys.readouterr().out.startswith("machine: ")
+    assert json.loads(out_json.read_text())["stats_cost"] == report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -119,3 +121,92 @@ def test_datasets_numpy_format_stacks_like_torch_format():
         2,
         3,
     ]
+
+
+# --- TransformersInputMonitor: whether Trainer waits for data, in its logs ---------------------
+
+#: A sleep long against a tiny model's step under Trainer on a busy CPU (30-100 ms); the shares are
+#: compared with 0.3 and 0.7. The first epoch's first step (warming up) is slower still: the second
+#: epoch is the one judged.
+NAP = 0.3
+
+
+class _SlowTexts(torch.utils.data.Dataset):
+    def __init__(self, nap: float):
+        self.rows, self.nap = _texts(), nap
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        time.sleep(self.nap / 4)  # a batch of 4: one nap a batch
+        return self.rows[i]
+
+
+@pytest.mark.parametrize("slow", ["data", "model"])
+def test_input_monitor_adds_the_input_bound_share_to_the_trainers_logs(tmp_path, slow):
+    transformers = pytest.importorskip("transformers")
+    import pincollate
+
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=2
+    )
+    model = transformers.BertForSequenceClassification(config)
+    if slow == "model":
+        model.register_forward_pre_hook(lambda module, args: time.sleep(NAP))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=2,
+        disable_tqdm=True,
+    )
+    monitor = pincollate.TransformersInputMonitor()
+    data = _SlowTexts(NAP if slow == "data" else 0.0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data, data_collator=HF, callbacks=[monitor])
+    trainer.train()
+    assert (monitor.epoch.batches, monitor.total.batches) == (4, 8)
+    share = monitor.epoch.input_bound
+    assert share > 0.7 if slow == "data" else share < 0.3, monitor.epoch
+    logged = [entry for entry in trainer.state.log_history if "data/input_bound" in entry]
+    # Every second step of both epochs, and the end of training with the whole run's.
+    assert len(logged) == 5 and "train_runtime" in logged[-1] and "loss" in logged[0]
+    assert logged[-1]["data/input_bound"] == pytest.approx(monitor.total.input_bound, abs=0.05)
+    assert logged[-2]["data/input_bound"] == pytest.approx(share, abs=0.05)  # the second epoch at its end
+
+
+def test_input_monitor_keeps_evaluation_out_of_the_figures_and_the_eval_logs(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import pincollate
+
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=2
+    )
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    monitor = pincollate.TransformersInputMonitor()
+    trainer = transformers.Trainer(
+        model=transformers.BertForSequenceClassification(config),
+        args=args,
+        train_dataset=_texts(),
+        eval_dataset=_SlowTexts(NAP / 4),  # slow evaluation: work between steps, not waiting for training data
+        data_collator=HF,
+        callbacks=[monitor],
+    )
+    trainer.train()
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert len(evaluations) == 2 and not any("data/input_bound" in entry for entry in evaluations)
+    assert monitor.total.batches == 4 and monitor.total.input_bound < 0.3, monitor.total

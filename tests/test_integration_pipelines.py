@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import pincollate
 from pincollate import Batch, MMCollate, Normalize, Pad, mm_collate
 from samples import TreeDataset, assert_one_buffer, assert_same
 
@@ -47,6 +48,16 @@ def test_torchdata_nodes_batch_then_collate():
     batches = list(nodes.Loader(node))
     assert len(batches) == 2 and all(isinstance(b, Batch) for b in batches)
     assert_same(batches[0], mm_collate([dataset[i] for i in range(4)]))
+
+
+def test_input_meter_over_torchdata_nodes():
+    nodes = pytest.importorskip("torchdata.nodes")
+    dataset = TreeDataset("multimodal-dict", repeat=2)
+    source = nodes.IterableWrapper(dataset[i] for i in range(len(dataset)))
+    meter = pincollate.InputMeter(nodes.Loader(nodes.Mapper(nodes.Batcher(source, batch_size=4), mm_collate)))
+    batches = list(meter)
+    assert (meter.epoch.batches, meter.epoch.samples) == (2, 8)
+    assert meter.epoch.batch_bytes == sum(b.layout.nbytes for b in batches)
 
 
 class _Images(torch.utils.data.Dataset):

@@ -97,6 +97,16 @@ def test_collated_on_the_data_side_arrives_as_one_buffer(cluster):
         assert_one_buffer(ours)
 
 
+def test_input_meter_over_rays_iterator(cluster):
+    ds = ray.data.from_items(_items())
+    collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})
+    meter = pincollate.InputMeter(ds.iter_torch_batches(batch_size=4, collate_fn=collate.for_ray(), device="cpu"))
+    batches = list(meter)
+    assert (meter.epoch.batches, meter.epoch.samples) == (3, 12)
+    assert meter.epoch.batch_bytes == sum(b.layout.nbytes for b in batches)
+    assert 0.0 <= meter.epoch.input_bound <= 1.0
+
+
 def _column(values: list) -> np.ndarray:
     if isinstance(values[0], np.ndarray) and len({v.shape for v in values}) > 1:
         column = np.empty(len(values), dtype=object)

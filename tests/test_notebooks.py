@@ -15,7 +15,7 @@ pytest.importorskip("sklearn")
 
 FOLDER = pathlib.Path(__file__).parent.parent / "notebooks"
 sys.path.insert(0, str(FOLDER))
-from run import NOTEBOOKS, execute  # noqa: E402
+from run import KEY, NOTEBOOKS, code_hash, execute, is_current, main  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +41,32 @@ def test_the_committed_notebook_has_its_outputs_and_no_stderr(name):
     assert any(o.get("data", {}).get("image/png") for cell in code for o in cell.outputs), "a plot is shown"
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_committed_outputs_were_made_by_the_committed_code(name):
+    # So `make notebooks` on a fresh clone runs nothing and leaves `git status` clean.
+    notebook = nbformat.read(FOLDER / name, as_version=4)
+    assert is_current(notebook), "the code changed since its outputs were made: run `make notebooks` and commit"
+    assert not any("execution" in cell.metadata for cell in notebook.cells), "execution timestamps were committed"
+
+
+def test_make_notebooks_leaves_current_notebooks_untouched(tmp_path):
+    for name in NOTEBOOKS:
+        shutil.copy(FOLDER / name, tmp_path / name)
+    assert main([], folder=tmp_path) == 0
+    assert all((tmp_path / name).read_bytes() == (FOLDER / name).read_bytes() for name in NOTEBOOKS)
+
+
+def test_a_changed_code_cell_makes_a_notebook_stale_and_a_changed_text_cell_does_not():
+    notebook = nbformat.read(FOLDER / NOTEBOOKS[0], as_version=4)
+    notebook.metadata[KEY] = {"code": code_hash(notebook)}
+    markdown = next(cell for cell in notebook.cells if cell.cell_type == "markdown")
+    markdown.source += " More words."
+    assert is_current(notebook)
+    code = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    code.source += "\n1 + 1"
+    assert not is_current(notebook)
+
+
 def test_the_committed_training_notebook_reaches_90_percent_held_out():
     notebook = nbformat.read(FOLDER / "02_training_loop.ipynb", as_version=4)
     text = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
@@ -59,3 +85,4 @@ def test_the_notebook_runs_top_to_bottom_with_nothing_on_stderr(name, workdir):
     shutil.copy(FOLDER / name, copy)
     notebook = execute(copy, workdir)
     assert not _problems(notebook)
+    assert is_current(notebook) and not any("execution" in cell.metadata for cell in notebook.cells)

@@ -295,8 +295,23 @@ class _Stream:
 
 
 class _Event:
+    """A CUDA event: recorded on a stream; a timed one (``stats``' copy times) reads back 1 ms."""
+
+    def __init__(self, enable_timing=False):
+        self.timed = enable_timing
+
     def record(self, stream=None):
         self.stream = stream
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        assert self.timed and end.timed
+        return 1.0
 
 
 @pytest.fixture
@@ -382,6 +397,21 @@ def test_cuda_path_transform_runs_before_the_handover(stand_in_cuda):
     _settle(calls, 3)
     assert calls == ["pincollate-prefetch"] * 3  # on the side stream, off the training thread
     assert list(Prefetcher([], device="cuda", pin_memory=False)) == []
+
+
+def test_cuda_path_stats_count_copies_and_time_the_staging_thread(stand_in_cuda):
+    consumer, _ = stand_in_cuda
+    prefetcher = Prefetcher(_loader(68), device="cuda", pin_memory=False)
+    batches = list(prefetcher)
+    stats = prefetcher.stats.epoch
+    size = batches[0].layout.nbytes
+    assert (stats.batches, stats.samples, stats.batch_bytes) == (34, 68, 34 * size)
+    assert stats.h2d_bytes == 34 * size and stats.loader_s > 0 and stats.staging_s > 0
+    # The second copy and every 16th after it timed (1 ms each here), standing for all 34.
+    assert stats.copy_s == pytest.approx(34 * 1e-3) and stats.copy_bytes_per_s == pytest.approx(size / 1e-3)
+    assert len(consumer.waited) == 34  # the timing events are not waited on
+    without = Prefetcher(_loader(4), device="cuda", pin_memory=False, stats=False)
+    assert len(list(without)) == 2
 
 
 def test_cuda_device_is_resolved_in_the_callers_thread(stand_in_cuda, monkeypatch):

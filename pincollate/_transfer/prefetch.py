@@ -22,6 +22,9 @@ Design choices, in short:
    allocator records an event for each non-blocking copy from it.
 5. **The consumer waits on an event**, not on the whole side stream, so the copy of
    batch ``i + 1`` overlaps the compute of batch ``i``.
+6. **It measures itself where it stands.** It knows when the loop asked for a batch and
+   when the batch was ready, and its staging thread times its reads and its staging:
+   ``stats`` (an :class:`~pincollate.InputMeter`) says whether the loop waits for data.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import torch
 
 from .._errors import CollateError
 from .._memory.arena import accelerator_can_pin
-from .staging import Ahead, CudaStaging, Passthrough
+from .meter import CopyTimes, InputMeter, Metering, length_of, pass_epoch
+from .staging import Ahead, CudaStaging, MeteredPassthrough, Passthrough
 from .transfer import pin
 
 __all__ = ["Prefetcher"]
@@ -67,6 +71,12 @@ class Prefetcher(Generic[T]):
         pinned_limit: bytes of pinned memory the CUDA host allocator may keep
             cached; past it the cache is emptied, so variable-size batches cannot
             grow pinned memory without bound. ``None``: no limit.
+        stats: measure whether the loop waits for data (:attr:`stats`); a few clock
+            reads per batch.
+        progress: show a tqdm progress bar per epoch with batches/s and the
+            input-bound share (needs ``stats``).
+        summary: at the end of each epoch, print one line of figures (``True``), or
+            pass it to a callable (needs ``stats``).
 
     Examples:
         >>> import torch
@@ -76,6 +86,8 @@ class Prefetcher(Generic[T]):
         >>> batches = pincollate.Prefetcher(loader, device="cpu")
         >>> len(batches), [b["x"].shape for b in batches]
         (2, [torch.Size([2, 2]), torch.Size([2, 2])])
+        >>> batches.stats.epoch.batches, batches.stats.epoch.samples
+        (2, 4)
     """
 
     def __init__(
@@ -86,6 +98,9 @@ class Prefetcher(Generic[T]):
         transform: Callable[[Any], Any] | None = None,
         pin_memory: bool | Literal["auto"] = "auto",
         pinned_limit: int | None = 4 << 30,
+        stats: bool = True,
+        progress: bool = False,
+        summary: bool | Callable[[str], None] = False,
     ):
         if not isinstance(depth, int) or depth < 1:
             raise CollateError(f"Prefetcher(depth=...) must be a positive int, got {depth!r}")
@@ -93,6 +108,8 @@ class Prefetcher(Generic[T]):
             raise CollateError(f"Prefetcher(pin_memory=...) must be True, False or 'auto', got {pin_memory!r}")
         if transform is not None and not callable(transform):
             raise CollateError(f"Prefetcher(transform=...) must be callable, got {type(transform).__name__}")
+        if not stats and (progress or summary):
+            raise CollateError("Prefetcher(progress=..., summary=...) need stats=True")
         self.loader: Iterable[T] = loader
         self.device: torch.device = _default_device() if device is None else torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -107,6 +124,20 @@ class Prefetcher(Generic[T]):
             raise CollateError("pin_memory=True but pinned memory is not available in this process")
         self.pin: bool = pin_memory is True or (pin_memory == "auto" and cuda and accelerator_can_pin())
         self._stream: Any = None
+        self._meter: InputMeter[T] | None = InputMeter(loader, progress=progress, summary=summary) if stats else None
+
+    @property
+    def stats(self) -> InputMeter[T]:
+        """Whether the loop waits for data: read ``stats.epoch`` and ``stats.total``.
+
+        Besides the loop's waits, the staging thread's time reading the loader
+        (``loader_s``) and staging batches (``staging_s``), and on CUDA the bytes copied
+        and the copies' device time. An :class:`~pincollate.InputMeter` over the same
+        loader; iterate the Prefetcher, not it.
+        """
+        if self._meter is None:
+            raise CollateError("this Prefetcher was made with stats=False")
+        return self._meter
 
     # loader passthrough --------------------------------------------------------------
 
@@ -126,29 +157,30 @@ class Prefetcher(Generic[T]):
         return self.loader.batch_sampler  # type: ignore[attr-defined]
 
     def set_epoch(self, epoch: int) -> None:
-        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it."""
-        seen: set[int] = set()
-        found = False
-        for name in ("sampler", "batch_sampler", "dataset"):
-            target = getattr(self.loader, name, None)
-            if target is None or id(target) in seen:
-                continue
-            seen.add(id(target))
-            if callable(getattr(target, "set_epoch", None)):
-                target.set_epoch(epoch)
-                found = True
-        if not found and callable(getattr(self.loader, "set_epoch", None)):
-            self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it
+        (else on the loader), and start new epoch figures."""
+        pass_epoch(self.loader, epoch)
+        if self._meter is not None:
+            self._meter._clock.renumber(epoch)
 
     # iteration -----------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[T]:
+        meter = self._meter
+        metering: Metering | None = None
+        if meter is not None:
+            clock = meter._clock
+            # A passthrough with nothing to stage (CPU, no transform): the loop's waits are its reads.
+            direct = self.device.type == "cpu" and self.transform is None
+            metering = (clock, clock.begin(length_of(self.loader), direct), meter._count)
         source: Iterator[Any] = iter(self.loader)
+        if metering is not None:
+            metering[0].started(metering[1])
         if self.device.type == "cuda":
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-            staging = CudaStaging(self)
-            return Ahead(source, self.depth, staging.stage, self.device, staging.hand)
+            staging = CudaStaging(self, None if metering is None else CopyTimes(metering[0], metering[1]))
+            return Ahead(source, self.depth, staging.stage, self.device, staging.hand, metering, staging.flush)
         if self.pin:
             source = Ahead(source, self.depth, pin, self.device)
-        return Passthrough(source, self)
+        return Passthrough(source, self) if metering is None else MeteredPassthrough(source, self, metering)

@@ -5,7 +5,10 @@ work, ``depth`` batches ahead; on CUDA (:class:`CudaStaging`) that is a pin wher
 loader did not pin, one copy and the transform on the prefetcher's side stream, an
 event, and ``record_stream`` for the consumer's stream; the consumer's thread only
 waits on the event. Without an accelerator :class:`Passthrough` moves and transforms
-synchronously. See :mod:`pincollate._transfer.prefetch` for the design.
+synchronously. With a meter (``Prefetcher.stats``) the staging thread times each read
+and each staging and counts the batch, and the figures travel with the batch to the
+consumer's thread, which adds them to the epoch's sums when it takes the batch. See
+:mod:`pincollate._transfer.prefetch` for the design.
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any, Protocol
 
 import torch
 
 from .._batch.trees import reachable_tensors
 from .._memory.arena import trim_pinned
+from .meter import CopyTimes, Metering, count_batch
 from .transfer import pin, to_device
 
-__all__ = ["Ahead", "CudaStaging", "Owner", "Passthrough"]
+__all__ = ["Ahead", "CudaStaging", "MeteredPassthrough", "Owner", "Passthrough"]
 
 
 class Owner(Protocol):
@@ -49,15 +54,27 @@ class _Staging:
     dropping the iterator (an early ``break``) lets ``__del__`` stop the thread.
 
     ``permits`` bounds what is staged and not yet handed over to ``depth`` batches.
+    With ``count`` each queued item is ``(staged, figures)``: the batch's samples and
+    bytes, and the seconds of its read and of its staging.
     """
 
-    def __init__(self, source: Iterator[Any], depth: int, work: Callable[[Any], Any], device: torch.device):
+    def __init__(
+        self,
+        source: Iterator[Any],
+        depth: int,
+        work: Callable[[Any], Any],
+        device: torch.device,
+        count: Callable[[Any], tuple[int, int]] | None = None,
+        at_end: Callable[[], None] | None = None,
+    ):
         self.source: Iterator[Any] | None = source
         self.work: Callable[[Any], Any] = work
         self.queue: queue.Queue[Any] = queue.Queue()
         self.permits = threading.Semaphore(depth)
         self.stop = threading.Event()
         self.device: torch.device = device
+        self.count = count
+        self.at_end = at_end
 
     def run(self) -> None:
         # Thread-local: keeps the copies in pin() from competing with the consumer.
@@ -67,15 +84,24 @@ class _Staging:
             # device 0, which would put every DDP rank's staging on GPU 0.
             torch.cuda.set_device(self.device)
         try:
+            count = self.count
             while self._permit():
+                asked = perf_counter() if count is not None else 0.0
                 try:
                     host = next(self.source)  # type: ignore[arg-type]
                 except StopIteration:
+                    if self.at_end is not None:
+                        self.at_end()
                     self.queue.put(_END)
                     return
                 if self.stop.is_set():
                     return
-                self.queue.put(self.work(host))
+                if count is None:
+                    self.queue.put(self.work(host))
+                    continue
+                read = perf_counter()
+                staged = self.work(host)
+                self.queue.put((staged, (count(host), read - asked, perf_counter() - read)))
         except BaseException as error:  # re-raised in the consumer
             # The error's traceback holds the loader's iterator (and so its worker
             # processes) for as long as the consumer keeps the error: end them now.
@@ -97,7 +123,11 @@ class _Staging:
 
 class Ahead(Iterator[Any]):
     """Batches from the loader, each passed through ``work`` on a background thread,
-    ``depth`` ahead of the consumer; ``hand`` runs on the consumer's thread."""
+    ``depth`` ahead of the consumer; ``hand`` runs on the consumer's thread.
+
+    With ``metering`` the consumer's waits and the staging thread's figures go to the
+    meter's clock; ``at_end`` runs on the staging thread when the loader is exhausted.
+    """
 
     def __init__(
         self,
@@ -106,9 +136,13 @@ class Ahead(Iterator[Any]):
         work: Callable[[Any], Any],
         device: torch.device,
         hand: Callable[[Any], Any] | None = None,
+        metering: Metering | None = None,
+        at_end: Callable[[], None] | None = None,
     ):
-        self._state = _Staging(source, depth, work, device)
+        count = None if metering is None else metering[2]
+        self._state = _Staging(source, depth, work, device, count, at_end)
         self._hand = hand
+        self._metering = metering
         self._done = False
         self._thread = threading.Thread(target=self._state.run, name="pincollate-prefetch", daemon=True)
         self._thread.start()
@@ -117,9 +151,12 @@ class Ahead(Iterator[Any]):
         if self._done:
             raise StopIteration
         state = self._state
+        asked = perf_counter()
         item = state.queue.get()
         if item is _END:
             self.close()
+            if self._metering is not None:
+                self._metering[0].finish(self._metering[1], asked)
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
@@ -128,7 +165,15 @@ class Ahead(Iterator[Any]):
                 error.add_note("(raised while pincollate.Prefetcher read the loader on its staging thread)")
             raise error
         state.permits.release()  # the next batch is staged while this one is used
-        return item if self._hand is None else self._hand(item)
+        metering = self._metering
+        if metering is None:
+            return item if self._hand is None else self._hand(item)
+        item, (count, read, staged) = item
+        batch = item if self._hand is None else self._hand(item)
+        got = perf_counter()
+        h2d = count[1] if self._hand is not None else 0  # the CUDA path copied the batch
+        metering[0].step_staged(metering[1], asked, got, count, read, staged, h2d)
+        return batch
 
     def close(self, wait: bool = True) -> None:
         """Stop the thread and release what it holds; safe to call twice.
@@ -180,6 +225,44 @@ class Passthrough(Iterator[Any]):
         self.close()
 
 
+class MeteredPassthrough(Passthrough):
+    """:class:`Passthrough` that times the loop's waits: reading the source is the loader's
+    time, moving and transforming the staging's. On CPU without a transform nothing is
+    staged, and the clock is read twice a batch, not three times."""
+
+    def __init__(self, source: Iterator[Any], owner: Owner, metering: Metering):
+        super().__init__(source, owner)
+        self._metering = metering
+        self._stages = owner.device.type != "cpu" or owner.transform is not None
+        self._done = False
+
+    def __next__(self) -> Any:
+        clock, sums, count = self._metering
+        asked = perf_counter()
+        try:
+            host = next(self._source)
+        except StopIteration:
+            if not self._done:
+                self._done = True
+                clock.finish(sums, asked)
+            raise
+        if not self._stages:
+            clock.step(sums, asked, perf_counter(), count(host))
+            return host
+        read = perf_counter()
+        batch = host
+        owner = self._owner
+        if owner.device.type != "cpu":
+            batch = to_device(batch, owner.device)
+        if owner.transform is not None:
+            batch = owner.transform(batch)
+        got = perf_counter()
+        counted = count(host)
+        h2d = counted[1] if owner.device.type != "cpu" else 0
+        clock.step_staged(sums, asked, got, counted, read - asked, got - read, h2d)
+        return batch
+
+
 class CudaStaging:
     """The CUDA work of the staging thread and the hand-over on the consumer's.
 
@@ -188,21 +271,32 @@ class CudaStaging:
     storage the batch reaches for the consumer's stream (captured when iteration
     began), so the caching allocator cannot give the memory to the side stream's next
     batch while the consumer still reads it. On the consumer's thread: wait on the
-    event, nothing else.
+    event, nothing else. With ``copies``, every 16th copy is timed with CUDA events
+    (:class:`~pincollate._transfer.meter.CopyTimes`).
     """
 
-    def __init__(self, owner: Owner):
+    def __init__(self, owner: Owner, copies: CopyTimes | None = None):
         self.owner: Owner = owner
         self.consumer: Any = torch.cuda.current_stream(owner.device)
         self.count = 0
+        self.copies = copies
 
     def stage(self, host: Any) -> tuple[Any, Any, Any]:
         owner = self.owner
         if owner.pin:
             host = pin(host)  # a batch already pinned (DataLoader's pin thread, a registered slot) as it is
         stream = owner._stream
+        copies = self.copies
+        timed = copies is not None and copies.due()
         with torch.cuda.device(owner.device), torch.cuda.stream(stream):
+            if timed:
+                begun = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                begun.record(stream)
             batch = to_device(host, owner.device, non_blocking=True)
+            if timed:
+                copied = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                copied.record(stream)
+                copies.timed(begun, copied, count_batch(host)[1])  # type: ignore[union-attr]
             if owner.transform is not None:
                 batch = owner.transform(batch)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -213,6 +307,11 @@ class CudaStaging:
             # Here, not on the consumer's thread: emptying the cache waits for the device.
             trim_pinned(owner.pinned_limit)
         return batch, event, self.consumer
+
+    def flush(self) -> None:
+        """The epoch's last timed copies read back (on the staging thread, at the loader's end)."""
+        if self.copies is not None:
+            self.copies.collect(wait=True)
 
     def hand(self, item: tuple[Any, Any, Any]) -> Any:
         batch, event, recorded = item

@@ -178,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only count the Python and C calls of a warm main-process batch of each scenario, and exit",
     )
     parser.add_argument(
+        "--stats-cost",
+        action="store_true",
+        help="only time a loop of tiny batches through the Prefetcher with and without stats, and exit",
+    )
+    parser.add_argument(
         "--ray",
         action="store_true",
         help="only time Ray Data's own batch conversion against ColumnCollate (trainer and data side), and exit",
@@ -198,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_small_shm(args.small_shm, args.workers or 2, 3 if args.quick else 5, not args.no_progress)
 
         return _only(args, "small_shm", small_shm, format_small_shm, machine_line=False)
+    if args.stats_cost:
+        from ._stats_cost import format_stats_cost, run_stats_cost
+
+        return _only(args, "stats_cost", lambda: run_stats_cost(args.quick), format_stats_cost)
     if args.recipes:
         from ._recipes import format_recipes, run_recipes
 

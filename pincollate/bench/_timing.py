@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, Dataset
 
@@ -18,6 +18,7 @@ from ..datasets import _Repeat
 __all__ = ["rotated", "time_main", "time_workers", "whole"]
 
 Collate = Callable[[list[Any]], Any]
+V = TypeVar("V")
 
 
 def time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, progress: Any) -> dict[str, list[float]]:
@@ -36,7 +37,7 @@ def time_main(fns: dict[str, Collate], batches: list[list[Any]], rounds: int, pr
     return times
 
 
-def rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
+def rotated(fns: dict[str, V], round_: int) -> list[tuple[str, V]]:
     """The methods in this round's order: each one follows every other equally often.
 
     What ran just before a method (its allocations, what it left in the caches)
@@ -56,7 +57,7 @@ def rotated(fns: dict[str, Collate], round_: int) -> list[tuple[str, Collate]]:
     return items[shift:] + items[:shift]
 
 
-def whole(rounds: int, fns: dict[str, Collate]) -> int:
+def whole(rounds: int, fns: dict[str, Any]) -> int:
     """``rounds`` rounded up to whole cycles of :func:`rotated`'s orders."""
     cycle = 2 * len(fns)
     return -(-rounds // cycle) * cycle

@@ -1,0 +1,753 @@
+"""Is the loop waiting for data? A clock on the consumer's side of any loader.
+
+A training loop does two things in turn: it waits for its next batch (inside ``next()``)
+and it works on the batch it has (the step). :class:`InputMeter` wraps any iterable of
+batches and times both, per epoch and over the run. The
+:class:`~pincollate.Prefetcher` keeps the same figures (``Prefetcher.stats``) and adds
+its staging thread's: reading the loader against pinning and copying, and on CUDA the
+bytes copied and the device time of the copies.
+
+Design choices, in short:
+
+1. **A few clock reads and sums per batch, under one uncontended lock.** The lock
+   makes a snapshot taken on another thread whole (batches, samples and seconds of
+   one moment); uncontended it costs about as much as one clock read. CPython's GIL
+   happens not to switch threads inside a run of attribute updates without a call,
+   but free-threaded Python switches anywhere.
+2. **A batch's figures travel with it.** The Prefetcher's staging thread times its
+   read and its staging and counts the batch, and hands these over with the batch,
+   so the figures count when the loop receives the batch, never ``depth`` ahead.
+3. **An epoch is one iteration.** Each ``iter()`` starts new epoch sums (and
+   ``set_epoch`` does, for a loop that reads the figures before iterating); the
+   run's sums add up every epoch.
+4. **Counting a batch is cheap or skipped.** A pincollate batch's bytes are its
+   layout's; another batch's tensors are summed through the container registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from time import perf_counter
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from .._errors import CollateError
+from .._types.kinds import kind_of
+
+__all__ = [
+    "Clock",
+    "CopyTimes",
+    "InputMeter",
+    "InputStats",
+    "Metering",
+    "Timeline",
+    "count_batch",
+    "length_of",
+    "pass_epoch",
+]
+
+T = TypeVar("T")
+
+#: How often the progress bar's postfix (the input-bound share) is rewritten, in seconds.
+_POSTFIX_EVERY = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class InputStats:
+    """What a loop's input cost it, over one epoch or over the run.
+
+    Attributes:
+        batches: batches the loop received.
+        samples: samples in them: each batch's first tensor's length (the first value of
+            a mapping, the first element of a tuple or list; a list inside a mapping
+            counts its items), or what ``samples=`` says; 0 where none is found.
+        batch_bytes: bytes of the batches' tensors as the loop received them (a
+            pincollate batch: its buffer's used bytes).
+        waited_s: seconds the loop spent waiting for a batch, from asking for it
+            (``next()``) to having it; the first includes starting the iteration (a
+            ``DataLoader`` starting its workers).
+        busy_s: seconds between receiving a batch and asking for the next: the loop's
+            own work.
+        loader_s: seconds spent reading the loader. In a ``Prefetcher`` on CUDA, on its
+            staging thread: with ``DataLoader`` workers, how long their batches took to
+            arrive; with ``num_workers=0``, loading and collating in this process.
+        staging_s: seconds the ``Prefetcher`` spent in this process staging batches:
+            pinning, launching the copy and the transform (running them, without CUDA).
+        h2d_bytes: bytes the ``Prefetcher`` copied from the host to the device.
+        copy_s: device seconds of those copies, estimated from the copies of every
+            16th batch (the second, the 18th, ...) timed with CUDA events (0 without CUDA).
+
+    Example:
+        >>> stats = InputStats(batches=10, samples=320, waited_s=3.0, busy_s=1.0)
+        >>> stats.input_bound, stats.batches_per_s, stats.samples_per_s
+        (0.75, 2.5, 80.0)
+    """
+
+    batches: int = 0
+    samples: int = 0
+    batch_bytes: int = 0
+    waited_s: float = 0.0
+    busy_s: float = 0.0
+    loader_s: float = 0.0
+    staging_s: float = 0.0
+    h2d_bytes: int = 0
+    copy_s: float = 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds the loop ran: waiting plus working."""
+        return self.waited_s + self.busy_s
+
+    @property
+    def input_bound(self) -> float:
+        """The share of the loop's time spent waiting for data, from 0 to 1.
+
+        Near 0 the loop is compute-bound: faster input would not speed it up. Near 1
+        the step waits for every batch: the input pipeline sets the pace.
+        """
+        return self.waited_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def batches_per_s(self) -> float:
+        """Batches per second of the loop's time."""
+        return self.batches / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples per second of the loop's time."""
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def batch_bytes_per_s(self) -> float:
+        """Bytes of batches per second of the loop's time."""
+        return self.batch_bytes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def h2d_bytes_per_s(self) -> float:
+        """Bytes copied to the device per second of the loop's time."""
+        return self.h2d_bytes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def copy_bytes_per_s(self) -> float:
+        """The copies' own speed: bytes per device second of copying (pageable memory is slow)."""
+        return self.h2d_bytes / self.copy_s if self.copy_s > 0 else 0.0
+
+    @property
+    def staging_share(self) -> float:
+        """Of the time spent producing batches, the share of this process's staging.
+
+        Against reading the loader: near 1, pinning and copying are the bottleneck
+        (``pin_slots``, a smaller batch); near 0, the loader is.
+        """
+        produced = self.loader_s + self.staging_s
+        return self.staging_s / produced if produced > 0 else 0.0
+
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """The figures by name, for a logger; the Prefetcher's and CUDA's only where measured.
+
+        Example:
+            >>> sorted(InputStats(batches=2, waited_s=1.0, busy_s=1.0).as_dict("data/"))
+            ['data/batches', 'data/batches_per_s', 'data/busy_s', 'data/input_bound', 'data/waited_s']
+        """
+        figures: dict[str, float] = {
+            "input_bound": self.input_bound,
+            "batches": float(self.batches),
+            "batches_per_s": self.batches_per_s,
+            "waited_s": self.waited_s,
+            "busy_s": self.busy_s,
+        }
+        if self.samples:
+            figures["samples_per_s"] = self.samples_per_s
+        if self.batch_bytes:
+            figures["batch_bytes_per_s"] = self.batch_bytes_per_s
+        if self.staging_s:
+            figures["staging_share"] = self.staging_share
+        if self.h2d_bytes:
+            figures["h2d_bytes_per_s"] = self.h2d_bytes_per_s
+        if self.copy_s:
+            figures["copy_s"] = self.copy_s
+            figures["copy_bytes_per_s"] = self.copy_bytes_per_s
+        return {prefix + name: value for name, value in figures.items()}
+
+    def summary(self) -> str:
+        """One line: the rates, and the share of the time spent waiting for data.
+
+        Example:
+            >>> print(InputStats(batches=40, samples=1280, batch_bytes=4_000_000, waited_s=0.5, busy_s=1.5).summary())
+            40 batches, 1,280 samples in 2.00 s: 20.0 batches/s, 640 samples/s, 2.0 MB/s; input-bound 25% (waited 0.50 s)
+        """
+        parts = [f"{self.batches:,} batches"]
+        if self.samples:
+            parts.append(f"{self.samples:,} samples")
+        rates = [f"{self.batches_per_s:.1f} batches/s"]
+        if self.samples:
+            rates.append(f"{self.samples_per_s:,.0f} samples/s")
+        if self.batch_bytes:
+            rates.append(f"{_size(self.batch_bytes_per_s)}/s")
+        line = f"{', '.join(parts)} in {self.elapsed_s:.2f} s: {', '.join(rates)}; "
+        line += f"input-bound {self.input_bound:.0%} (waited {self.waited_s:.2f} s)"
+        if self.staging_share >= 0.005:
+            line += f"; staging {self.staging_share:.0%} of producing"
+        if self.h2d_bytes:
+            line += f"; {_size(self.h2d_bytes)} to the device"
+            if self.copy_s:
+                line += f" at {_size(self.copy_bytes_per_s)}/s"
+        return line
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# --- counting a batch -----------------------------------------------------------------
+
+
+def _first_length(tree: Any, top: bool, depth: int) -> int:
+    if isinstance(tree, torch.Tensor):
+        return int(tree.shape[0]) if tree.dim() else 0
+    if depth > 8:
+        return 0
+    if isinstance(tree, dict):
+        for value in tree.values():
+            return _first_length(value, False, depth + 1)
+        return 0
+    if isinstance(tree, (list, tuple)):
+        if not top and not hasattr(tree, "_fields"):
+            return len(tree)  # a per-sample list inside the batch
+        return _first_length(tree[0], False, depth + 1) if tree else 0
+    return 0
+
+
+def _tensor_bytes(tree: Any, depth: int) -> int:
+    if isinstance(tree, torch.Tensor):
+        return tree.nbytes
+    if depth > 100:
+        return 0
+    if type(tree) is dict:
+        values: Iterable[Any] = tree.values()
+    else:
+        kind = kind_of(tree)
+        if kind is None:
+            return 0
+        values = kind.children(tree)
+    total = 0
+    for value in values:
+        # Most batches are dicts of tensors: those without a call each.
+        total += value.nbytes if type(value) is torch.Tensor else _tensor_bytes(value, depth + 1)
+    return total
+
+
+def count_batch(batch: Any) -> tuple[int, int]:
+    """``(samples, bytes)`` of a batch, as :class:`InputStats` counts them.
+
+    Example:
+        >>> count_batch({"x": torch.zeros(4, 3), "names": ["a", "b", "c", "d"]})
+        (4, 48)
+        >>> count_batch([torch.zeros(8, 2, dtype=torch.uint8), torch.arange(8)])
+        (8, 80)
+    """
+    carried = getattr(batch, "_pincollate", None)
+    nbytes = carried[0].nbytes if carried is not None else _tensor_bytes(batch, 0)
+    return _first_length(batch, True, 0), nbytes
+
+
+#: Layouts whose counts a counter keeps: one per DataLoader worker, and some to spare.
+_LAYOUTS_KEPT = 64
+
+
+def counter(samples: Callable[[Any], int] | None = None) -> Callable[[Any], tuple[int, int]]:
+    """A :func:`count_batch` that remembers each pincollate layout's counts.
+
+    A layout fixes every shape of its batch, so its samples and bytes are counted
+    once; a batch of a layout seen before costs a lookup. With ``samples`` the samples
+    are the callable's, for every batch.
+    """
+    known: dict[int, tuple[Any, tuple[int, int]]] = {}
+
+    def count(batch: Any) -> tuple[int, int]:
+        carried = getattr(batch, "_pincollate", None)
+        if carried is None or samples is not None:
+            return count_batch(batch) if samples is None else (samples(batch), count_batch(batch)[1])
+        layout = carried[0]
+        found = known.get(id(layout))
+        if found is not None and found[0] is layout:
+            return found[1]
+        counted = count_batch(batch)
+        if len(known) >= _LAYOUTS_KEPT:
+            known.clear()
+        known[id(layout)] = (layout, counted)  # the layout kept alive: its id is not reused
+        return counted
+
+    return count
+
+
+# --- the sums and the clock -----------------------------------------------------------
+
+
+class _Sums:
+    """One epoch's running sums; written and read under the clock's lock.
+
+    The loop's time is one line from ``start``: waits and work in turn, up to ``last``
+    (when the last batch was handed over, or the loop asked past the end). So the work
+    is what of that line was not waiting, and a batch costs no sum for it.
+    """
+
+    __slots__ = (
+        "batch_bytes",
+        "batches",
+        "busy",
+        "h2d_bytes",
+        "last",
+        "loader",
+        "reads_loader",
+        "samples",
+        "staging",
+        "start",
+        "timed_bytes",
+        "timed_s",
+        "waited",
+    )
+
+    def __init__(self, start: float = 0.0, reads_loader: bool = False) -> None:
+        self.batches = self.samples = self.batch_bytes = self.h2d_bytes = self.timed_bytes = 0
+        self.waited = self.busy = self.loader = self.staging = self.timed_s = 0.0
+        self.start = self.last = start
+        # The consumer reads the loader itself: its waits are the loader's time, not summed twice.
+        self.reads_loader = reads_loader
+
+    def work(self) -> float:
+        """Seconds of the loop's own work: this epoch's line less its waits, plus what was folded in."""
+        return self.busy + max(0.0, self.last - self.start - self.waited)
+
+    def fold(self, epoch: _Sums) -> None:
+        """Add a finished epoch's sums (its work and its loader time settled) to these, the run's."""
+        for name in _FOLDED:
+            setattr(self, name, getattr(self, name) + getattr(epoch, name))
+        self.busy += epoch.work() - epoch.busy
+        if epoch.reads_loader:
+            self.loader += epoch.waited
+
+    def stats(self) -> InputStats:
+        # The copies timed stand for all of them: their speed, times the bytes copied.
+        copy_s = self.timed_s * self.h2d_bytes / self.timed_bytes if self.timed_bytes else 0.0
+        return InputStats(
+            self.batches,
+            self.samples,
+            self.batch_bytes,
+            self.waited,
+            self.work(),
+            self.loader + self.waited if self.reads_loader else self.loader,
+            self.staging,
+            self.h2d_bytes,
+            copy_s,
+        )
+
+
+_FOLDED = tuple(name for name in _Sums.__slots__ if name not in ("start", "last", "reads_loader"))
+
+
+class Clock:
+    """The sums of the current epoch and of the run, the epoch's number, its bar and its summary.
+
+    Iterators write a batch's figures with :meth:`step`, on the consumer's thread; the
+    Prefetcher's staging thread adds copy times with :meth:`add_copies`; any thread
+    reads :attr:`epoch` and :attr:`total`.
+    """
+
+    def __init__(self, progress: bool = False, summary: bool | Callable[[str], None] = False):
+        if progress:
+            try:
+                import tqdm  # noqa: F401
+            except ImportError as error:
+                raise ImportError("progress=True needs tqdm: pip install tqdm") from error
+        if not (isinstance(summary, bool) or callable(summary)):
+            raise CollateError(f"summary=... must be a bool or a callable taking a line, got {summary!r}")
+        self.lock = threading.Lock()
+        self.progress = progress
+        self.say: Callable[[str], None] | None = print if summary is True else (summary or None)
+        self.number = -1
+        self._next: int | None = None
+        self._current = _Sums()
+        self._past = _Sums()
+        self._bar: Any = None
+        self._shown = 0.0
+
+    @property
+    def epoch(self) -> InputStats:
+        with self.lock:
+            return self._current.stats()
+
+    @property
+    def total(self) -> InputStats:
+        with self.lock:
+            total = _Sums()
+            total.fold(self._past)
+            total.fold(self._current)
+            return total.stats()
+
+    def reset(self) -> None:
+        with self.lock:
+            self._current, self._past = _Sums(), _Sums()
+            self.number, self._next = -1, None
+
+    def renumber(self, epoch: int) -> None:
+        """``set_epoch(epoch)``: new epoch sums now, and the next iteration is epoch ``epoch``."""
+        with self.lock:
+            self._past.fold(self._current)
+            self._current = _Sums()
+            self._next = epoch
+
+    def begin(self, length: int | None, reads_loader: bool = True) -> _Sums:
+        """A new iteration, starting now: new epoch sums (the last epoch's join the run's), and its bar.
+
+        ``reads_loader``: the consumer reads the loader itself (not a staging thread).
+        """
+        self._close_bar()
+        if self.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=length, desc=f"epoch {self.number + 1}", unit="batch", file=sys.stderr)
+        start = perf_counter()
+        with self.lock:
+            self._past.fold(self._current)
+            sums = self._current = _Sums(start, reads_loader)
+            self.number = self._next if self._next is not None else self.number + 1
+            self._next = None
+        self._shown = start
+        if self._bar is not None:
+            self._bar.set_description_str(f"epoch {self.number}", refresh=False)
+        return sums
+
+    def started(self, sums: _Sums) -> None:
+        """The iteration's start is over (the loader's iterator made): that was waiting."""
+        now = perf_counter()
+        with self.lock:
+            sums.waited += now - sums.start
+            sums.last = now
+
+    def step(self, sums: _Sums, asked: float, got: float, count: tuple[int, int]) -> None:
+        """One batch asked for at ``asked`` and received at ``got``."""
+        lock = self.lock
+        lock.acquire()  # nothing below raises: no try needed
+        sums.batches += 1
+        sums.waited += got - asked
+        sums.samples += count[0]
+        sums.batch_bytes += count[1]
+        sums.last = got
+        lock.release()
+        if self._bar is not None:
+            self._tick(got)
+
+    def step_staged(
+        self,
+        sums: _Sums,
+        asked: float,
+        got: float,
+        count: tuple[int, int],
+        loader: float,
+        staging: float,
+        h2d: int,
+    ) -> None:
+        """:meth:`step` for a Prefetcher batch, with its staging figures."""
+        lock = self.lock
+        lock.acquire()
+        sums.batches += 1
+        sums.waited += got - asked
+        sums.samples += count[0]
+        sums.batch_bytes += count[1]
+        sums.last = got
+        sums.loader += loader
+        sums.staging += staging
+        sums.h2d_bytes += h2d
+        lock.release()
+        if self._bar is not None:
+            self._tick(got)
+
+    def arrive(self, sums: _Sums, at: float, batches: int, count: tuple[int, int]) -> None:
+        """Hooks' :meth:`step`: a step received its batch at ``at``; since the last mark it waited."""
+        with self.lock:
+            sums.batches += batches
+            sums.waited += at - sums.last
+            sums.samples += count[0]
+            sums.batch_bytes += count[1]
+            sums.last = at
+
+    def _tick(self, got: float) -> None:
+        self._bar.update(1)
+        if got - self._shown > _POSTFIX_EVERY:
+            self._shown = got
+            self._bar.set_postfix_str(f"input-bound {self.epoch.input_bound:.0%}", refresh=False)
+
+    def add(self, sums: _Sums, **figures: float) -> None:
+        """Any sums by name (the framework callbacks' slower path)."""
+        with self.lock:
+            for name, value in figures.items():
+                setattr(sums, name, getattr(sums, name) + value)
+
+    def mark(self, sums: _Sums, at: float) -> None:
+        """The loop's line reaches ``at``: the time since the last mark that was not waiting was work."""
+        with self.lock:
+            sums.last = at
+
+    def add_copies(self, sums: _Sums, seconds: float, nbytes: int) -> None:
+        with self.lock:
+            sums.timed_s += seconds
+            sums.timed_bytes += nbytes
+
+    def finish(self, sums: _Sums, asked: float) -> None:
+        """The loop asked past the epoch's end at ``asked``: the last step's work counts, the bar
+        closes, the summary is said."""
+        self.mark(sums, asked)
+        self._close_bar()
+        if self.say is not None and sums is self._current:
+            self.say(f"epoch {self.number}: {self.epoch.summary()}")
+
+    def _close_bar(self) -> None:
+        bar, self._bar = self._bar, None
+        if bar is not None:
+            bar.set_postfix_str(f"input-bound {self.epoch.input_bound:.0%}", refresh=False)
+            bar.close()
+
+
+def pass_epoch(loader: Any, epoch: int) -> None:
+    """``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it;
+    else on the loader itself."""
+    seen: set[int] = set()
+    found = False
+    for name in ("sampler", "batch_sampler", "dataset"):
+        target = getattr(loader, name, None)
+        if target is None or id(target) in seen:
+            continue
+        seen.add(id(target))
+        if callable(getattr(target, "set_epoch", None)):
+            target.set_epoch(epoch)
+            found = True
+    if not found and callable(getattr(loader, "set_epoch", None)):
+        loader.set_epoch(epoch)
+
+
+def length_of(loader: Any) -> int | None:
+    """``len(loader)``, or ``None`` for a loader without one (an iterable dataset's ``DataLoader`` raises)."""
+    try:
+        return len(loader)
+    except (TypeError, NotImplementedError):
+        return None
+
+
+#: What an iterator that meters needs: the clock, the epoch's sums, and how to count a batch.
+Metering = tuple[Clock, _Sums, Callable[[Any], tuple[int, int]]]
+
+
+# --- the wrapper ------------------------------------------------------------------------
+
+
+class InputMeter(Generic[T]):
+    """Iterate any loader, timing how long the loop waits for each batch.
+
+    Wraps a ``DataLoader``, Ray's ``iter_torch_batches``, a torchdata node, a list:
+    anything iterable. Per batch it reads the clock twice and adds a few numbers. Read
+    :attr:`epoch` (the current or last epoch) and :attr:`total` (the run) at any time,
+    from any thread; each is an :class:`InputStats`. ``len()``, ``dataset``,
+    ``sampler``, ``batch_sampler`` and ``set_epoch`` pass through to the loader.
+
+    Args:
+        loader: any iterable of batches.
+        progress: show a tqdm progress bar per epoch with batches/s and the
+            input-bound share.
+        summary: at the end of each epoch, print one line of figures (``True``), or
+            pass it to a callable (``logging.getLogger(...).info``, say).
+        samples: how many samples a batch holds, where the default (the first
+            tensor's length) does not fit.
+
+    What to do with the figures: ``epoch.input_bound`` near 1 means the step waits for
+    data (more ``DataLoader`` workers, ``MMCollate(pin_slots=True)``, a policy that
+    pads less, a transform moved to the GPU); near 0, the model sets the pace.
+
+    Example:
+        >>> import time
+        >>> def slow_batches():
+        ...     for i in range(3):
+        ...         time.sleep(0.02)
+        ...         yield {"x": torch.zeros(4, 2)}
+        >>> meter = InputMeter(slow_batches())
+        >>> for batch in meter:
+        ...     pass
+        >>> meter.epoch.batches, meter.epoch.samples, meter.epoch.input_bound > 0.5
+        (3, 12, True)
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[T],
+        *,
+        progress: bool = False,
+        summary: bool | Callable[[str], None] = False,
+        samples: Callable[[T], int] | None = None,
+    ):
+        if samples is not None and not callable(samples):
+            raise CollateError(f"InputMeter(samples=...) must be a callable taking a batch, got {samples!r}")
+        self.loader: Iterable[T] = loader
+        self._clock = Clock(progress, summary)
+        self._count = counter(samples)
+
+    @property
+    def epoch(self) -> InputStats:
+        """The figures of the current epoch (the last one, between epochs)."""
+        return self._clock.epoch
+
+    @property
+    def total(self) -> InputStats:
+        """The figures of every epoch so far together."""
+        return self._clock.total
+
+    def reset(self) -> None:
+        """Forget every epoch's figures."""
+        self._clock.reset()
+
+    def __iter__(self) -> Iterator[T]:
+        clock = self._clock
+        sums = clock.begin(length_of(self.loader))
+        source = iter(self.loader)
+        clock.started(sums)
+        return _Metered(source, clock, sums, self._count)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset  # type: ignore[attr-defined]
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler  # type: ignore[attr-defined]
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.loader.batch_sampler  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start new epoch figures, and pass ``set_epoch`` to the loader (as the ``Prefetcher`` does)."""
+        pass_epoch(self.loader, epoch)
+        self._clock.renumber(epoch)
+
+
+class _Metered(Iterator[T]):
+    __slots__ = ("_clock", "_count", "_done", "_source", "_sums")
+
+    def __init__(self, source: Iterator[T], clock: Clock, sums: _Sums, count: Callable[[Any], tuple[int, int]]):
+        self._source = source
+        self._clock = clock
+        self._sums = sums
+        self._count = count
+        self._done = False
+
+    def __next__(self) -> T:
+        asked = perf_counter()
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            if not self._done:
+                self._done = True
+                self._clock.finish(self._sums, asked)
+            raise
+        got = perf_counter()
+        self._clock.step(self._sums, asked, got, self._count(batch))
+        return batch
+
+
+# --- told by a framework's hooks --------------------------------------------------------
+
+
+class Timeline:
+    """The same figures told by a training framework's hooks instead of by iterating.
+
+    :meth:`arrived` when a step receives its batch (the time since the last mark was
+    waiting), :meth:`worked` when the loop finished work that is not waiting for data
+    (a step, logging, validation: the time since the last mark was work).
+
+    Example:
+        >>> timeline = Timeline()
+        >>> timeline.begin()
+        >>> timeline.arrived({"x": torch.zeros(8, 2)})
+        >>> timeline.worked()
+        >>> timeline.epoch.batches, timeline.epoch.samples
+        (1, 8)
+    """
+
+    def __init__(self, samples: Callable[[Any], int] | None = None):
+        self.clock = Clock()
+        self._count = counter(samples)
+        self._sums: _Sums | None = None
+
+    @property
+    def epoch(self) -> InputStats:
+        return self.clock.epoch
+
+    @property
+    def total(self) -> InputStats:
+        return self.clock.total
+
+    def begin(self) -> None:
+        """A new epoch: the loop starts waiting for its first batch now."""
+        self._sums = self.clock.begin(None)
+
+    def arrived(self, batch: Any = None, batches: int = 1) -> None:
+        """The step has its batch (``None``: not shown to the hook); ``batches`` counts it."""
+        if self._sums is not None:
+            now = perf_counter()
+            self.clock.arrive(self._sums, now, batches, (0, 0) if batch is None else self._count(batch))
+
+    def count(self, batches: int) -> None:
+        """Batches the step used beyond those :meth:`arrived` counted (gradient accumulation)."""
+        if self._sums is not None:
+            self.clock.add(self._sums, batches=batches)
+
+    def worked(self) -> None:
+        """The loop did its own work since the last mark; it waits for data from now."""
+        if self._sums is not None:
+            self.clock.mark(self._sums, perf_counter())
+
+
+class CopyTimes:
+    """Device time of the Prefetcher's copies, timed on every ``every``-th batch with CUDA events
+    (from the second: the first copy of an epoch may be cold).
+
+    Recorded on the staging thread, read back there once the device has run them, so
+    nothing waits for the device until the epoch's end.
+    """
+
+    def __init__(self, clock: Clock, sums: _Sums, every: int = 16):
+        self.clock = clock
+        self.sums = sums
+        self.every = every
+        self.seen = 0
+        self.pending: deque[tuple[Any, Any, int]] = deque()
+
+    def due(self) -> bool:
+        """Whether this batch's copy is timed."""
+        self.seen += 1
+        return self.seen % self.every == 2 % self.every
+
+    def timed(self, begun: Any, copied: Any, nbytes: int) -> None:
+        self.pending.append((begun, copied, nbytes))
+        self.collect(wait=False)
+
+    def collect(self, wait: bool) -> None:
+        seconds, nbytes = 0.0, 0
+        pending = self.pending
+        while pending and (wait or pending[0][1].query()):
+            begun, copied, size = pending.popleft()
+            copied.synchronize()
+            seconds += begun.elapsed_time(copied) / 1e3
+            nbytes += size
+        if nbytes:
+            self.clock.add_copies(self.sums, seconds, nbytes)

@@ -1,0 +1,483 @@
+"""InputMeter and Prefetcher.stats: is the loop waiting for data?
+
+The accounting is checked exactly on a scripted clock; the loops with real sleeps check
+the share with margins wide enough for a busy machine (sleeps of tens of ms, shares
+compared with 0.3 and 0.7), never a duration.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
+
+import pincollate
+from pincollate import CollateError, InputMeter, InputStats, MMCollate, Pad, Prefetcher, mm_collate
+from pincollate._transfer import meter as meter_module
+from pincollate._transfer.meter import Clock, CopyTimes, Timeline, count_batch, counter
+from pincollate._transfer.staging import Ahead
+
+#: A sleep long against Python's own per-batch work, short enough to keep the suite quick.
+NAP = 0.03
+
+
+class _Slow(torch.utils.data.Dataset):
+    """Samples that take ``nap`` seconds each to load."""
+
+    def __init__(self, n: int = 12, nap: float = 0.0):
+        self.n, self.nap = n, nap
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        if self.nap:
+            time.sleep(self.nap)
+        return {"x": torch.full((3,), float(i)), "label": i}
+
+
+def _drain(batches, step: float = 0.0) -> int:
+    """Iterate like a training loop whose step takes ``step`` seconds."""
+    n = 0
+    for _ in batches:
+        if step:
+            time.sleep(step)
+        n += 1
+    return n
+
+
+class FakeClock:
+    """``perf_counter`` on a script: the data source and the loop move it on by hand."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(meter_module, "perf_counter", fake)
+    return fake
+
+
+def _scripted(clock: FakeClock, n: int, wait: float, batch_size: int = 4):
+    """``n`` batches, each taking ``wait`` seconds of the scripted clock to arrive."""
+    for i in range(n):
+        clock.now += wait
+        yield {"x": torch.zeros(batch_size, 2), "i": torch.full((batch_size,), i)}
+
+
+# --- the accounting, on a scripted clock --------------------------------------------------
+
+
+def test_waits_and_work_are_summed_exactly(clock):
+    meter = InputMeter(_scripted(clock, 5, wait=3.0))
+    for _ in meter:
+        clock.now += 1.0  # the step
+    stats = meter.epoch
+    assert (stats.batches, stats.samples) == (5, 20)
+    assert stats.waited_s == pytest.approx(15.0) and stats.busy_s == pytest.approx(5.0)
+    assert stats.input_bound == pytest.approx(0.75)
+    assert stats.batches_per_s == pytest.approx(0.25) and stats.samples_per_s == pytest.approx(1.0)
+    assert stats.batch_bytes == 5 * (4 * 2 * 4 + 4 * 8) and stats.loader_s == pytest.approx(15.0)
+
+
+def test_starting_the_iteration_is_waiting(clock):
+    class Starting:
+        def __iter__(self):
+            clock.now += 7.0  # workers starting
+            return iter([{"x": torch.zeros(2)}])
+
+    meter = InputMeter(Starting())
+    for _ in meter:
+        clock.now += 1.0
+    assert meter.epoch.waited_s == pytest.approx(7.0) and meter.epoch.busy_s == pytest.approx(1.0)
+
+
+def test_the_figures_read_mid_epoch_are_the_epoch_so_far(clock):
+    meter = InputMeter(_scripted(clock, 4, wait=2.0))
+    seen = []
+    for _ in meter:
+        seen.append((meter.epoch.batches, meter.epoch.waited_s, meter.epoch.busy_s))
+        clock.now += 1.0
+    assert seen == [(1, 2.0, 0.0), (2, 4.0, 1.0), (3, 6.0, 2.0), (4, 8.0, 3.0)]
+
+
+def test_each_iteration_starts_a_new_epoch_and_the_run_adds_them(clock):
+    meter = InputMeter([{"x": torch.zeros(2, 1)}] * 3)
+    for wait in (1.0, 3.0):
+        for _ in meter:
+            clock.now += wait
+    assert meter.epoch.batches == 3 and meter.epoch.busy_s == pytest.approx(9.0)
+    assert meter.total.batches == 6 and meter.total.samples == 12 and meter.total.busy_s == pytest.approx(12.0)
+    meter.reset()
+    assert meter.total == InputStats() and meter.epoch == InputStats()
+
+
+def test_set_epoch_starts_new_figures_and_numbers_the_summary(clock):
+    lines = []
+    meter = InputMeter([{"x": torch.zeros(2)}] * 2, summary=lines.append)
+    for _ in meter:
+        clock.now += 1.0
+    meter.set_epoch(7)
+    assert meter.epoch == InputStats() and meter.total.batches == 2
+    for _ in meter:
+        clock.now += 1.0
+    for _ in meter:
+        pass
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 7", "epoch 8"]
+    assert (
+        lines[0]
+        == "epoch 0: 2 batches, 4 samples in 2.00 s: 1.0 batches/s, 2 samples/s, 8 B/s; input-bound 0% (waited 0.00 s)"
+    )
+
+
+def test_an_early_break_leaves_the_epoch_and_the_next_iteration_starts_afresh(clock):
+    meter = InputMeter([{"x": torch.zeros(3)}] * 5)
+    for i, _ in enumerate(meter):
+        clock.now += 1.0
+        if i == 1:
+            break
+    assert meter.epoch.batches == 2
+    assert _drain(meter) == 5 and meter.epoch.batches == 5 and meter.total.batches == 7
+
+
+def test_an_empty_loader_gives_zero_figures_and_no_division_by_zero():
+    meter = InputMeter([], summary=lambda line: None)
+    assert _drain(meter) == 0
+    stats = meter.epoch
+    assert (stats.batches, stats.samples, stats.batches_per_s, stats.samples_per_s) == (0, 0, 0.0, 0.0)
+    assert InputStats().input_bound == 0.0 and InputStats().copy_bytes_per_s == 0.0
+
+
+def test_timeline_marks_from_hooks(clock):
+    timeline = Timeline()
+    timeline.worked()  # before any epoch: nothing to mark
+    timeline.begin()
+    for _ in range(3):
+        clock.now += 2.0
+        timeline.arrived({"x": torch.zeros(8)})
+        clock.now += 1.0
+        timeline.worked()
+        clock.now += 0.5  # logging after the step: work too
+        timeline.worked()
+    stats = timeline.epoch
+    assert (stats.batches, stats.samples) == (3, 24)
+    assert stats.waited_s == pytest.approx(6.0) and stats.busy_s == pytest.approx(4.5)
+    timeline.arrived(batches=0)
+    timeline.count(2)
+    assert timeline.epoch.batches == 5 and timeline.total.batches == 5
+
+
+# --- what is counted ----------------------------------------------------------------------
+
+
+def test_a_pincollate_batch_counts_its_buffer_and_another_its_tensors():
+    samples = [
+        {"image": torch.zeros(3, 4, 4, dtype=torch.uint8), "ids": torch.arange(i + 1), "name": "a"} for i in range(4)
+    ]
+    ours = MMCollate(fields={"ids": Pad()})(samples)
+    assert count_batch(ours) == (4, ours.layout.nbytes)
+    theirs = default_collate([{k: v for k, v in s.items() if k != "ids"} for s in samples])
+    assert count_batch(theirs) == (4, 4 * 48)
+    assert count_batch((torch.zeros(6, 2), torch.zeros(6))) == (6, 6 * 8 + 6 * 4)
+    assert count_batch({"images": [torch.zeros(3, 2, 2)] * 5, "meta": {"n": 1}}) == (5, 5 * 48)
+    assert count_batch("not a batch") == (0, 0)
+
+
+def test_samples_can_be_counted_by_the_user():
+    meter = InputMeter([{"x": torch.zeros(2, 7)}] * 3, samples=lambda batch: batch["x"].shape[1])
+    _drain(meter)
+    assert meter.epoch.samples == 21
+    with pytest.raises(CollateError, match="samples"):
+        InputMeter([], samples=3)
+
+
+def test_a_layout_is_counted_once(monkeypatch):
+    calls = []
+    original = meter_module.count_batch
+    monkeypatch.setattr(meter_module, "count_batch", lambda batch: calls.append(1) or original(batch))
+    count = counter()
+    same = [mm_collate([{"x": torch.zeros(2)}] * 4) for _ in range(3)]
+    other = mm_collate([{"x": torch.zeros(50)}] * 4)
+    size = same[0].layout.nbytes
+    assert [count(b) for b in same] == [(4, size)] * 3 and len(calls) == 1
+    assert count(other) == (4, other.layout.nbytes) and len(calls) == 2
+    assert count(same[0]) == (4, size) and len(calls) == 2
+    assert count({"x": torch.zeros(3)}) == (3, 12) and len(calls) == 3  # not a pincollate batch: counted each time
+
+
+# --- real loops, real sleeps -------------------------------------------------------------
+
+
+def test_a_loop_with_slow_data_is_input_bound():
+    meter = InputMeter(DataLoader(_Slow(nap=NAP), batch_size=2, collate_fn=mm_collate))
+    assert _drain(meter) == 6
+    assert meter.epoch.input_bound > 0.7, meter.epoch  # ~0.99: the step does nothing
+
+
+def test_a_loop_with_a_slow_model_is_not_input_bound():
+    meter = InputMeter(DataLoader(_Slow(), batch_size=2, collate_fn=mm_collate))
+    assert _drain(meter, step=NAP) == 6
+    assert meter.epoch.input_bound < 0.3, meter.epoch  # ~0.01: loading takes microseconds
+
+
+@pytest.mark.parametrize("slow", ["data", "model"])
+def test_the_prefetcher_says_the_same(slow):
+    loader = DataLoader(_Slow(nap=NAP if slow == "data" else 0.0), batch_size=2, collate_fn=mm_collate)
+    prefetcher = Prefetcher(loader, device="cpu")
+    assert _drain(prefetcher, step=NAP if slow == "model" else 0.0) == 6
+    stats = prefetcher.stats.epoch
+    assert (stats.batches, stats.samples) == (6, 12)
+    assert stats.input_bound > 0.7 if slow == "data" else stats.input_bound < 0.3, stats
+
+
+def test_a_slow_transform_is_staging_not_reading():
+    def transform(batch):
+        time.sleep(NAP)
+        return batch
+
+    prefetcher = Prefetcher(DataLoader(_Slow(), batch_size=2, collate_fn=mm_collate), device="cpu", transform=transform)
+    _drain(prefetcher)
+    stats = prefetcher.stats.epoch
+    assert stats.staging_share > 0.7 and stats.input_bound > 0.7, stats
+
+
+@pytest.mark.slow
+def test_workers_that_cannot_keep_up_show_as_input_bound():
+    loader = DataLoader(_Slow(n=16, nap=NAP), batch_size=2, collate_fn=mm_collate, num_workers=2, timeout=60)
+    meter = InputMeter(loader)
+    assert _drain(meter) == 8 and meter.epoch.input_bound > 0.7, meter.epoch
+
+
+def test_the_staging_thread_figures_travel_with_the_batch():
+    # The threaded path the Prefetcher takes on CUDA, driven on CPU: the read is timed on the
+    # staging thread, the wait on the consumer's, and a handed-over batch counts as copied.
+    clock = Clock()
+    sums = clock.begin(4, reads_loader=False)
+
+    size = mm_collate([{"x": torch.zeros(3)}] * 2).layout.nbytes
+
+    def slow_batches():
+        for _ in range(4):
+            time.sleep(NAP)
+            yield mm_collate([{"x": torch.zeros(3)}] * 2)
+
+    ahead = Ahead(
+        slow_batches(), 2, lambda b: b, torch.device("cpu"), hand=lambda b: b, metering=(clock, sums, counter())
+    )
+    assert _drain(ahead) == 4
+    stats = clock.epoch
+    assert (stats.batches, stats.samples, stats.batch_bytes, stats.h2d_bytes) == (4, 8, 4 * size, 4 * size)
+    assert stats.loader_s > 3 * NAP and stats.input_bound > 0.7, stats
+
+
+class _Event:
+    """A CUDA event's part that CopyTimes uses: done or not, and the time since another."""
+
+    def __init__(self, done: bool, ms: float = 0.0):
+        self.done, self.ms = done, ms
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.ms
+
+
+def test_the_copies_timed_stand_for_every_copy():
+    clock = Clock()
+    sums = clock.begin(None, reads_loader=False)
+    copies = CopyTimes(clock, sums, every=2)
+    assert [copies.due() for _ in range(5)] == [False, True, False, True, False]
+    copies.timed(_Event(True), _Event(False, 40.0), 1000)  # still running on the device
+    copies.timed(_Event(True), _Event(True, 10.0), 1000)  # done, but read back in order
+    assert clock.epoch.copy_s == 0 and len(copies.pending) == 2
+    copies.collect(wait=True)  # the epoch's end
+    assert not copies.pending
+    clock.step_staged(sums, 0.0, 1.0, (4, 4000), 0.0, 0.0, 4000)
+    # 2,000 bytes timed in 50 ms: the 4,000 copied took 100 ms at 40 kB/s.
+    assert clock.epoch.copy_s == pytest.approx(0.1) and clock.epoch.copy_bytes_per_s == pytest.approx(4e4)
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+def test_figures_read_on_another_thread_are_whole():
+    batches = [mm_collate([{"x": torch.zeros(3)}] * 4) for _ in range(64)]
+    meter = InputMeter(batches * 50)
+    snapshots, stop = [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            snapshots.append(meter.epoch)
+
+    reader = threading.Thread(target=read)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a torn read would show
+    reader.start()
+    try:
+        for _ in range(3):
+            _drain(meter)
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert len(snapshots) > 10
+    size = batches[0].layout.nbytes
+    # Figures of one moment: counts that go together, and the loader's time (the waits, read
+    # again after the work is worked out) equal to the waits.
+    assert all(
+        s.samples == 4 * s.batches and s.batch_bytes == size * s.batches and s.loader_s == s.waited_s for s in snapshots
+    )
+
+
+def test_a_batch_is_counted_under_the_lock_readers_take():
+    # Under CPython's GIL the sums above stay whole even without the lock (no thread switch
+    # inside a run of updates without a call); free-threaded Python switches anywhere.
+    meter = InputMeter([{"x": torch.zeros(2)}] * 2)
+    iterator = iter(meter)
+    taken = threading.Event()
+
+    def take():
+        next(iterator)
+        taken.set()
+
+    with meter._clock.lock:
+        thread = threading.Thread(target=take)
+        thread.start()
+        assert not taken.wait(0.2)  # held at the lock (without it, done in microseconds)
+    assert taken.wait(60)
+    thread.join()
+    assert meter.epoch.batches == 1
+
+
+def test_two_meters_on_two_threads_keep_their_own_figures():
+    meters = [InputMeter([{"x": torch.zeros(k, 1)}] * 500) for k in (2, 3)]
+    threads = [threading.Thread(target=_drain, args=(m,)) for m in meters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(m.epoch.batches, m.epoch.samples) for m in meters] == [(500, 1000), (500, 1500)]
+
+
+# --- what passes through, what is refused -------------------------------------------------
+
+
+def test_len_attributes_and_set_epoch_pass_through():
+    data = list(range(16))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=1)
+    loader = DataLoader(data, batch_size=4, sampler=sampler, collate_fn=mm_collate)
+    meter = InputMeter(loader)
+    assert len(meter) == 2 and meter.dataset is loader.dataset
+    assert meter.sampler is sampler and meter.batch_sampler is loader.batch_sampler
+    meter.set_epoch(3)
+    assert sampler.epoch == 3
+    with pytest.raises(TypeError):
+        len(InputMeter(iter([])))
+
+
+def test_a_plain_iterable_with_its_own_set_epoch_gets_it():
+    class Source(list):
+        epoch = None
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    source = Source([{"x": torch.zeros(1)}])
+    InputMeter(source).set_epoch(4)
+    assert source.epoch == 4
+
+
+def test_prefetcher_without_stats_has_none_to_show():
+    prefetcher = Prefetcher([{"x": torch.zeros(1)}], device="cpu", stats=False)
+    assert _drain(prefetcher) == 1
+    with pytest.raises(CollateError, match="stats=False"):
+        prefetcher.stats  # noqa: B018
+    with pytest.raises(CollateError, match="need stats=True"):
+        Prefetcher([], device="cpu", stats=False, progress=True)
+
+
+def test_prefetcher_set_epoch_starts_new_figures():
+    prefetcher = Prefetcher([{"x": torch.zeros(2)}] * 3, device="cpu")
+    _drain(prefetcher)
+    prefetcher.set_epoch(1)
+    assert prefetcher.stats.epoch.batches == 0 and prefetcher.stats.total.batches == 3
+
+
+def test_summary_must_be_a_bool_or_a_callable():
+    with pytest.raises(CollateError, match="summary"):
+        InputMeter([], summary="yes")
+
+
+# --- the bar and the summary ----------------------------------------------------------------
+
+
+def test_the_progress_bar_shows_the_input_bound_share(capsys):
+    pytest.importorskip("tqdm")
+    meter = InputMeter(DataLoader(_Slow(nap=NAP), batch_size=2, collate_fn=mm_collate), progress=True)
+    _drain(meter)
+    err = capsys.readouterr().err
+    assert "epoch 0" in err and "6/6" in err and "input-bound" in err
+
+
+def test_summary_true_prints_one_line_an_epoch(capsys):
+    prefetcher = Prefetcher([{"x": torch.zeros(4, 2)}] * 3, device="cpu", summary=True)
+    _drain(prefetcher)
+    _drain(prefetcher)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
+    assert "3 batches, 12 samples in" in lines[0] and "input-bound" in lines[0]
+
+
+def test_the_stats_reads_as_one_line_and_a_dict():
+    stats = InputStats(
+        batches=100,
+        samples=3200,
+        batch_bytes=10**9,
+        waited_s=1.0,
+        busy_s=3.0,
+        loader_s=0.5,
+        staging_s=0.5,
+        h2d_bytes=10**9,
+        copy_s=0.1,
+    )
+    assert stats.summary() == (
+        "100 batches, 3,200 samples in 4.00 s: 25.0 batches/s, 800 samples/s, 250.0 MB/s; "
+        "input-bound 25% (waited 1.00 s); staging 50% of producing; 1.0 GB to the device at 10.0 GB/s"
+    )
+    figures = stats.as_dict("data/")
+    assert figures["data/input_bound"] == 0.25 and figures["data/copy_bytes_per_s"] == pytest.approx(1e10)
+    assert figures["data/h2d_bytes_per_s"] == pytest.approx(2.5e8) and figures["data/staging_share"] == 0.5
+
+
+def test_public_names():
+    assert pincollate.InputMeter is InputMeter and pincollate.InputStats is InputStats
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        pincollate.NoSuchThing  # noqa: B018
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_cuda_copies_are_counted_and_timed():
+    data = [{"x": torch.full((64, 64), float(i)), "i": i} for i in range(64)]
+    prefetcher = Prefetcher(DataLoader(data, batch_size=2, collate_fn=mm_collate), device="cuda")
+    for batch in prefetcher:
+        assert bool((batch["x"][:, 0, 0] == batch["i"].to("cuda", torch.float32)).all())
+    stats = prefetcher.stats.epoch
+    per_batch = mm_collate(data[:2]).layout.nbytes
+    assert stats.batches == 32 and stats.h2d_bytes == 32 * per_batch == stats.batch_bytes
+    assert stats.copy_s > 0 and stats.copy_bytes_per_s > 0 and stats.staging_s > 0
