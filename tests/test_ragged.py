@@ -22,7 +22,7 @@ from pincollate._plan.packed import ConcatRecipe
 from pincollate._plan.ragged import MixedNumbers, PadRecipe
 from pincollate._plan.recipe import Arrays, NumberLists, array_tensors
 from pincollate._plan.rows import PerSampleRecipe
-from samples import UserTensor, assert_identical, assert_one_buffer
+from samples import UserTensor, assert_identical, assert_one_buffer, assert_same_outcome, careful_walk
 
 
 def _ids(lengths: list[int], dtype: torch.dtype = torch.int64, trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
@@ -676,18 +676,6 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
     assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
 
 
-def _assert_same_outcome(collate: MMCollate, reference: MMCollate, batch: list[Any]) -> None:
-    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or an error of the same text."""
-    try:
-        expected = reference(batch)
-    except CollateError as error:
-        with pytest.raises(CollateError) as warm:
-            collate(batch)
-        assert str(warm.value) == str(error)
-    else:
-        assert_identical(collate(batch), expected)
-
-
 def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(careful_only):
     for settings in (
         {"fields": {"ids": Stack()}},  # items that do not stack: the careful error
@@ -697,7 +685,7 @@ def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(c
         collate = MMCollate(pin_memory=False, **settings)
         reference = careful_only(**settings)
         for batch in (_items([[2, 2], [2, 2]]), _items([[2, 3], [1]]), _items([[4], [4, 4]])):
-            _assert_same_outcome(collate, reference, batch)
+            assert_same_outcome(collate, reference, batch)
 
 
 def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(careful_only):
@@ -705,7 +693,7 @@ def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(carefu
     reference = careful_only()
     collate(_numbers([1, 2.5]))  # planned: a recipe
     for batch in (_numbers([1, 2.5j]), _numbers([1, np.float32(2.5)]), _numbers([1.5, "2"]), _numbers([1, 2**64])):
-        _assert_same_outcome(collate, reference, batch)
+        assert_same_outcome(collate, reference, batch)
     assert_identical(collate(_numbers([3, 0.5])), reference(_numbers([3, 0.5])))
 
 
@@ -965,3 +953,22 @@ def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
     for counts in ([[0, 2], [1]], [[0], [3, 0]]):
         items(_items(counts))
     assert len(seen) == 6
+
+
+@pytest.mark.parametrize("policy", [Jagged(), Concat(), Pad()], ids=["jagged", "concat", "pad"])
+def test_a_ragged_policy_is_for_tensor_fields_and_a_warm_collate_keeps_to_it_when_a_dtype_changes(policy):
+    # ragged= names no field, so, as the careful walk, it never applies to a list: token ids
+    # as Python lists, or a sample's items, stay lists whatever their dtype.
+    collate = MMCollate(pin_memory=False, ragged=policy)
+    reference = careful_walk(ragged=policy)
+    for batch in (
+        _items([[1, 2], [3, 1]]),  # lists of one length: transposed, each position a field
+        _lists([3, 2]),
+        _lists([3, 2], kind=float),
+        _lists([2, 4]),
+        _items([[2, 1], [3]]),
+        [{"ids": [t.double() for t in sample["ids"]]} for sample in _items([[2, 1], [3]])],
+        _ids([3, 1]),
+        _ids([3, 1], dtype=torch.float16),
+    ):
+        assert_same_outcome(collate, reference, batch)

@@ -167,12 +167,14 @@ class CarefulOp(Op):
             if self.siblings is None:
                 raise CollateError(
                     f"the policy for this field returns {sorted(extras)}, which need a parent mapping; set their *_key arguments to None",
+                    sample=0,  # as the careful walk blames it
                     path=self.path,
                 )
             for name in extras:
                 if name in self.siblings:
                     raise CollateError(
                         f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key",
+                        sample=0,
                         path=self.path[:-1],
                     )
         spec = fill.place(node)
