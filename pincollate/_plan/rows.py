@@ -130,20 +130,25 @@ class Arrays:
 
 
 class Rows:
-    """Mappings of one class and key order: a column per key, one mapping per value built over them."""
+    """Mappings of one class and key order: a column per key, one mapping per value built over them.
 
-    __slots__ = ("cls", "columns", "gather", "keys", "types")
+    Each value's keys must be the plan's and of the same types: ``True == 1`` and they
+    hash alike, but the careful planner keeps each sample's own key objects.
+    """
+
+    __slots__ = ("cls", "columns", "gather", "key_types", "keys", "types")
 
     def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[Column]):
         self.types = frozenset((cls,))
         self.cls = container_cls(cls, dict)
         self.keys = tuple(keys)
+        self.key_types = tuple(map(type, self.keys))
         self.columns = tuple(columns)
         # One C-level call per mapping gathers its row; zip turns rows into columns.
         self.gather: Any = operator.itemgetter(*self.keys)
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        if set(map(type, values)) != self.types or any(tuple(value) != self.keys for value in values):
+        if set(map(type, values)) != self.types or not all(map(self._same_keys, values)):
             return None
         rows = map(self.gather, values)
         columns = [list(rows)] if len(self.keys) == 1 else list(zip(*rows, strict=True))
@@ -154,6 +159,9 @@ class Rows:
                 return None
             specs.append(spec)
         return RowsSpec(self.cls, self.keys, specs)
+
+    def _same_keys(self, value: Any) -> bool:
+        return tuple(value) == self.keys and tuple(map(type, value)) == self.key_types
 
 
 class Groups:
@@ -207,8 +215,9 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
     first = values[0]
     if len(types) == 1 and kind_of(first) is MAPPING and len(first):
         keys = tuple(first)
-        if any(tuple(value) != keys for value in values):
-            return None
+        key_types = tuple(map(type, keys))
+        if any(tuple(value) != keys or tuple(map(type, value)) != key_types for value in values):
+            return None  # True == 1: the careful planner keeps each sample's own keys
         columns = []
         for key in keys:
             found = column_for([value[key] for value in values], depth + 1)
