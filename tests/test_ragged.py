@@ -1008,3 +1008,25 @@ def test_pad_fills_dtypes_without_a_scatter_kernel_by_their_bits(dtype, shapes, 
             assert torch.equal(torch.view_as_real(out["x"]).float(), torch.view_as_real(expected).float())
         assert out["x_lengths"].tolist() == lengths and torch.equal(out["x_mask"], mask)
         assert_one_buffer(out)
+
+
+@pytest.mark.parametrize(
+    "settings, build",
+    [
+        ({}, lambda n: torch.nn.Parameter(torch.arange(float(n)))),
+        ({"fields": {"x": AsList()}}, lambda n: torch.nn.Parameter(torch.arange(float(n)))),
+        ({"fields": {"x": PerSample()}}, lambda n: {"w": torch.nn.Parameter(torch.arange(float(n))), "id": n}),
+        ({"fields": {"x": PerSample()}}, lambda n: [torch.nn.Parameter(torch.arange(float(n)))] * (n - 1)),
+    ],
+    ids=["none", "aslist", "persample-dict", "persample-list"],
+)
+def test_ragged_parameters_are_listed_as_plain_tensors_as_stack_gives_them(settings, build):
+    # torch.stack gives a Parameter column a plain tensor (its __torch_function__ is off): listed, each
+    # sample's value is a plain tensor too, warm or careful.
+    collate, reference = MMCollate(pin_memory=False, **settings), careful_walk(**settings)
+    for lengths in ([3, 2], [1, 4, 2], [3, 2]):
+        batch = [{"x": build(n)} for n in lengths]
+        out = assert_same_outcome(collate, reference, batch)
+        assert all(type(t) is torch.Tensor for t in tensors(out))
+        assert_one_buffer(out)
+        assert_identical(pickle.loads(pickle.dumps(out)), out)
