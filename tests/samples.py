@@ -414,16 +414,14 @@ def _metadata(t: torch.Tensor) -> dict[str, Any]:
 
 
 def careful_walk(**settings: Any) -> Any:
-    """A collate that walks every batch carefully from its root: the reference for any warm collate.
+    """A collate that walks every batch carefully (``compile=False``): the reference for any warm collate.
 
-    The careful walk is the one definition of a batch; the plan cache, the template's ops
-    and the recipes must give exactly what it gives.
+    The careful walk is the one definition of a batch; the compiled plans and the recipes
+    must give exactly what it gives.
     """
     from pincollate import MMCollate
 
-    collate = MMCollate(pin_memory=False, **settings)
-    collate._plans.careful.add(())  # the root planned anew for each batch: no op, no recipe
-    return collate
+    return MMCollate(pin_memory=False, compile=False, **settings)
 
 
 def assert_same_outcome(collate: Any, reference: Any, batch: list[Any]) -> Any:
