@@ -169,20 +169,22 @@ def _padded_1d(
         # Row-major order of the valid places is each value's own order, sample by sample.
         if valid is None:
             valid = valid_1d(lengths, size, left)
+        if dim == 0 and numpy_dtype(region.dtype) is not None:
+            # numpy's boolean assignment: the masked scatter, at half its cost.
+            region.numpy()[valid] = torch.cat(nonempty(values, lengths)).numpy()
+            return
         # Padding moves bits: where numpy (float8, complex32) or masked_scatter_ (those, and
         # unsigned ints past uint8) has no kernel for the dtype, an integer of its size does.
         bits = _BITS.get(region.element_size())
-        target = region if numpy_dtype(region.dtype) is not None or bits is None else region.view(bits)
-        if dim == 0 and numpy_dtype(target.dtype) is not None:
-            # numpy's boolean assignment: the masked scatter, at half its cost.
-            target.numpy()[valid] = torch.cat(nonempty(values, lengths)).view(target.dtype).numpy()
-            return
+        if bits is not None:
+            region = region.view(bits)
+            if dim == 0:
+                region.numpy()[valid] = torch.cat(nonempty(values, lengths)).view(bits).numpy()
+                return
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
         shape[dim + 1] = size
         source = torch.cat([v.reshape(-1) for v in values])
-        if bits is not None:
-            region, source = region.view(bits), source.view(bits)
-        region.masked_scatter_(torch.from_numpy(valid).view(shape), source)
+        region.masked_scatter_(torch.from_numpy(valid).view(shape), source.view(region.dtype))
         return
     for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
         region[i].narrow(dim, size - length if left else 0, length).copy_(item)

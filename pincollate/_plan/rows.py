@@ -129,6 +129,9 @@ class Arrays:
         return None if tensors is None else self.tensors.place(tensors, fill)
 
 
+_TYPE = itertools.repeat(type)
+
+
 class Rows:
     """Mappings of one class and key order: a column per key, one mapping per value built over them.
 
@@ -142,13 +145,18 @@ class Rows:
         self.types = frozenset((cls,))
         self.cls = container_cls(cls, dict)
         self.keys = tuple(keys)
-        self.key_types = tuple(map(type, self.keys))
+        #: Each value's key types, read at C speed (``map(type, value)`` for every value).
+        self.key_types = {tuple(map(type, self.keys))}
         self.columns = tuple(columns)
         # One C-level call per mapping gathers its row; zip turns rows into columns.
         self.gather: Any = operator.itemgetter(*self.keys)
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        if set(map(type, values)) != self.types or not all(map(self._same_keys, values)):
+        if (
+            set(map(type, values)) != self.types
+            or any(tuple(value) != self.keys for value in values)
+            or set(map(tuple, map(map, _TYPE, values))) != self.key_types
+        ):
             return None
         rows = map(self.gather, values)
         columns = [list(rows)] if len(self.keys) == 1 else list(zip(*rows, strict=True))
@@ -159,9 +167,6 @@ class Rows:
                 return None
             specs.append(spec)
         return RowsSpec(self.cls, self.keys, specs)
-
-    def _same_keys(self, value: Any) -> bool:
-        return tuple(value) == self.keys and tuple(map(type, value)) == self.key_types
 
 
 class Groups:
