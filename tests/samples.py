@@ -411,3 +411,32 @@ def assert_identical(ours: Any, theirs: Any, path: str = "batch") -> None:
 
 def _metadata(t: torch.Tensor) -> dict[str, Any]:
     return {name: getattr(t, name) for name in ("format", "canvas_size", "clamping_mode") if hasattr(t, name)}
+
+
+def careful_walk(**settings: Any) -> Any:
+    """A collate that walks every batch carefully (``compile=False``): the reference for any warm collate.
+
+    The careful walk is the one definition of a batch; the compiled plans and the recipes
+    must give exactly what it gives.
+    """
+    from pincollate import MMCollate
+
+    return MMCollate(pin_memory=False, compile=False, **settings)
+
+
+def assert_same_outcome(collate: Any, reference: Any, batch: list[Any]) -> Any:
+    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or a ``CollateError`` of the same text."""
+    import pytest
+
+    from pincollate import CollateError
+
+    try:
+        expected = reference(batch)
+    except CollateError as error:
+        with pytest.raises(CollateError) as warm:
+            collate(batch)
+        assert str(warm.value) == str(error)
+        return None
+    ours = collate(batch)
+    assert_identical(ours, expected)
+    return ours

@@ -12,7 +12,18 @@ from torch.utils.data import default_collate
 
 import pincollate
 from pincollate import Batch, BatchList, CollateError, MMCollate, mm_collate
-from samples import PARITY, RAGGED, Frozen, Point, Record, assert_one_buffer, assert_same, storages
+from samples import (
+    PARITY,
+    RAGGED,
+    Frozen,
+    Point,
+    Record,
+    UserTensor,
+    assert_identical,
+    assert_one_buffer,
+    assert_same,
+    storages,
+)
 
 
 @pytest.mark.parametrize("name", sorted(PARITY))
@@ -371,3 +382,24 @@ def test_a_sample_that_refers_to_itself_is_named_the_same_fresh_or_warm():
             collate(_self_referencing())
         messages.append(str(info.value))
     assert messages == ["sample 0 at ['me']: the sample refers to itself: this object is also at root"] * 3
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        [np.zeros(2, dtype=np.float32), torch.ones(2).as_subclass(UserTensor)],
+        [np.zeros(2), torch.ones(2).as_subclass(UserTensor)],
+        [np.zeros(2, dtype=np.float32), torch.nn.Parameter(torch.ones(2))],  # stacks plain
+        [np.float32(1.0), torch.ones(()).as_subclass(UserTensor)],
+        [1.5, torch.ones(()).as_subclass(UserTensor)],
+    ],
+    ids=["array-subclass", "float64-array-subclass", "array-parameter", "np-scalar-subclass", "float-subclass"],
+)
+def test_a_column_mixing_arrays_or_numbers_with_a_subclass_has_default_collates_class(column):
+    batch = [{"x": value} for value in column]
+    expected = default_collate(batch)
+    collate = MMCollate(pin_memory=False)
+    for _ in range(2):  # planned, then warm
+        out = collate(batch)
+        assert_identical(out["x"], expected["x"])
+        assert_one_buffer(out)

@@ -125,3 +125,24 @@ def test_unpack_takes_one_packed_batch_at_a_time():
     two = {key: np.concatenate([value, value]) for key, value in row.items()}
     with pytest.raises(CollateError, match="batch_size=1"):
         collate.unpack(two)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bfloat16", "float8"])
+@pytest.mark.parametrize("policy", [None, Pad(), AsList()], ids=["dense", "pad", "aslist"])
+def test_a_tensor_column_of_a_dtype_numpy_lacks_is_collated(dtype, policy):
+    column = (torch.arange(6.0).reshape(2, 3) / 4).to(dtype)
+    batch = ColumnCollate(pin_memory=False, fields={"x": policy} if policy else None)({"x": column})
+    rows = batch["x"] if policy is None or isinstance(policy, Pad) else torch.stack(batch["x"])
+    assert rows.dtype == dtype and torch.equal(rows.view(torch.uint8), column.view(torch.uint8))
+    assert_one_buffer(batch)
+
+
+@pytest.mark.parametrize(
+    "column", [torch.tensor(1.5), np.array(1.5), torch.tensor(1.5, dtype=torch.bfloat16), np.array("a"), 5]
+)
+@pytest.mark.parametrize("policy", [None, Pad()], ids=["none", "pad"])
+def test_a_value_without_rows_is_refused_naming_the_column(column, policy):
+    collate = ColumnCollate(pin_memory=False, fields={"x": policy} if policy else None)
+    with pytest.raises(CollateError, match=r"a column must have one row per sample|expected a column") as info:
+        collate({"y": np.arange(2), "x": column})
+    assert info.value.path == ("x",)

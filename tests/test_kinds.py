@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from pincollate import CollateError, MMCollate, Pad, register_container, to_device
 from pincollate._plan.careful import Planner
 from pincollate._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, registered
-from samples import assert_identical, assert_one_buffer
+from samples import assert_identical, assert_one_buffer, careful_walk
 
 
 class Point:
@@ -233,3 +233,23 @@ def test_registered_containers_cross_from_workers():
         expected = _expected([s["point"] for s in dataset[4 * k : 4 * k + 4]])
         assert batch["point"] == expected
         assert_identical(batch["label"], torch.arange(4 * k, 4 * k + 4))
+
+
+class Bag:
+    """A registered container whose keys are the value's own (numbers, say)."""
+
+    def __init__(self, keys: list[Any], values: list[Any]):
+        self.keys, self.values = keys, values
+
+
+register_container(Bag, lambda b: (b.keys, b.values), lambda keys, values: Bag(list(keys), list(values)))
+
+
+def test_a_warm_registered_container_keeps_key_types_as_the_careful_walk():
+    # True == 1 and they hash alike: a plan keyed 1 does not describe a batch keyed True.
+    collate, reference = MMCollate(pin_memory=False), careful_walk()
+    for key in (1, True, 1.0, 1):
+        batch = [Bag([key], [torch.full((2,), float(i))]) for i in range(2)]
+        ours, theirs = collate(batch), reference(batch)
+        assert list(map(type, ours.keys)) == list(map(type, theirs.keys)) == [type(key)]
+        assert_identical(ours.values, theirs.values)

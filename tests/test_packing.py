@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pincollate import CollateError, Concat, Jagged, MMCollate, to_device
-from samples import storages
+from samples import assert_same_outcome, careful_walk, storages
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -94,3 +94,29 @@ def test_concat_refuses_rows_past_its_int32_offsets():
         MMCollate(fields={"x": Concat()})([{"x": big}, {"x": big}])
     jagged = MMCollate(fields={"x": Jagged()})([{"x": big}, {"x": big}])
     assert jagged["x"].offsets().tolist() == [0, INT32_MAX // 2 + 1, INT32_MAX + 1]
+
+
+@pytest.mark.parametrize("policy", [Concat(), Jagged()], ids=["concat", "jagged"])
+@pytest.mark.parametrize("items", [False, True], ids=["values", "items"])
+def test_boxes_beside_plain_tensors_concatenate_plain_and_two_tv_kinds_name_the_sample(policy, items):
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+
+    def batch(*values: torch.Tensor) -> list[dict]:
+        return [{"b": [value] if items else value} for value in values]
+
+    boxes = tv_tensors.BoundingBoxes(torch.arange(8.0).reshape(2, 4), format="XYXY", canvas_size=(10, 10))
+    plain = torch.ones(3, 4)
+    collate, reference = MMCollate(pin_memory=False, fields={"b": policy}), careful_walk(fields={"b": policy})
+    for values in ((boxes, plain), (plain, boxes), (boxes, boxes)):
+        out = assert_same_outcome(collate, reference, batch(*values))
+        flat = out["b"].values() if isinstance(policy, Jagged) else out["b"]
+        assert torch.equal(flat, torch.cat([v.as_subclass(torch.Tensor) for v in values]))
+        # torch.cat gives boxes beside plain tensors as a plain tensor; boxes alone keep their class.
+        kept = isinstance(policy, Concat) and not isinstance(policy, Jagged) and all(v is boxes for v in values)
+        assert type(flat) is (tv_tensors.BoundingBoxes if kept else torch.Tensor)
+    # An image beside a mask: torch.cat refuses the two tv_tensors kinds together.
+    image, mask = tv_tensors.Image(torch.zeros(1, 2, 2)), tv_tensors.Mask(torch.zeros(2, 2, 2))
+    for make in (collate, reference):
+        with pytest.raises(CollateError, match="Mask here does not concatenate with Image in sample 0") as info:
+            make(batch(image, mask))
+        assert info.value.sample == 1 and info.value.path == (("b", 0) if items else ("b",))

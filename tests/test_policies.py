@@ -8,7 +8,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
-from samples import assert_same, storages
+from samples import UserTensor, assert_identical, assert_same, careful_walk, storages
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -120,6 +120,27 @@ def test_items_fall_back_to_a_list():
     a, b, c, _ = _abcd()
     out = MMCollate(sequences="items")([{"img": [a, b]}, {"img": [c]}])
     assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
+
+
+@pytest.mark.parametrize("first, second", [("image", "mask"), ("mask", "image")])
+def test_items_of_two_tv_tensor_kinds_in_two_samples_name_the_sample(first, second):
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    kinds = {"image": tv_tensors.Image, "mask": tv_tensors.Mask}
+    batch = [{"x": [kinds[first](torch.zeros(1, 2, 2))]}, {"x": [kinds[second](torch.zeros(1, 2, 2))]}]
+    names = {"image": "Image", "mask": "Mask"}
+    expected = f"{names[second]} items here do not stack with {names[first]} items in sample 0"
+    for collate in (MMCollate(pin_memory=False, sequences="items"), careful_walk(sequences="items")):
+        with pytest.raises(CollateError, match=expected) as info:
+            collate(batch)
+        assert info.value.sample == 1 and info.value.path == ("x",)
+
+
+def test_items_of_a_subclass_beside_plain_items_stack_to_the_subclass_as_torch_stack_does():
+    batch = [{"x": [torch.zeros(2)]}, {"x": [torch.ones(2).as_subclass(UserTensor)]}]
+    out = MMCollate(pin_memory=False, sequences="items")(batch)
+    expected = torch.stack([torch.stack([v["x"][0]]) for v in batch])
+    assert type(expected) is UserTensor
+    assert_identical(out["x"], expected)
 
 
 def test_items_deeper_nesting():

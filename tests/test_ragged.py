@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from pincollate._plan.packed import ConcatRecipe
 from pincollate._plan.ragged import MixedNumbers, PadRecipe
 from pincollate._plan.recipe import Arrays, NumberLists, array_tensors
 from pincollate._plan.rows import PerSampleRecipe
-from samples import UserTensor, assert_identical, assert_one_buffer
+from samples import UserTensor, assert_identical, assert_one_buffer, assert_same_outcome, careful_walk
 
 
 def _ids(lengths: list[int], dtype: torch.dtype = torch.int64, trailing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
@@ -676,18 +677,6 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
     assert_identical(collate(_pil([(1, 3), (3, 1)])), reference(_pil([(1, 3), (3, 1)])))
 
 
-def _assert_same_outcome(collate: MMCollate, reference: MMCollate, batch: list[Any]) -> None:
-    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or an error of the same text."""
-    try:
-        expected = reference(batch)
-    except CollateError as error:
-        with pytest.raises(CollateError) as warm:
-            collate(batch)
-        assert str(warm.value) == str(error)
-    else:
-        assert_identical(collate(batch), expected)
-
-
 def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(careful_only):
     for settings in (
         {"fields": {"ids": Stack()}},  # items that do not stack: the careful error
@@ -697,7 +686,7 @@ def test_items_under_a_rule_the_recipe_does_not_describe_are_planned_carefully(c
         collate = MMCollate(pin_memory=False, **settings)
         reference = careful_only(**settings)
         for batch in (_items([[2, 2], [2, 2]]), _items([[2, 3], [1]]), _items([[4], [4, 4]])):
-            _assert_same_outcome(collate, reference, batch)
+            assert_same_outcome(collate, reference, batch)
 
 
 def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(careful_only):
@@ -705,7 +694,7 @@ def test_mixed_numbers_the_recipe_does_not_describe_are_planned_carefully(carefu
     reference = careful_only()
     collate(_numbers([1, 2.5]))  # planned: a recipe
     for batch in (_numbers([1, 2.5j]), _numbers([1, np.float32(2.5)]), _numbers([1.5, "2"]), _numbers([1, 2**64])):
-        _assert_same_outcome(collate, reference, batch)
+        assert_same_outcome(collate, reference, batch)
     assert_identical(collate(_numbers([3, 0.5])), reference(_numbers([3, 0.5])))
 
 
@@ -890,9 +879,10 @@ def test_a_subclass_with_a_copy_of_its_own_keeps_the_careful_walk():
 
 
 def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monkeypatch):
-    # The small path of _padding._padded_1d: one numpy boolean assignment (torch's masked
-    # scatter only for dtypes numpy lacks), the mask computed once for values and mask
-    # output. Bypassed, the results (tested above) would not change.
+    # The small path of _padding._padded_1d: one numpy boolean assignment (of their bits for
+    # dtypes numpy lacks; torch's masked scatter only for a dimension other than the first),
+    # the mask computed once for values and mask output. Bypassed, the results (tested
+    # above) would not change.
     from pincollate._plan import padding as _padding
 
     scatters, masks = [], []
@@ -909,8 +899,11 @@ def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monk
     out = collate(_ids([2, 0, 3]))
     assert out["ids"].tolist() == [[7, 8, 0], [0, 0, 0], [7, 8, 9]] and out["ids_lengths"].tolist() == [2, 0, 3]
     bfloat16 = MMCollate(pin_memory=False, fields={"ids": Pad(mask_key="ids_mask")})
-    bfloat16(_ids([3, 1], dtype=torch.bfloat16))  # no numpy dtype: the masked scatter
-    assert scatters == [1]
+    bfloat16(_ids([3, 1], dtype=torch.bfloat16))  # no numpy dtype: numpy's assignment of int16 bits
+    assert scatters == []
+    columns = MMCollate(pin_memory=False, fields={"ids": Pad()})
+    out = columns([{"ids": torch.ones(2, n, dtype=torch.bfloat16)} for n in (3, 1)])  # padded along dim 1
+    assert scatters == [1] and out["ids"].sum().item() == 8
 
 
 @pytest.mark.parametrize("left", [False, True])
@@ -965,3 +958,75 @@ def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
     for counts in ([[0, 2], [1]], [[0], [3, 0]]):
         items(_items(counts))
     assert len(seen) == 6
+
+
+@pytest.mark.parametrize("policy", [Jagged(), Concat(), Pad()], ids=["jagged", "concat", "pad"])
+def test_a_ragged_policy_is_for_tensor_fields_and_a_warm_collate_keeps_to_it_when_a_dtype_changes(policy):
+    # ragged= names no field, so, as the careful walk, it never applies to a list: token ids
+    # as Python lists, or a sample's items, stay lists whatever their dtype.
+    collate = MMCollate(pin_memory=False, ragged=policy)
+    reference = careful_walk(ragged=policy)
+    for batch in (
+        _items([[1, 2], [3, 1]]),  # lists of one length: transposed, each position a field
+        _lists([3, 2]),
+        _lists([3, 2], kind=float),
+        _lists([2, 4]),
+        _items([[2, 1], [3]]),
+        [{"ids": [t.double() for t in sample["ids"]]} for sample in _items([[2, 1], [3]])],
+        _ids([3, 1]),
+        _ids([3, 1], dtype=torch.float16),
+    ):
+        assert_same_outcome(collate, reference, batch)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as integers: equality where float8 and complex32 have no comparison of their own."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.complex32, torch.uint16, torch.uint32])
+@pytest.mark.parametrize("shapes", [[(2,), (3,)], [(2, 3), (4, 3)], [(3, 2), (3, 4)]], ids=["1d", "rows", "dim1"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_fills_dtypes_without_a_scatter_kernel_by_their_bits(dtype, shapes, side):
+    # float8, complex32 and unsigned ints past uint8 have no masked_scatter_ (nor, some, numpy) kernel.
+    values = [(torch.arange(math.prod(shape)).reshape(shape) % 5 + 1).to(dtype) for shape in shapes]
+    full = [max(sizes) for sizes in zip(*shapes, strict=True)]
+    padded = 0 if shapes[0][0] != shapes[1][0] else 1  # the one dimension whose sizes differ
+    lengths = [shape[padded] for shape in shapes]
+    expected = torch.zeros(len(values), *full, dtype=dtype)
+    mask = torch.zeros(len(values), full[padded], dtype=torch.bool)
+    for i, (value, shape) in enumerate(zip(values, shapes, strict=True)):
+        place = tuple(slice(f - s, f) if side == "left" else slice(0, s) for s, f in zip(shape, full, strict=True))
+        expected[i][place] = value
+        mask[i][place[padded]] = True
+    batch = [{"x": value} for value in values]
+    collate = MMCollate(pin_memory=False, fields={"x": Pad(side=side)})
+    for out in (collate(batch), collate(batch), careful_walk(fields={"x": Pad(side=side)})(batch)):
+        assert out["x"].dtype == dtype and torch.equal(_bits(out["x"]), _bits(expected))
+        if dtype is torch.complex32:
+            assert torch.equal(torch.view_as_real(out["x"]).float(), torch.view_as_real(expected).float())
+        assert out["x_lengths"].tolist() == lengths and torch.equal(out["x_mask"], mask)
+        assert_one_buffer(out)
+
+
+@pytest.mark.parametrize(
+    "settings, build",
+    [
+        ({}, lambda n: torch.nn.Parameter(torch.arange(float(n)))),
+        ({"fields": {"x": AsList()}}, lambda n: torch.nn.Parameter(torch.arange(float(n)))),
+        ({"fields": {"x": PerSample()}}, lambda n: {"w": torch.nn.Parameter(torch.arange(float(n))), "id": n}),
+        ({"fields": {"x": PerSample()}}, lambda n: [torch.nn.Parameter(torch.arange(float(n)))] * (n - 1)),
+    ],
+    ids=["none", "aslist", "persample-dict", "persample-list"],
+)
+def test_ragged_parameters_are_listed_as_plain_tensors_as_stack_gives_them(settings, build):
+    # torch.stack gives a Parameter column a plain tensor (its __torch_function__ is off): listed, each
+    # sample's value is a plain tensor too, warm or careful.
+    collate, reference = MMCollate(pin_memory=False, **settings), careful_walk(**settings)
+    for lengths in ([3, 2], [1, 4, 2], [3, 2]):
+        batch = [{"x": build(n)} for n in lengths]
+        out = assert_same_outcome(collate, reference, batch)
+        assert all(type(t) is torch.Tensor for t in tensors(out))
+        assert_one_buffer(out)
+        assert_identical(pickle.loads(pickle.dumps(out)), out)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pincollate import CollateError, MMCollate, PerSample
 from pincollate._plan import template as template_module
 from pincollate._plan.rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
-from samples import assert_identical
+from samples import assert_identical, assert_same_outcome, careful_walk
 
 LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array", "np32", "npint")
 
@@ -155,3 +155,18 @@ def test_per_sample_targets_through_workers_match_the_careful_walk():
         assert kind == "batch"
         assert_identical(batch, expected)
         assert batch.layout is not None  # crossed as its layout, and still carries it
+
+
+@pytest.mark.parametrize("objects", [False, True], ids=["dict-per-image", "object-lists"])
+def test_keys_equal_to_the_planned_ones_but_of_another_type_come_back_as_each_sample_has_them(objects):
+    # True == 1 == 1.0 and they hash alike; the careful walk keeps each sample's own key objects.
+    def batch(*keys: Any) -> list[dict[str, Any]]:
+        targets = [{key: torch.arange(n + 1), "boxes": torch.zeros(n, 4)} for n, key in enumerate(keys)]
+        return [{"t": [target] if objects else target} for target in targets]
+
+    collate = MMCollate(pin_memory=False, fields={"t": PerSample()})
+    reference = careful_walk(fields={"t": PerSample()})
+    for keys in ((1, 1), (True, True), (1.0, 1.0), (1, True), (True, 1), (1, 1)):
+        out = assert_same_outcome(collate, reference, batch(*keys))
+        rows = [sample[0] if objects else sample for sample in out["t"]]
+        assert [type(next(iter(row))) for row in rows] == list(map(type, keys))

@@ -45,9 +45,10 @@ _NUMERIC = frozenset("biufc")
 class ColumnCollate:
     """Collate a columnar batch (a mapping of column name to array) into one buffer.
 
-    A dense numeric column (``bool``, ints, floats, complex) is one tensor of the
-    column's shape, whatever its policy but ``Pad``/``Concat``/``Jagged``/``AsList``,
-    which take its rows. String columns are lists of ``str``. ``datetime64`` and
+    A dense numeric column (``bool``, ints, floats, complex; a tensor of a dtype numpy
+    lacks, ``bfloat16`` say) is one tensor of the column's shape, whatever its policy
+    but ``Pad``/``Concat``/``Jagged``/``AsList``, which take its rows. A 0-d array is
+    not a column of rows: it is refused, naming the column. String columns are lists of ``str``. ``datetime64`` and
     ``timedelta64`` columns are refused: convert them first.
 
     Args:
@@ -114,10 +115,11 @@ class ColumnCollate:
         rows = None
         for key, column in batch.items():
             path = (key,)
+            count = _rows(column, path)
             if rows is None:
-                rows = len(column)
-            elif len(column) != rows:
-                raise CollateError(f"column has {len(column)} rows, the first column {rows}", path=path)
+                rows = count
+            elif count != rows:
+                raise CollateError(f"column has {count} rows, the first column {rows}", path=path)
             node, extras = self._plan_column(column, path)
             keys.append(self._samples._renames.key(path))
             specs.append(fill.place(node))
@@ -134,8 +136,16 @@ class ColumnCollate:
         samples = self._samples
         policy = samples._rules.lookup(path) if samples._rules else None
         if isinstance(column, torch.Tensor):
-            column = column.numpy(force=True)
-        if isinstance(column, np.ndarray) and column.dtype != object:
+            column = _on_host(column)
+        if isinstance(column, torch.Tensor):  # a dtype numpy lacks (bfloat16, float8)
+            if (
+                column.layout == torch.strided
+                and not column.is_nested
+                and (policy is None or isinstance(policy, Stack))
+            ):
+                shape = tuple(column.shape)
+                return TensorNode(column.dtype, shape, [Segment(0, shape, _copy_into, column)]), {}
+        elif isinstance(column, np.ndarray) and column.dtype != object:
             kind = column.dtype.kind
             if kind in "Mm":
                 raise CollateError(
@@ -147,8 +157,6 @@ class ColumnCollate:
                 return Value([str(v) if kind == "U" else v for v in column.tolist()]), {}
             dtype = torch_dtype(column.dtype)
             if kind in _NUMERIC and dtype is not None and (policy is None or isinstance(policy, Stack)):
-                if column.ndim == 0:
-                    raise CollateError("a column must have one row per sample, got a 0-d array", path=path)
                 shape = tuple(column.shape)
                 # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
                 return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
@@ -203,3 +211,31 @@ class ColumnCollate:
         buffer = allocate(layout.nbytes, resolve_kind(self._samples.pin_memory))
         buffer[: layout.nbytes].numpy()[...] = data[: layout.nbytes]
         return make_batch(layout, buffer, values)
+
+
+def _rows(column: Any, path: tuple[Hashable, ...]) -> int:
+    """How many rows ``column`` has; a 0-d array or tensor, or a value without rows, is refused naming the column."""
+    if getattr(column, "ndim", None) == 0:
+        raise CollateError(f"a column must have one row per sample, got a 0-d {type_name(column)}", path=path)
+    try:
+        return len(column)
+    except TypeError:
+        raise CollateError(
+            f"expected a column (an array, tensor or sequence of rows), got {type_name(column)}", path=path
+        ) from None
+
+
+def _on_host(column: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """A tensor column as a host array, or as a host tensor where numpy cannot hold it.
+
+    numpy has no ``bfloat16`` or ``float8`` dtype, and takes no nested or sparse tensor:
+    those stay tensors, dense ones copied as they are, the others taken row by row.
+    """
+    try:
+        return column.numpy(force=True)
+    except (TypeError, RuntimeError):  # "Got unsupported ScalarType BFloat16", a nested tensor
+        return column.detach().cpu().resolve_conj().resolve_neg()
+
+
+def _copy_into(region: torch.Tensor, column: torch.Tensor) -> None:
+    region.copy_(column)

@@ -168,7 +168,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         cls,
         # A registered flatten may give keys and children of two lengths: the plan then says so.
         *(
-            (key, _signature(child, (*path, key), careful, items, depth))
+            (type(key), key, _signature(child, (*path, key), careful, items, depth))
             for key, child in zip(keys, children, strict=False)
         ),
     )

@@ -224,8 +224,9 @@ class _Walk(ContainerWalk):
         """A column that mixes tensors, arrays and numbers: what ``default_collate`` makes of it.
 
         Its promotion rules for such columns (``torch.as_tensor`` of arrays, ``torch.tensor``
-        of numbers and 0-d tensors) are kept exactly by asking it, then copying its result
-        into the batch's buffer: one extra copy, for these columns only.
+        of numbers and 0-d tensors) and the class of its result are kept exactly by asking
+        it, then copying its result into the batch's buffer: one extra copy, for these
+        columns only.
         """
         from torch.utils.data import default_collate
 
@@ -241,7 +242,10 @@ class _Walk(ContainerWalk):
             except (RuntimeError, TypeError, ValueError) as exc:
                 raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
         shape = tuple(value.shape)
-        return TensorNode(value.dtype, shape, [Segment(0, shape, _copy_into, value)])
+        # Its class too: a subclass beside arrays or numbers comes back as torch.stack gives it.
+        handler = lookup(type(value))
+        wrap = handler.wrap(value) if handler is not None and handler.wrap is not None else None
+        return TensorNode(value.dtype, shape, [Segment(0, shape, _copy_into, value)], wrap)
 
     def _objects(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Node:
         if handler.family in ("str", "bytes"):

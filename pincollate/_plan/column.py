@@ -10,7 +10,7 @@ promoted dtype, whether its values stack, and the class a stack of them has.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -112,21 +112,30 @@ class Column:
         wraps = {self._wrap(i): None for i in range(len(self.values))}
         if len(wraps) == 1:
             return next(iter(wraps))
-        classes = [type(v) for v in self.values if v is not None]
-        try:
-            cls = stacked_class(classes)
-        except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
-            first = next(i for i, v in enumerate(self.values) if v is not None)
-            i = next(i for i, v in enumerate(self.values) if v is not None and type(v) is not classes[0])
-            raise self.error(
-                f"{type_name(self.values[i])} here does not stack with {classes[0].__name__} in sample "
-                f"{self.origin(first)[0]}: torch.stack refuses the two classes together",
-                i,
-            ) from None
+        cls = self.joined_class()
         for wrap in wraps:
             if wrap is not None and wrap.cls is cls and not wrap.meta:
                 return wrap
         return None if cls is None or cls is torch.Tensor else Wrap(cls)
+
+    def joined_class(self, join: Callable[..., torch.Tensor] = torch.stack) -> type | None:
+        """The class ``join`` (``torch.stack`` or ``torch.cat``) gives the values, or ``None`` for arrays.
+
+        Where it refuses them together (two ``tv_tensors`` kinds, say), the error names
+        the first value whose class differs from the first value's.
+        """
+        classes = [type(v) for v in self.values if v is not None]
+        try:
+            return stacked_class(classes, join)
+        except TypeError:  # every __torch_function__ declined
+            first = next(i for i, v in enumerate(self.values) if v is not None)
+            i = next(i for i, v in enumerate(self.values) if v is not None and type(v) is not classes[0])
+            verb = "stack" if join is torch.stack else "concatenate"
+            raise self.error(
+                f"{type_name(self.values[i])} here does not {verb} with {classes[0].__name__} in sample "
+                f"{self.origin(first)[0]}: torch.{join.__name__} refuses the two classes together",
+                i,
+            ) from None
 
     def stacked(self) -> TensorNode:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
@@ -145,17 +154,17 @@ class Column:
         return TensorNode(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
 
 
-def stacked_class(classes: Sequence[type]) -> type | None:
-    """The class ``torch.stack`` gives tensors of ``classes`` (in order), or ``None`` for arrays.
+def stacked_class(classes: Sequence[type], join: Callable[..., torch.Tensor] = torch.stack) -> type | None:
+    """The class ``join`` (``torch.stack``, or ``torch.cat``) gives tensors of ``classes`` (in order), or ``None`` for arrays.
 
     Asked of torch itself, on empty stand-ins, so a subclass's ``__torch_function__``
-    decides as it does for ``default_collate``.
+    decides as it does for ``default_collate``. A ``TypeError``: torch refuses them together.
     """
     tensors = [cls for cls in dict.fromkeys(classes) if issubclass(cls, torch.Tensor)]
     if len(tensors) != len(set(classes)):
         return None
     probes: list[torch.Tensor] = [torch.empty(0, device="cpu").as_subclass(cls) for cls in classes]
-    return type(torch.stack(probes))
+    return type(join(probes))
 
 
 def stack_or_list(column: Column) -> Node:

@@ -10,7 +10,7 @@ the container classes kept, and errors that name their sample and path.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +20,8 @@ from .._errors import Attr, CollateError
 from .._types.build import container_cls
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
-from .column import Column, stack_or_list
+from .._types.wrap import Wrap
+from .column import Column, stack_or_list, stacked_class
 from .fill import Node, Segment, TensorNode, Tree, Value
 from .patterns import ITEMS, Renames
 from .policies import AsList, Policy, Stack
@@ -80,6 +81,20 @@ class ItemWalk:
         sample, where = self._blame(i, path, origins)
         return CollateError(message, sample=sample, path=where)
 
+    def _refused(self, path: Path, origins: Origins) -> Callable[[int, int, type, type], CollateError]:
+        """The error for sample ``i``'s items of class ``cls`` that torch refuses to stack with sample ``first``'s."""
+
+        def error(i: int, first: int, cls: type, first_cls: type) -> CollateError:
+            return self._error(
+                f"{cls.__name__} items here do not stack with {first_cls.__name__} items in sample "
+                f"{self._blame(first, path, origins)[0]}: torch.stack refuses the two classes together",
+                i,
+                path,
+                origins,
+            )
+
+        return error
+
     def _no_extras(self, planned: tuple[Node, Extras], path: Path, origins: Origins) -> Node:
         node, extras = planned
         if extras:
@@ -93,7 +108,7 @@ class ItemWalk:
 
     def _items(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
         """Each value's list holds its own items: stack where they agree, else a list."""
-        return merge(self._item_nodes(values, path, origins, depth))
+        return merge(self._item_nodes(values, path, origins, depth), self._refused(path, origins))
 
     def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
         """``PerSample()``: one subtree per sample, nothing stacked across samples."""
@@ -144,7 +159,7 @@ class ItemWalk:
         if isinstance(policy, AsList):
             return Tree(ListSpec, children)
         if isinstance(policy, Stack):
-            merged = merge(children)
+            merged = merge(children, self._refused(path, origins))
             if not isinstance(merged, TensorNode):
                 shapes = [tuple(c.shape) if isinstance(c, TensorNode) else type(c).__name__ for c in children]
                 raise self._error(
@@ -216,14 +231,20 @@ def _unstack(slot: TensorNode) -> TensorNode:
     return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
 
 
-def merge(children: list[Node]) -> Node:
-    """Stack children that are tensors of one shape into one slot, else list them."""
+def merge(children: list[Node], refused: Callable[[int, int, type, type], CollateError]) -> Node:
+    """Stack children that are tensors of one shape into one slot, else list them.
+
+    The stack has the class ``torch.stack`` gives the children's classes (a subclass
+    beside plain tensors wins); where torch refuses them together (two ``tv_tensors``
+    kinds), ``refused(i, first, cls, first_cls)`` is raised for the first child that differs.
+    """
     if not children or not all(isinstance(c, TensorNode) and c.stackable for c in children):
         return Tree(ListSpec, children)
     slots: list[TensorNode] = children  # type: ignore[assignment]
     shape = slots[0].shape
     if any(s.shape != shape for s in slots):
         return Tree(ListSpec, children)
+    wrap = _stacked_wrap(slots, refused)
     dtype = slots[0].dtype
     for s in slots[1:]:
         if s.dtype is not dtype:
@@ -244,4 +265,21 @@ def merge(children: list[Node]) -> Node:
                 )
             else:
                 segments.append(segment)
-    return TensorNode(dtype, (len(slots), *shape), segments, slots[0].wrap)
+    return TensorNode(dtype, (len(slots), *shape), segments, wrap)
+
+
+def _stacked_wrap(slots: list[TensorNode], refused: Callable[[int, int, type, type], CollateError]) -> Wrap | None:
+    """How the stack of ``slots`` is wrapped: as :meth:`Column.joined_class` decides for values."""
+    wraps = dict.fromkeys(slot.wrap for slot in slots)
+    if len(wraps) == 1:
+        return slots[0].wrap
+    classes = [torch.Tensor if slot.wrap is None else slot.wrap.cls for slot in slots]
+    try:
+        cls = stacked_class(classes)
+    except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
+        i = next(i for i, cls in enumerate(classes) if cls is not classes[0])
+        raise refused(i, 0, classes[i], classes[0]) from None
+    for wrap in wraps:
+        if wrap is not None and wrap.cls is cls and not wrap.meta:
+            return wrap
+    return None if cls is None or cls is torch.Tensor else Wrap(cls)

@@ -78,7 +78,12 @@ class ListRecipe(Recipe):
             return Part(stacked)
         wraps: Sequence[Wrap | None] | None = None
         if wrap is not None:
-            wraps = tuple(map(wrap, column)) if self.per_value else (wrap(column[0]),) * len(column)
+            if self.per_value:
+                wraps = tuple(map(wrap, column))
+            else:
+                # One wrap for the class; none where it is listed plain (nn.Parameter, as stack gives it).
+                first_wrap = wrap(column[0])
+                wraps = None if first_wrap is None else (first_wrap,) * len(column)
         trailing: tuple[int, ...] = tuple(first[1:])
         itemsize = dtype.itemsize
         width: int = math.prod(trailing)

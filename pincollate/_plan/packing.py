@@ -78,6 +78,8 @@ class Concat(Policy):
                     f"{shapes[first]} in sample {column.origin(first)[0]}",
                     i,
                 )
+        if len({type(column.values[i]) for i in present}) > 1:
+            column.joined_class(torch.cat)  # two classes torch.cat refuses together: named here, not in the copy
         rows = [0 if shape is None else shape[0] for shape in column.shapes]
         trailing = shapes[first][1:]
         total = sum(rows)

@@ -169,19 +169,29 @@ def _padded_1d(
         # Row-major order of the valid places is each value's own order, sample by sample.
         if valid is None:
             valid = valid_1d(lengths, size, left)
-        as_numpy = numpy_dtype(region.dtype)
-        if dim == 0 and as_numpy is not None:
+        if dim == 0 and numpy_dtype(region.dtype) is not None:
             # numpy's boolean assignment: the masked scatter, at half its cost.
             region.numpy()[valid] = torch.cat(nonempty(values, lengths)).numpy()
             return
+        # Padding moves bits: where numpy (float8, complex32) or masked_scatter_ (those, and
+        # unsigned ints past uint8) has no kernel for the dtype, an integer of its size does.
+        bits = _BITS.get(region.element_size())
+        if bits is not None:
+            region = region.view(bits)
+            if dim == 0:
+                region.numpy()[valid] = torch.cat(nonempty(values, lengths)).view(bits).numpy()
+                return
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
         shape[dim + 1] = size
         source = torch.cat([v.reshape(-1) for v in values])
-        region.masked_scatter_(torch.from_numpy(valid).view(shape), source)
+        region.masked_scatter_(torch.from_numpy(valid).view(shape), source.view(region.dtype))
         return
     for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
         region[i].narrow(dim, size - length if left else 0, length).copy_(item)
 
+
+#: The signed integer of each element size, which numpy and ``masked_scatter_`` both take.
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _NUMEL = torch.Tensor.numel
 

@@ -129,21 +129,34 @@ class Arrays:
         return None if tensors is None else self.tensors.place(tensors, fill)
 
 
-class Rows:
-    """Mappings of one class and key order: a column per key, one mapping per value built over them."""
+_TYPE = itertools.repeat(type)
 
-    __slots__ = ("cls", "columns", "gather", "keys", "types")
+
+class Rows:
+    """Mappings of one class and key order: a column per key, one mapping per value built over them.
+
+    Each value's keys must be the plan's and of the same types: ``True == 1`` and they
+    hash alike, but the careful planner keeps each sample's own key objects.
+    """
+
+    __slots__ = ("cls", "columns", "gather", "key_types", "keys", "types")
 
     def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[Column]):
         self.types = frozenset((cls,))
         self.cls = container_cls(cls, dict)
         self.keys = tuple(keys)
+        #: Each value's key types, read at C speed (``map(type, value)`` for every value).
+        self.key_types = {tuple(map(type, self.keys))}
         self.columns = tuple(columns)
         # One C-level call per mapping gathers its row; zip turns rows into columns.
         self.gather: Any = operator.itemgetter(*self.keys)
 
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
-        if set(map(type, values)) != self.types or any(tuple(value) != self.keys for value in values):
+        if (
+            set(map(type, values)) != self.types
+            or any(tuple(value) != self.keys for value in values)
+            or set(map(tuple, map(map, _TYPE, values))) != self.key_types
+        ):
             return None
         rows = map(self.gather, values)
         columns = [list(rows)] if len(self.keys) == 1 else list(zip(*rows, strict=True))
@@ -207,8 +220,9 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
     first = values[0]
     if len(types) == 1 and kind_of(first) is MAPPING and len(first):
         keys = tuple(first)
-        if any(tuple(value) != keys for value in values):
-            return None
+        key_types = tuple(map(type, keys))
+        if any(tuple(value) != keys or tuple(map(type, value)) != key_types for value in values):
+            return None  # True == 1: the careful planner keeps each sample's own keys
         columns = []
         for key in keys:
             found = column_for([value[key] for value in values], depth + 1)

@@ -75,7 +75,9 @@ class Template:
         self.nparts += 1
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH and self.compiled:
-            policy = (self.rules.lookup(path) if self.rules else None) or self.default
+            policy = self.rules.lookup(path) if self.rules else None
+            if policy is None and self.default is not None and _tensor_leaves(column, self.missing):
+                policy = self.default  # as the careful planner: ragged= is for tensor fields, never lists
             # Items (several images per sample) only where no field rule names them and no
             # ragged= policy applies to them: the careful planner would apply that policy.
             named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
@@ -296,3 +298,15 @@ def _shapes_differ(column: Sequence[Any]) -> bool:
         return len(set(map(TENSOR_SHAPE, column))) > 1
     except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
         return False
+
+
+def _tensor_leaves(column: Sequence[Any], missing: bool) -> bool:
+    """Whether the careful planner would give ``column`` the ``ragged=`` policy: its first value is a tensor leaf.
+
+    Tensors and arrays, as the careful planner's leaves take it (a number, a list of
+    numbers or of items, a mapping never do); it then declines where the rest of the
+    column is mixed, and so do the recipes.
+    """
+    first = next((value for value in column if value is not None), None) if missing else column[0]
+    handler = lookup(type(first))
+    return handler is not None and handler.is_tensor and handler.family != "number"

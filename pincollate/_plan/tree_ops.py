@@ -109,15 +109,16 @@ class DataclassOp(Op):
 
 
 class RegisteredOp(Op):
-    """Instances of a registered container class with one key set, child by child."""
+    """Instances of a registered container class with one key set (and key types: ``True`` is not ``1``), child by child."""
 
-    __slots__ = ("children", "flatten", "keys", "types")
+    __slots__ = ("children", "flatten", "key_types", "keys", "types")
 
     def __init__(self, path: Path, kind: Registered, keys: Sequence[Hashable], children: Sequence[Op]):
         super().__init__(path)
         self.types = frozenset((kind.cls,))
         self.flatten = kind.flatten
         self.keys = list(keys)
+        self.key_types = list(map(type, self.keys))
         self.children = tuple(children)
 
     def rows(self, column: Sequence[Any]) -> list[list[Any]]:
@@ -128,7 +129,7 @@ class RegisteredOp(Op):
                 keys, children = self.flatten(value)
             except Exception:  # the careful planner names the sample
                 raise Mismatch(self.path) from None
-            if list(keys) != self.keys or len(children) != len(self.keys):
+            if list(keys) != self.keys or list(map(type, keys)) != self.key_types or len(children) != len(self.keys):
                 raise Mismatch(self.path)
             rows.append(children)
         return rows
@@ -167,12 +168,14 @@ class CarefulOp(Op):
             if self.siblings is None:
                 raise CollateError(
                     f"the policy for this field returns {sorted(extras)}, which need a parent mapping; set their *_key arguments to None",
+                    sample=0,  # as the careful walk blames it
                     path=self.path,
                 )
             for name in extras:
                 if name in self.siblings:
                     raise CollateError(
                         f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key",
+                        sample=0,
                         path=self.path[:-1],
                     )
         spec = fill.place(node)
