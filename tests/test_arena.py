@@ -143,3 +143,24 @@ def test_a_large_batch_does_not_make_later_buffers_large():
     assert all(kept.owner.numel() <= 3 * (2 << 20) for kept in arena._recycled.kept if kept.busy)
     del small
     arena._recycled.clear()
+
+
+def test_the_trim_rule_does_not_read_torch_2_11s_active_bytes(host_allocator):
+    # torch 2.11 never lowers active_bytes when a block is freed: a rule that read it would
+    # see nothing cached and never trim. What pincollate's live buffers hold is counted here.
+    import gc
+
+    gc.collect()
+    before = arena.pinned_footprint()["active"]
+    kept = arena.allocate(8 << 20, "pinned")
+    dropped = [arena.allocate((n << 20) + 1, "pinned") for n in (4, 8, 16, 32)]  # blocks of 8, 16, 32 and 64 MiB
+    del dropped
+    footprint = arena.pinned_footprint()
+    assert footprint["reserved"] == 128 << 20 and footprint["active"] - before == 8 << 20
+    assert host_allocator.stats()["active_bytes.current"] == 128 << 20  # 2.11's count: all still active
+    assert arena.trim_pinned(64 << 20) and host_allocator.emptied == 1
+    assert arena.pinned_footprint()["reserved"] == 8 << 20  # only the block in use is left
+    assert not arena.trim_pinned(4 << 20)  # over the limit, but in use: nothing to free
+    del kept
+    assert arena.pinned_footprint()["active"] == before
+    assert arena.trim_pinned(4 << 20) and arena.pinned_footprint()["reserved"] == 0

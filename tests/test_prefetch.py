@@ -280,6 +280,48 @@ def test_cuda_pinned_memory_stays_flat_over_ragged_batches(monkeypatch):
     assert max(reserved) <= 2 * (128 << 20) + (64 << 20)
 
 
+class _Shrinking(torch.utils.data.Dataset):
+    """96 one-sample batches, 16 to a size: buffers in blocks of 64, 32, 16, 8 and 4 ``unit`` bytes, then 1.
+
+    Each size's blocks stay cached once its batches have passed, so without a limit the
+    pinned cache ends holding every size (125 units and more); the last trim check comes
+    with the last batch, when only 1-unit blocks are in use.
+    """
+
+    def __init__(self, unit: int):
+        self.blocks = [unit << k for k in (6, 5, 4, 3, 2, 0)]
+
+    def __len__(self) -> int:
+        return 16 * len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict:
+        nbytes = self.blocks[i // 16] // 2 + 64  # rounded up to the block by the allocator
+        return {"x": torch.zeros(nbytes // 4), "label": i}
+
+
+def _pinned_after_shrinking_batches(unit: int, limit: int | None) -> int:
+    """What the pinned cache holds after an epoch of :class:`_Shrinking` batches through the Prefetcher."""
+    loader = DataLoader(_Shrinking(unit), batch_size=1, collate_fn=MMCollate(pin_memory=False))
+    count = 0
+    for batch in Prefetcher(loader, device="cuda", pin_memory=True, pinned_limit=limit):
+        count += int(batch["label"].numel())
+    assert count == 96
+    del batch
+    return pinned_footprint()["reserved"]
+
+
+@pytest.mark.cuda
+def test_cuda_pinned_limit_bounds_the_pinned_cache():
+    limit = 16 << 20
+    assert _pinned_after_shrinking_batches(1 << 20, limit) <= limit
+
+
+@pytest.mark.cuda
+def test_cuda_control_without_a_pinned_limit_the_same_check_fails():
+    torch._C._host_emptyCache()  # what earlier tests left cached is not this run's
+    assert _pinned_after_shrinking_batches(1 << 20, None) > 16 << 20
+
+
 # --- the CUDA control flow, on CPU with stand-ins for streams and events ------------------
 
 
@@ -427,3 +469,17 @@ def test_pin_thread_sets_the_cuda_device(stand_in_cuda, monkeypatch, fake_pinned
     )
     batches = list(Prefetcher(_loader(4), device="cuda:1", pin_memory=True))
     assert len(batches) == 2 and chosen == [("pincollate-prefetch", torch.device("cuda", 1))]
+
+
+@pytest.mark.parametrize("units", [16, None])
+def test_pinned_limit_bounds_a_2_11_host_cache(stand_in_cuda, host_allocator, units):
+    # On CPU, with a stand-in of torch 2.11's caching host allocator (its active_bytes never
+    # lowered): the cache ends under the limit, and over it without one (the control), as
+    # the CUDA tests above check on a device.
+    unit = 1 << 14
+    limit = None if units is None else units * unit
+    reserved = _pinned_after_shrinking_batches(unit, limit)
+    if limit is None:
+        assert reserved >= 125 * unit and host_allocator.emptied == 0
+    else:
+        assert reserved <= limit and host_allocator.emptied >= 1

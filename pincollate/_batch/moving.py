@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._memory.arena import copy_to_device, is_pinned, pinned_allocator
+from .._memory.arena import copy_to_device, is_pinned, new_pinned
 from .._types.build import new_dataclass
 from .._types.kinds import is_dataclass
 from .check import carried
@@ -33,7 +33,7 @@ def batch_pin_memory(self: T, device: Any = None) -> T:
     layout, buffer, values = state
     if is_pinned(buffer):
         return self
-    pinned = pinned_allocator()(layout.nbytes)
+    pinned = new_pinned(layout.nbytes)
     pinned.copy_(buffer[: layout.nbytes])
     return type(self)._pincollate_make(layout, pinned, values)  # type: ignore[attr-defined,no-any-return]
 

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import torch
 
-from .._memory.arena import copy_to_device, is_pinned, pinned_allocator
+from .._memory.arena import copy_to_device, is_pinned, new_pinned
 from .._memory.ownership import holder
 from .specs import jagged
 from .trees import map_tensors, nested_parts
@@ -133,7 +133,7 @@ def pin_spans(tree: T) -> T:
     """
 
     def copy_span(flat: torch.Tensor) -> torch.Tensor:
-        out = pinned_allocator()(flat.numel())
+        out = new_pinned(flat.numel())
         out.copy_(flat)
         return out
 
@@ -143,7 +143,7 @@ def pin_spans(tree: T) -> T:
         return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage))
 
     def per_leaf(t: torch.Tensor) -> torch.Tensor:
-        out = pinned_allocator()(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)
+        out = new_pinned(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)
         return out.copy_(t)
 
     return _move(tree, copy_span, cpu, per_leaf, keep)

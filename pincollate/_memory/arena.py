@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Literal
 
@@ -33,7 +35,7 @@ __all__ = [
     "allocate",
     "copy_to_device",
     "is_pinned",
-    "pinned_allocator",
+    "new_pinned",
     "pinned_footprint",
     "resolve_kind",
     "set_pinned_allocator",
@@ -74,8 +76,44 @@ def set_pinned_allocator(
     return previous
 
 
-def pinned_allocator() -> PinnedAllocator:
-    return _pinned_allocator
+class _PinnedLedger:
+    """The allocator's blocks behind pincollate's pinned buffers that are still alive, in bytes.
+
+    torch 2.11's caching host allocator never lowers its ``active_bytes`` statistic when
+    a block is freed (and raises it as copies' events complete), so what is in use is
+    counted here: each buffer from :func:`new_pinned` adds the block the allocator gives
+    it (a request rounded up to a power of two, torch's default) and the death of the
+    buffer's storage takes it off again.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+        self._blocks: dict[weakref.ref[torch.UntypedStorage], int] = {}
+        # Reentrant: a storage's death (a callback here) can come from a collection that
+        # an allocation inside add() started, on this same thread.
+        self._lock = threading.RLock()
+
+    def add(self, buffer: torch.Tensor) -> None:
+        nbytes = buffer.numel()
+        block = 1 << (nbytes - 1).bit_length() if nbytes else 0
+        ref = weakref.ref(buffer.untyped_storage(), self._drop)
+        with self._lock:
+            self._blocks[ref] = block
+            self.held += block
+
+    def _drop(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
+        with self._lock:
+            self.held -= self._blocks.pop(ref, 0)
+
+
+_ledger = _PinnedLedger()
+
+
+def new_pinned(nbytes: int) -> torch.Tensor:
+    """A pinned ``uint8`` buffer of ``nbytes`` bytes, counted in :func:`pinned_footprint`'s ``active``."""
+    buffer = _pinned_allocator(nbytes)
+    _ledger.add(buffer)
+    return buffer
 
 
 def is_pinned(tensor: torch.Tensor) -> bool:
@@ -188,7 +226,7 @@ def allocate(
             storage = _shm.new_shared(nbytes)
             return torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage)
         if kind == "pinned":
-            return _pinned_allocator(nbytes)
+            return new_pinned(nbytes)
         return _recycled.take(nbytes)
     except (RuntimeError, MemoryError, OSError) as exc:
         if kind == "shared" and pin is not None:
@@ -220,9 +258,12 @@ def pinned_footprint() -> dict[str, int]:
     """Bytes of pinned host memory held by the CUDA caching host allocator.
 
     Returns:
-        A dict of byte counts: ``reserved`` (what the allocator holds, in use or
-        cached), ``active`` (what is handed out now) and ``peak`` (the most ever
-        reserved). All zero without CUDA.
+        A dict of byte counts: ``reserved`` (what the allocator holds, blocks in use
+        and cached) and ``peak`` (the most it ever held), its own ``allocated_bytes``
+        statistics; ``active``, what pincollate's pinned buffers still alive hold,
+        counted by pincollate (torch 2.11's ``active_bytes`` is not lowered when a
+        block is freed), so pinned memory that other code allocated counts as cached.
+        All zero without CUDA.
 
     Examples:
         >>> import pincollate
@@ -234,7 +275,7 @@ def pinned_footprint() -> dict[str, int]:
     stats = torch.cuda.host_memory_stats()
     return {
         "reserved": int(stats.get("allocated_bytes.current", 0)),
-        "active": int(stats.get("active_bytes.current", 0)),
+        "active": _ledger.held,
         "peak": int(stats.get("allocated_bytes.peak", 0)),
     }
 
@@ -245,8 +286,8 @@ def trim_pinned(limit: int) -> bool:
     Cached blocks are returned to the driver; blocks in use are untouched. Emptying
     the cache frees each block with ``cudaFreeHost``, which waits for the whole device,
     so it is done only when the reserved memory is over ``limit`` and at least a
-    quarter of ``limit`` of it is cached (not in use): blocks in use alone over the
-    limit are nothing a trim can free. Returns whether it trimmed.
+    quarter of ``limit`` of it is not held by a live pincollate buffer: blocks in use
+    alone over the limit are nothing a trim can free. Returns whether it trimmed.
     """
     footprint = pinned_footprint()
     cached = footprint["reserved"] - footprint["active"]
