@@ -216,25 +216,75 @@ def test_on_cuda_collate_in_the_main_process_allocates_pinned():
     assert batch.pin_memory() is batch
 
 
-def test_a_changed_batch_holds_a_registered_slot_until_each_leaf_is_copied(monkeypatch):
-    """Leaf by leaf goes through the same copy as the whole buffer: each registered source is held."""
+@pytest.fixture
+def stand_in_dma(monkeypatch):
+    """Each copy to a device made by a stand-in DMA (a clone on the CPU), listed by its source."""
     from pincollate._memory import arena as _arena
+
+    copies = []
+    monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: copies.append(source) or source.clone())
+    return copies
+
+
+def _changed() -> Batch:
+    """A batch of two samples, then changed: a key added after collate (no layout any more)."""
+    # Fields of a few hundred bytes: a span copy of tiny ones would move mostly alignment padding.
+    samples = [{"x": torch.full((64,), float(i)), "y": i, "f": [0.5, 1.5]} for i in range(2)]
+    for i, sample in enumerate(samples):
+        sample["tokens"] = torch.arange(64 - i)
+    batch = MMCollate(pin_memory=False)(samples)
+    batch["z"] = torch.arange(64.0)
+    assert batch.layout is None
+    return batch
+
+
+@pytest.mark.parametrize("move", ["Batch.to", "to_device"])
+def test_a_changed_batch_moves_in_one_copy_per_storage(stand_in_dma, move):
+    # Seven tensors (x, y, two in f, two in the ragged tokens, z) in two storages: the batch's buffer, z's own.
+    batch = _changed()
+    assert len(list(tensors(batch))) == 7 and len(storages(batch)) == 2
+    moved = batch.to("cuda:1", non_blocking=True) if move == "Batch.to" else to_device(batch, "cuda:1")
+    assert len(stand_in_dma) == 2
+    assert type(moved) is Batch and moved.layout is None
+    assert_same(moved, batch)
+    assert all(t.data_ptr() != s.data_ptr() for t, s in zip(tensors(moved), tensors(batch), strict=True))
+
+
+def test_a_changed_batch_casts_after_its_one_copy_per_storage(stand_in_dma):
+    batch = _changed()
+    half = batch.to("cuda:1", torch.float16)
+    assert len(stand_in_dma) == 2
+    assert half["x"].dtype == torch.float16 and half["y"].dtype == torch.int64 and half["z"].dtype == torch.float16
+    assert torch.equal(half["x"], batch["x"].half())
+    same = batch.to(torch.float64, copy=True)  # nothing moves: every leaf is copied once by the cast or the copy
+    assert len(stand_in_dma) == 2
+    assert all(t.data_ptr() != s.data_ptr() for t, s in zip(tensors(same), tensors(batch), strict=True))
+
+
+@pytest.mark.parametrize("jagged", [False, True])
+def test_a_changed_batch_holds_a_registered_slot_until_copied(monkeypatch, stand_in_dma, jagged):
+    """The slot a changed batch's fields lie in is held until the copy that reads it has finished.
+
+    A ``Jagged`` field is a nested tensor, whose ``data_ptr()`` is 0: asked about itself
+    it is in no registered slot. Here it is the only field in the slot (beside its own
+    lengths), so the hold must come from its parts.
+    """
+    from pincollate import Jagged
     from pincollate._memory import registration as _registration
 
     held = []
-    monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: source.clone())  # a stand-in DMA
-    monkeypatch.setattr(_registration, "is_registered", lambda tensor: True)
-    monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: held.append((source, device)))
-    batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
-    whole = batch.to("cuda:1", non_blocking=True)
-    assert len(held) == 1 and torch.equal(whole["x"], batch["x"])
-    held.clear()
-    batch["z"] = torch.arange(3.0)  # changed: it now moves leaf by leaf
-    assert batch.layout is None
+    monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: held.append(source))
+    samples = [{"tokens": torch.arange(64 - i)} for i in range(2)]
+    batch = MMCollate(pin_memory=False, fields={"tokens": Jagged()} if jagged else {})(samples)
+    assert isinstance(batch["tokens"], list) is not jagged  # a nested tensor, or a list of two
+    start = batch.buffer.data_ptr()
+    end = start + batch.buffer.untyped_storage().nbytes()
+    monkeypatch.setitem(_registration.registered, start, end)  # as pin_slots registers a worker's slot
+    batch["z"] = torch.arange(3.0)
     moved = batch.to("cuda:1", non_blocking=True)
-    assert len(held) == 3 and all(
-        t.data_ptr() != s.data_ptr() for t, s in zip(moved.values(), batch.values(), strict=True)
-    )
+    assert len(stand_in_dma) == 2
+    assert len(held) == 1 and start <= held[0].data_ptr() < end
+    assert_same(moved, batch)
 
 
 # --- saving part of a batch: each field writes its own bytes -----------------------------------

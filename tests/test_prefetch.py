@@ -471,6 +471,27 @@ def test_pin_thread_sets_the_cuda_device(stand_in_cuda, monkeypatch, fake_pinned
     assert len(batches) == 2 and chosen == [("pincollate-prefetch", torch.device("cuda", 1))]
 
 
+def test_cuda_path_moves_a_changed_batch_in_one_copy_per_storage(stand_in_cuda, monkeypatch):
+    # A batch with a key added after collate: its buffer in one copy, the new value in another,
+    # as to_device() and Batch.to move it (not one copy per tensor).
+    from pincollate._memory import arena as _arena
+    from pincollate._transfer import staging
+    from pincollate._transfer import transfer as _transfer
+
+    copies = []
+    monkeypatch.setattr(staging, "to_device", _transfer.to_device)
+    monkeypatch.setattr(_arena, "_copy", lambda source, device, non_blocking: copies.append(source) or source.clone())
+
+    def changed():
+        for batch in DataLoader(TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate):
+            batch["extra"] = torch.arange(64.0)
+            yield batch
+
+    batches = list(Prefetcher(changed(), device="cuda", pin_memory=False))
+    assert len(batches) == 4 and all(len(list(tensors(b))) > 4 for b in batches)
+    assert len(copies) == 2 * len(batches)
+
+
 @pytest.mark.parametrize("units", [16, None])
 def test_pinned_limit_bounds_a_2_11_host_cache(stand_in_cuda, host_allocator, units):
     # On CPU, with a stand-in of torch 2.11's caching host allocator (its active_bytes never

@@ -2,7 +2,8 @@
 
 A batch that still matches its layout moves as its one buffer and is built again
 over the copy, by its own type (``_pincollate_make``, set by :mod:`pincollate._batch.batch`); one whose
-contents changed moves leaf by leaf and comes back as its type without a layout.
+contents changed moves one copy per storage (:mod:`pincollate._batch.spans`) and comes back as its
+type without a layout.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from .._memory.arena import copy_to_device, is_pinned, new_pinned
 from .._types.build import new_dataclass
 from .._types.kinds import is_dataclass
 from .check import carried
-from .spans import pin_spans
-from .trees import map_tensors
+from .spans import pin_spans, spans_to_device
+from .trees import map_tensors, tensors
 
 __all__ = ["batch_pin_memory", "batch_to", "contents"]
 
@@ -56,16 +57,7 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
         return _plain_again(moved, map_tensors(contents(moved), functools.partial(_in_format, memory_format)))  # type: ignore[no-any-return]
     state = carried(self)
     if state is None:
-
-        def move(t: torch.Tensor) -> torch.Tensor:
-            cast = dtype if dtype is not None and t.is_floating_point() else None
-            if device is not None and not _same_device(t.device, device):
-                # As the whole buffer moves: a registered slot stays held until copied.
-                t = copy_to_device(t, device, non_blocking)
-                return t if cast is None else t.to(cast)
-            return t.to(dtype=cast, non_blocking=non_blocking, copy=copy)
-
-        return _plain_again(self, map_tensors(contents(self), move))  # type: ignore[no-any-return]
+        return _plain_again(self, _move_changed(contents(self), device, dtype, non_blocking, copy))  # type: ignore[no-any-return]
     layout, buffer, values = state
     target = buffer.device if device is None else device
     cast = layout if dtype is None else layout.cast(dtype)
@@ -84,6 +76,32 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
                 new.of(out).copy_(old.of(source), non_blocking=non_blocking)
         source = out
     return type(self)._pincollate_make(cast, source, values)  # type: ignore[attr-defined,no-any-return]
+
+
+def _move_changed(
+    tree: Any, device: torch.device | None, dtype: torch.dtype | None, non_blocking: bool, copy: bool
+) -> Any:
+    """A changed batch's contents moved and cast: one copy per storage, then the casts.
+
+    Its fields still lie in the batch's buffer and move in one copy of it, a value added
+    since in one of its own (a registered slot stays held until copied, as for a whole
+    batch). A leaf that did not move is copied only where ``copy`` asks for it.
+    """
+    before = {_storage_key(t) for t in tensors(tree)}
+    if device is not None:
+        tree = spans_to_device(tree, device, non_blocking)
+
+    def finish(t: torch.Tensor) -> torch.Tensor:
+        cast = dtype if dtype is not None and t.is_floating_point() else None
+        again = copy and _storage_key(t.values() if t.is_nested else t) in before
+        return t.to(dtype=cast, non_blocking=non_blocking, copy=again)
+
+    return map_tensors(tree, finish)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[torch.device, int]:
+    storage = t.untyped_storage()
+    return storage.device, storage.data_ptr()
 
 
 #: The rank each memory format applies to (others keep theirs, as no tensor of another rank can take it).

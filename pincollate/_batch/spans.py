@@ -64,9 +64,9 @@ def _span(leaves: list[tuple[torch.Tensor, int]]) -> tuple[int, int, int]:
     return start, end, used
 
 
-def _rebuild(t: torch.Tensor, at: int, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+def _rebuild(t: torch.Tensor, at: int, storage: torch.UntypedStorage) -> torch.Tensor:
     """``t`` again, over ``storage`` at byte ``at``."""
-    out = torch.empty(0, dtype=t.dtype, device=device)
+    out = torch.empty(0, dtype=t.dtype, device=storage.device)
     out.set_(storage, at // t.dtype.itemsize, t.size(), t.stride())
     if type(t) is not torch.Tensor:
         out = _rewrap(out, t)
@@ -86,7 +86,6 @@ def _rewrap(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _move(
     tree: T,
     copy_span: Callable[[torch.Tensor], torch.Tensor],
-    device: torch.device,
     per_leaf: Callable[[torch.Tensor], torch.Tensor],
     keep: Callable[[torch.UntypedStorage], bool],
 ) -> T:
@@ -113,7 +112,7 @@ def _move(
             continue
         flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (end - start,), (1,))
         target = copy_span(flat).untyped_storage()
-        moved.update((id(t), _rebuild(t, at - start, target, device)) for t, at in leaves)
+        moved.update((id(t), _rebuild(t, at - start, target)) for t, at in leaves)
 
     def swap(t: torch.Tensor) -> torch.Tensor:
         leaves = parts[id(t)]
@@ -137,8 +136,6 @@ def pin_spans(tree: T) -> T:
         out.copy_(flat)
         return out
 
-    cpu = torch.device("cpu")
-
     def keep(storage: torch.UntypedStorage) -> bool:
         return storage.device.type != "cpu" or is_pinned(torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage))
 
@@ -146,7 +143,7 @@ def pin_spans(tree: T) -> T:
         out = new_pinned(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)
         return out.copy_(t)
 
-    return _move(tree, copy_span, cpu, per_leaf, keep)
+    return _move(tree, copy_span, per_leaf, keep)
 
 
 def spans_to_device(tree: T, device: torch.device, non_blocking: bool) -> T:
@@ -159,4 +156,4 @@ def spans_to_device(tree: T, device: torch.device, non_blocking: bool) -> T:
     def same_device(s: torch.UntypedStorage) -> bool:
         return s.device.type == device.type and (device.index is None or s.device.index == device.index)
 
-    return _move(tree, copy_span, device, copy_span, same_device)
+    return _move(tree, copy_span, copy_span, same_device)
