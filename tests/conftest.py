@@ -1,19 +1,25 @@
-import collections
+import contextlib
 import os
 import weakref
 
 import pytest
 import torch
-from hypothesis import settings
 from torch.multiprocessing import reductions
 
 from leaks import Snapshot
+from stand_ins import CachingHostAllocator, Event, Stream
 
-# The suite runs the same property examples every time (a failure reproduces, and a run cannot
-# pass or fail by the examples it drew); HYPOTHESIS_PROFILE=explore draws new ones.
-settings.register_profile("suite", derandomize=True, database=None)
-settings.register_profile("explore")
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
+try:
+    from hypothesis import settings
+except ImportError:  # a machine with only torch, numpy and pytest (a lent GPU's): its files skip
+    settings = None
+
+if settings is not None:
+    # The suite runs the same property examples every time (a failure reproduces, and a run cannot
+    # pass or fail by the examples it drew); HYPOTHESIS_PROFILE=explore draws new ones.
+    settings.register_profile("suite", derandomize=True, database=None)
+    settings.register_profile("explore")
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,51 +61,34 @@ def fake_pinned(monkeypatch):
     arena.set_pinned_allocator(*previous)
 
 
-class CachingHostAllocator:
-    """torch 2.11's caching host allocator as its statistics tell it, over ordinary memory.
+@pytest.fixture
+def stand_in_cuda(monkeypatch):
+    """torch.cuda's streams, events and device switches as stand-ins; the staging's copy lists its batches.
 
-    A request is rounded up to a power of two; a block comes back to the cache when its
-    buffer's storage dies and is reused for a request of its size; emptying the cache
-    frees the cached blocks. ``allocated_bytes`` (what it holds) is right, as in 2.11;
-    ``active_bytes`` is raised by every block handed out and never lowered, as 2.11 does.
+    Returns the consumer's stream and the ``label[0]`` of each batch the staging thread moved.
     """
+    from pincollate._transfer import staging
 
-    def __init__(self) -> None:
-        self.cached: collections.Counter[int] = collections.Counter()
-        self.reserved = self.peak = self.active = self.emptied = 0
-        self.blocks: dict[weakref.ref[torch.UntypedStorage], tuple[int, int, int]] = {}
+    Stream.made = 0
+    consumer = Stream()
+    Stream.made = 0
+    moved: list[int] = []
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        block = 1 << (nbytes - 1).bit_length() if nbytes else 0
-        if self.cached[block]:
-            self.cached[block] -= 1
-        else:
-            self.reserved += block
-            self.peak = max(self.peak, self.reserved)
-        self.active += block
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-        storage = buffer.untyped_storage()
-        self.blocks[weakref.ref(storage, self._freed)] = (storage.data_ptr(), storage.data_ptr() + nbytes, block)
-        return buffer
+    def to_device(batch, device, non_blocking=True):
+        assert non_blocking
+        moved.append(int(batch["label"][0]))
+        return batch
 
-    def _freed(self, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        self.cached[self.blocks.pop(ref)[2]] += 1
-
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        at = tensor.untyped_storage().data_ptr()
-        return any(start <= at < end for start, end, _ in self.blocks.values())
-
-    def stats(self) -> dict[str, int]:
-        return {
-            "allocated_bytes.current": self.reserved,
-            "allocated_bytes.peak": self.peak,
-            "active_bytes.current": self.active,
-        }
-
-    def empty_cache(self) -> None:
-        self.reserved -= sum(block * count for block, count in self.cached.items())
-        self.cached.clear()
-        self.emptied += 1
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(staging, "to_device", to_device)
+    return consumer, moved
 
 
 @pytest.fixture

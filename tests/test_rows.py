@@ -8,13 +8,15 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
 from pincollate import CollateError, MMCollate, PerSample
 from pincollate._plan import template as template_module
 from pincollate._plan.rows import Arrays, Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, column_for
 from samples import assert_identical, assert_same_outcome, careful_walk
+
+pytest.importorskip("hypothesis", reason="not installed here (a lent GPU's machine has only torch, numpy, pytest)")
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 LEAVES = ("int", "float", "bool", "str", "none", "ids", "boxes", "half", "array", "np32", "npint")
 

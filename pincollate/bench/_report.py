@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["format_table", "machine", "plot"]
+__all__ = ["format_gpu", "format_table", "machine", "plot"]
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -52,29 +52,69 @@ def format_table(report: dict[str, Any]) -> str:
         ]
     gpu = report.get("gpu")
     if gpu:
-        lines += ["", f"peak pinned H2D: {gpu['peak_pinned_h2d_gb_per_s']:.1f} GB/s"]
-        for name, row in gpu["manyleaf_transfer"].items():
-            text = row.get("error") or f"{row['gb_per_s']:6.1f} GB/s  {row['memcpys']} memcpy"
-            lines.append(f"manyleaf transfer, {name:<28} {text}")
-        loaders = gpu["prefetch_loaders"]
-        lines.append(
-            "prefetch loaders (batches/s): "
-            + (loaders.get("error") or ", ".join(f"{k} {v:.2f}" for k, v in loaders.items()))
-        )
-        slots = gpu.get("pinned_slots", {})
-        lines.append(
-            "video from 2 workers to the GPU (batches/s): "
-            + (slots.get("error") or ", ".join(f"{k} {v:.2f}" for k, v in slots.items()))
-        )
-        o = gpu["overlap"]
-        lines.append(
-            "overlap: "
-            + (
-                o.get("error")
-                or f"step {o['step_ms']:.2f} ms, compute {o['compute_ms']:.2f} ms, copy {o['copy_ms']:.2f} ms, step/max = {o['step_over_max']:.3f}"
-            )
-        )
+        lines += ["", *format_gpu(gpu)]
     return "\n".join(lines)
+
+
+def format_gpu(gpu: dict[str, Any]) -> list[str]:
+    """The GPU rows as lines: a row that failed or did not run says so in its line."""
+
+    def line(label: str, name: str, text: Any) -> str:
+        row = gpu.get(name)
+        if row is None:
+            return f"{label}: not measured"
+        if isinstance(row, dict) and "error" in row:
+            return f"{label}: FAILED {row['error']}"
+        return f"{label}: {text(row)}"
+
+    def dmas(r: dict[str, Any]) -> str:
+        paths = ", ".join(f"{k} {v:g}" for k, v in r.items() if k not in ("per leaf (control)", "leaves"))
+        return f"{paths}; per leaf (control) {r['per leaf (control)']:g} for {r['leaves']} leaves"
+
+    def bandwidth(r: dict[str, Any]) -> str:
+        rows = [(k, v) for k, v in r.items() if isinstance(v, dict)]
+        return (
+            "; ".join(
+                f"{k} {v['gb_per_s']:.1f} GB/s"
+                + (f" ({v['of_peak']:.2f} of the pinned peak)" if v.get("of_peak") else "")
+                + f", {v['memcpys']} memcpy"
+                for k, v in rows
+            )
+            + f" ({r['batch_bytes'] / 2**20:.1f} MiB, {r['leaves']} leaves)"
+        )
+
+    def overlap(r: dict[str, Any]) -> str:
+        return (
+            f"step {r['step_ms']:.2f} ms against {r['serial_step_ms']:.2f} ms in turn on one stream "
+            f"(copy {r['copy_ms']:.2f} ms, compute {r['compute_ms']:.2f} ms): {r['ratio']:.2f} "
+            "(0.5 is full overlap, 1.0 none)"
+        )
+
+    def trims(r: dict[str, Any]) -> str:
+        median = "" if r["trim_ms_median"] is None else f", median {r['trim_ms_median']:.1f} ms"
+        return (
+            f"peak {r['peak_reserved_mib']:.0f} MiB, end {r['end_reserved_mib']:.0f} MiB reserved with "
+            f"pinned_limit {r['limit_mib']:.0f} MiB over {r['batches']} ragged batches; "
+            f"{r['trims']} trims in {r['trim_checks']} checks{median}"
+        )
+
+    def registration(r: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v['ms']:.2f} ms ({v['gb_per_s']:.1f} GB/s)" for k, v in r.items())
+
+    def rates(r: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k != "registrations_per_epoch")
+
+    return [
+        line("peak pinned H2D", "peak_pinned_h2d_gb_per_s", lambda v: f"{v:.1f} GB/s"),
+        line("DMAs per batch", "dmas_per_batch", dmas),
+        line("H2D bandwidth, many-leaf batch", "manyleaf_transfer", bandwidth),
+        line("overlap", "overlap", overlap),
+        line("pinned footprint", "pinned_trim", trims),
+        line("ring registrations per epoch (2 workers)", "pinned_slots", lambda r: f"{r['registrations_per_epoch']:g}"),
+        line("registration time per slot", "slot_registration", registration),
+        line("video from 2 workers to the GPU (batches/s)", "pinned_slots", rates),
+        line("prefetch loaders (batches/s)", "prefetch_loaders", rates),
+    ]
 
 
 def _ratio(row: dict[str, Any], mode: str) -> str:
