@@ -7,7 +7,7 @@ import torch
 from torch.multiprocessing import reductions
 
 from leaks import Snapshot
-from stand_ins import CachingHostAllocator, Event, Stream
+from stand_ins import CachingHostAllocator, Event, LaggingDevice, Runtime, Stream
 
 try:
     from hypothesis import settings
@@ -89,6 +89,26 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(staging, "to_device", to_device)
     return consumer, moved
+
+
+@pytest.fixture
+def lagging_device(monkeypatch):
+    """Copies to "cuda" made by a :class:`LaggingDevice`; worker slots registered by a stand-in runtime.
+
+    ``pin_slots`` registers each slot (the stand-in's ``cudaHostRegister`` succeeds), and a
+    non-blocking copy from a registered slot holds it until the device has run the copy.
+    """
+    from pincollate._memory import arena, registration
+
+    device = LaggingDevice()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", device.Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(registration, "cudart", Runtime)
+    monkeypatch.setattr(arena, "_copy", device.copy)
+    yield device
+    device.run()
+    registration.prune()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import ctypes
 import weakref
 
 import torch
@@ -86,3 +87,56 @@ class CachingHostAllocator:
         self.reserved -= sum(block * count for block, count in self.cached.items())
         self.cached.clear()
         self.emptied += 1
+
+
+class Runtime:
+    """The CUDA runtime's host registration, succeeding (the memory stays ordinary)."""
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        return 0
+
+
+class LaggingDevice:
+    """A device that runs its copies late: each reads its source only when the device gets to it.
+
+    A copy to it returns its destination at once, unfilled, as a non-blocking copy does;
+    the device runs its queue only when the host waits on an event (``synchronize``),
+    up to that event. An event's ``query`` runs nothing: it says whether the device has
+    passed it. A queued copy keeps the source's address, not the tensor (a DMA engine
+    holds no reference): a source reused between the call and the wait is what it reads.
+    """
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[tuple[int, torch.Tensor]] = collections.deque()
+        self.queued = self.done = 0
+        device = self
+
+        class DeviceEvent:
+            def record(self, stream=None):
+                self.at = device.queued
+
+            def query(self):
+                return device.done >= self.at
+
+            def synchronize(self):
+                device.run(self.at)
+
+        self.Event = DeviceEvent
+
+    def copy(self, source: torch.Tensor, target: torch.device, non_blocking: bool) -> torch.Tensor:
+        assert source.is_contiguous()
+        out = torch.empty_like(source)
+        self.queue.append((source.data_ptr(), out))
+        self.queued += 1
+        return out
+
+    def run(self, until: int | None = None) -> None:
+        """Run the queued copies, up to the ``until``-th (all of them by default)."""
+        until = self.queued if until is None else until
+        while self.done < until:
+            address, out = self.queue.popleft()
+            ctypes.memmove(out.data_ptr(), address, out.numel() * out.element_size())
+            self.done += 1

@@ -239,6 +239,35 @@ def _changed() -> Batch:
 
 
 @pytest.mark.parametrize("move", ["Batch.to", "to_device"])
+def test_a_batch_moves_in_one_copy(stand_in_dma, move):
+    batch = _batch("dict")
+    assert len(list(tensors(batch))) > 1
+    moved = batch.to("cuda:1", non_blocking=True) if move == "Batch.to" else to_device(batch, "cuda:1")
+    assert len(stand_in_dma) == 1 and stand_in_dma[0].data_ptr() == batch.buffer.data_ptr()
+    assert_same(moved, batch)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("move", ["Batch.to", "to_device"])
+def test_on_cuda_a_batch_moves_in_one_dma(move):
+    from pincollate.bench._gpu import count_h2d, per_leaf
+
+    cuda = torch.device("cuda")
+    batch = MMCollate(pin_memory=True)(PARITY["multimodal-dict"]())
+
+    def moved(batch):
+        return batch.to(cuda, non_blocking=True) if move == "Batch.to" else to_device(batch, cuda)
+
+    assert count_h2d(lambda: moved(batch)) == 1
+    batch["added"] = torch.arange(64.0)
+    assert count_h2d(lambda: moved(batch)) == 2  # changed: the buffer and the added value, one copy each
+    # The control: the profiler sees one "Memcpy HtoD" per copy, so the same batch moved one
+    # .to() per tensor must count one per tensor.
+    leaves = sum(1 for t in tensors(batch) if t.numel())
+    assert leaves > 2 and count_h2d(lambda: per_leaf(batch, cuda)) == leaves
+
+
+@pytest.mark.parametrize("move", ["Batch.to", "to_device"])
 def test_a_changed_batch_moves_in_one_copy_per_storage(stand_in_dma, move):
     # Seven tensors (x, y, two in f, two in the ragged tokens, z) in two storages: the batch's buffer, z's own.
     batch = _changed()

@@ -165,17 +165,55 @@ def test_cuda_batches_are_pinned_and_one_storage():
         assert len(storages(batch)) == 1
 
 
-@pytest.mark.cuda
-def test_cuda_one_host_to_device_memcpy_per_batch():
-    from torch.profiler import ProfilerActivity, profile
+def _dma_per_batch(monkeypatch, per_leaf: bool) -> float:
+    """Host-to-device copies per batch through the Prefetcher, counted by torch's profiler."""
+    from pincollate._transfer import staging
+    from pincollate.bench._gpu import count_h2d
+    from pincollate.bench._gpu import per_leaf as leaf_by_leaf
 
+    if per_leaf:  # the control: the staging thread moves each batch one .to() per tensor
+        monkeypatch.setattr(staging, "to_device", lambda batch, device, non_blocking=True: leaf_by_leaf(batch, device))
     loader = DataLoader(TreeDataset("multimodal-dict", repeat=4), batch_size=4, collate_fn=mm_collate, pin_memory=True)
-    prefetcher = Prefetcher(loader, device="cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        n = sum(1 for _ in prefetcher)
-        torch.cuda.synchronize()
-    copies = [e for e in prof.events() if "Memcpy HtoD" in e.name]
-    assert n == 4 and len(copies) == n
+    batches: list = []
+    copies = count_h2d(lambda: batches.extend(Prefetcher(loader, device="cuda")))
+    assert len(batches) == 4
+    return copies / len(batches)
+
+
+@pytest.mark.cuda
+def test_cuda_one_host_to_device_memcpy_per_batch(monkeypatch):
+    assert _dma_per_batch(monkeypatch, per_leaf=False) == 1
+
+
+@pytest.mark.cuda
+def test_cuda_control_a_copy_per_leaf_is_counted_as_one_per_leaf(monkeypatch):
+    # The profiler records one "Memcpy HtoD" per copy the device runs, from any thread: the same
+    # count must see every tensor's copy when the staging moves a batch leaf by leaf.
+    batch = mm_collate(TreeDataset("multimodal-dict").items[:4])
+    leaves = sum(1 for t in tensors(batch) if t.numel())
+    assert leaves > 1 and _dma_per_batch(monkeypatch, per_leaf=True) == leaves
+
+
+@pytest.mark.cuda
+def test_cuda_copies_overlap_compute_of_the_same_length():
+    from pincollate.bench._gpu import overlap
+
+    # A copy and a compute of the same length per step: overlapped, a step takes one of
+    # them (0.5 of the serial step); in turn, both (1.0).
+    row = overlap(torch.device("cuda"))
+    assert row["ratio"] < 0.75, row
+
+
+@pytest.mark.cuda
+def test_cuda_control_copies_on_the_consumers_stream_fail_the_same_threshold():
+    from pincollate.bench._gpu import overlap
+
+    # The control: the Prefetcher's copies queued on the consumer's stream. A stream runs its
+    # work in order, so each copy waits for the compute queued before it and each compute for
+    # the copy before it: the steps are as long as in turn, and the threshold above must fail.
+    # (No CPU stand-in can show this: it is the device's scheduling of two streams.)
+    row = overlap(torch.device("cuda"), one_stream=True)
+    assert row["ratio"] > 0.75, row
 
 
 @pytest.mark.cuda

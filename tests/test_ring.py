@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import io
 import os
@@ -387,23 +388,79 @@ def test_a_dropped_lease_gives_its_slot_back():
     assert carries(COLLATE.plan([{"x": torch.ones(2), "i": 0, "tag": "a", "pid": 0}]))
 
 
-@pytest.mark.cuda
-def test_pinned_slots_arrive_pinned_and_move_safely(clean):
-    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, pin_slots=True)
-    on_device, on_host = [], []
-    for batch in loader(Numbered(2000), collate=collate, pin_memory=True):
-        assert _registration.is_registered(batch.buffer)
-        assert batch.pin_memory() is batch
-        check(batch)
-        on_host.append(batch["x"].double().sum())
-        torch.cuda._sleep(2_000_000)  # the copy queued next starts late: the worker refills meanwhile
+#: How many copies the device may fall behind the host in the late-copy tests. With no bound
+#: (a device slower than the loop) every slot ends up held by a pending copy and the worker
+#: falls back to fresh, unregistered buffers: the bound belongs to the test, not the product.
+#: A worker then holds at most the batch in hand, the loader's two in flight and LAG + 2
+#: slots under copies (one not yet let go): fewer than LATE_SLOTS.
+LAG = 3
+LATE_SLOTS = 12
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "control-not-held"])
+def test_a_slot_is_never_refilled_under_a_late_copy(clean, lagging_device, monkeypatch, hold):
+    """A stand-in device runs each copy late, up to LAG batches behind the loop.
+
+    With the hold, every batch arrives in a registered slot and every copy reads it
+    whole. The control turns the hold off: the worker refills slots under their copies
+    (one worker, batches of one size: the slot a batch leaves is the next one it fills).
+    """
+    if not hold:
+        monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: None)
+    collate = MMCollate(pin_memory=False, pin_slots=True, worker_slots=LATE_SLOTS)
+    pending: collections.deque = collections.deque()
+    copied = wrong = 0
+    for batch in loader(Uniform(160), collate=collate, num_workers=1):
+        assert _registration.is_registered(batch.buffer) and batch.pin_memory() is batch
         moved = batch.to("cuda", non_blocking=True)
-        del batch  # the slot stays leased until the copy finished
-        on_device.append(moved["x"].double().sum())  # read on the device; nothing waits on the host
+        event = torch.cuda.Event()
+        event.record()
+        pending.append((moved, batch["x"].clone(), event))
+        del batch
+        while len(pending) > LAG or (pending and copied + len(pending) == 40):
+            moved, expected, event = pending.popleft()
+            event.synchronize()  # the host waits for the oldest copy: the device is at most LAG behind
+            wrong += not torch.equal(moved["x"], expected)
+            copied += 1
+    assert copied == 40
+    assert wrong == 0 if hold else wrong > 0
+    del moved, expected, event
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "control-not-held"])
+def test_on_cuda_a_slot_is_never_refilled_under_a_late_copy(clean, monkeypatch, hold):
+    """On a device: each copy queued behind 10 ms of compute, at most LAG batches behind the loop.
+
+    The control turns the hold off: the worker refills a slot within about a millisecond
+    of its lease's end (one worker, batches of one size: the slot a batch leaves is the
+    next one it fills), while the copy that reads it waits behind two more steps of
+    compute (the host runs LAG batches ahead), so copies read later batches.
+    """
+    from pincollate.bench._gpu import spin, spin_cycles
+
+    if not hold:
+        monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: None)
+    cycles = spin_cycles(0.01)
+    collate = MMCollate(pin_memory=False, pin_slots=True, worker_slots=LATE_SLOTS)
+    sums, expected, events = [], [], collections.deque()
+    for batch in loader(Uniform(160), collate=collate, num_workers=1):
+        assert _registration.is_registered(batch.buffer) and batch.pin_memory() is batch
+        expected.append(batch["x"].double().sum())
+        spin(cycles)  # the copy queued next starts late: the worker refills meanwhile
+        moved = batch.to("cuda", non_blocking=True)
+        del batch  # with the hold, the slot stays leased until the copy has run
+        sums.append(moved["x"].double().sum())  # read on the device; nothing waits on the host
+        events.append(torch.cuda.Event())
+        events[-1].record()
+        if len(events) > LAG:
+            events.popleft().synchronize()  # the bound: the device is at most LAG batches behind
         del moved
-    assert torch.equal(torch.stack(on_device).cpu(), torch.stack(on_host))
     torch.cuda.synchronize()
     _registration.prune()
+    wrong = int((torch.stack(sums).cpu() != torch.stack(expected)).sum())
+    assert len(sums) == 40
+    assert wrong == 0 if hold else wrong > 0
 
 
 @pytest.mark.cuda
