@@ -195,3 +195,14 @@ def test_each_hop_checks_the_batch_against_its_layout_once(monkeypatch, fake_pin
     }[hop]()
     assert len(walks) == 1
     assert_same(moved, batch)
+
+
+def test_tv_tensors_keep_their_type_and_metadata_when_moved_by_span(fake_pinned):
+    # torchvision 0.26 has no BoundingBoxes.wrap (0.27 and later do): the module's wrap is used there.
+    from torchvision import tv_tensors
+
+    boxes = tv_tensors.BoundingBoxes(torch.rand(3, 4), format="XYXY", canvas_size=(8, 8))
+    tree = {"boxes": boxes, "image": tv_tensors.Image(torch.zeros(3, 4, 4))}
+    for moved in (pin(tree), to_device(tree, "meta")):
+        assert type(moved["boxes"]) is tv_tensors.BoundingBoxes and type(moved["image"]) is tv_tensors.Image
+        assert moved["boxes"].format == boxes.format and moved["boxes"].canvas_size == (8, 8)

@@ -16,6 +16,7 @@ import torch
 
 from .._memory.arena import copy_to_device, is_pinned, new_pinned
 from .._memory.ownership import holder
+from .._types.wrap import rewrap
 from .specs import jagged
 from .trees import map_tensors, nested_parts
 from .views import ALIGN
@@ -68,19 +69,7 @@ def _rebuild(t: torch.Tensor, at: int, storage: torch.UntypedStorage) -> torch.T
     """``t`` again, over ``storage`` at byte ``at``."""
     out = torch.empty(0, dtype=t.dtype, device=storage.device)
     out.set_(storage, at // t.dtype.itemsize, t.size(), t.stride())
-    if type(t) is not torch.Tensor:
-        out = _rewrap(out, t)
-    return out
-
-
-def _rewrap(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    wrap = getattr(type(like), "wrap", None)
-    if wrap is not None:
-        try:
-            return wrap(out, like)  # type: ignore[no-any-return]
-        except TypeError:
-            pass
-    return out.as_subclass(type(like))
+    return rewrap(out, t)
 
 
 def _move(

@@ -11,6 +11,7 @@ import torch
 
 from .._errors import CollateError
 from .._types.kinds import MAPPING, NAMEDTUPLE, SEQUENCE, kind_of
+from .._types.wrap import rewrap
 
 __all__ = ["Normalize"]
 
@@ -90,10 +91,7 @@ class Normalize:
         out = (out - mean) / std
         if self.channels_last and out.dim() == 4:
             out = out.contiguous(memory_format=torch.channels_last)
-        wrap = getattr(type(image), "wrap", None)
-        if wrap is not None:  # a torchvision tv_tensor keeps its type
-            out = wrap(out, like=image)
-        return out
+        return rewrap(out, image)  # a torchvision tv_tensor keeps its type
 
     def __call__(self, batch: Any) -> Any:
         """A shallow copy of ``batch`` with the images at ``keys`` normalised."""

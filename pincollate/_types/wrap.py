@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 
-__all__ = ["Wrap"]
+__all__ = ["Wrap", "rewrap"]
+
+
+def rewrap(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` as ``like``'s tensor subclass, with its metadata (a box format, a canvas size).
+
+    torchvision 0.27 and later give each ``tv_tensors`` class a ``wrap(tensor, like=...)``;
+    0.26 and earlier only the module's ``tv_tensors.wrap``. Any other subclass is made
+    with ``as_subclass``; a plain tensor stays plain.
+    """
+    cls = type(like)
+    if cls is torch.Tensor:
+        return out
+    wrap = getattr(cls, "wrap", None)
+    if wrap is not None:
+        try:
+            return wrap(out, like=like)  # type: ignore[no-any-return]
+        except TypeError:  # a wrap() of another signature (a user's own)
+            pass
+    tv_tensors = sys.modules.get("torchvision.tv_tensors")  # loaded wherever a tv_tensor exists
+    if tv_tensors is not None and isinstance(like, tv_tensors.TVTensor):
+        return tv_tensors.wrap(out, like=like)  # type: ignore[no-any-return]
+    return out.as_subclass(cls)
 
 
 class Wrap:
