@@ -5,8 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := $(VENV)/.demo
 DOCS   := $(VENV)/.docs
+# torch and torchvision as a lent GPU runs them, for make test-compat.
+COMPAT        := .venv-compat
+COMPAT_STAMP  := $(COMPAT)/.installed
+COMPAT_PYTHON ?= $(PYTHON)
+COMPAT_TORCH  ?= 2.11.*
+COMPAT_VISION ?= 0.26.*
 
-.PHONY: demo test test-fast notebooks fuzz lint format typecheck docs verifytypes bench gpu-check install clean
+.PHONY: demo test test-fast test-compat notebooks fuzz lint format typecheck docs verifytypes bench gpu-check install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +36,15 @@ $(DOCS): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+$(COMPAT)/bin/python:
+	$(COMPAT_PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install -q --upgrade pip
+
+# The packages make test installs, with the device's torch and torchvision.
+$(COMPAT_STAMP): pyproject.toml | $(COMPAT)/bin/python
+	$(COMPAT)/bin/python -m pip install -q -e ".[test,bench,notebooks,integrations,ray]" "torch==$(COMPAT_TORCH)" "torchvision==$(COMPAT_VISION)"
+	touch $(COMPAT_STAMP)
+
 ## Quick benchmark on built-in synthetic data: prints a table, writes bench.json and bench.png.
 demo: $(DEMO)
 	$(BIN)/python -m pincollate.bench --quick --json bench.json --plot bench.png
@@ -41,6 +56,11 @@ test: $(STAMP)
 ## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), well under a minute.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
+
+## The CPU suite under torch 2.11 and torchvision 0.26 (a lent GPU's release) in .venv-compat, so an API
+## that release lacks shows up here, not on the device. The first run downloads a few GB.
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT)/bin/python -m pytest -p no:cacheprovider
 
 ## Run the notebooks whose code changed, in place, and keep their outputs (as committed); FORCE=1 runs all three.
 ## Uses what make test installs.
@@ -87,4 +107,4 @@ gpu-check:
 	$(PYTHON) tests/gpu_check.py --out $(GPU_CHECK_JSON)
 
 clean:
-	rm -rf $(VENV) build site bench.json bench.png gpu-check.json .pytest_cache
+	rm -rf $(VENV) $(COMPAT) build site bench.json bench.png gpu-check.json .pytest_cache
