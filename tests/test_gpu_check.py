@@ -19,8 +19,6 @@ from gpu_check import failed_rows
 ROOT = pathlib.Path(__file__).parent.parent
 GPU_CHECK = ROOT / "tests" / "gpu_check.py"
 
-pytestmark = pytest.mark.slow
-
 #: What a lent device has besides Python's standard library.
 DEVICE_PACKAGES = {"torch", "torchvision", "numpy", "pytest", "pillow"}
 
@@ -71,6 +69,7 @@ def _without_the_extras(tmp_path: pathlib.Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(stubs))
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_with_only_the_devices_packages(tmp_path):
     _no_cuda()
     env = _without_the_extras(tmp_path)
@@ -109,6 +108,7 @@ def test_gpu_check_runs_with_only_the_devices_packages(tmp_path):
     assert "GPU rows: not measured (no CUDA device)" in result.stdout
 
 
+@pytest.mark.slow
 def test_make_gpu_check_is_a_thin_wrapper(tmp_path):
     _no_cuda()
     out = tmp_path / "gpu-check.json"
@@ -165,6 +165,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_hanging_test_is_cut_at_its_limit_and_the_rest_still_run(tmp_path):
     _no_cuda()
     tests, env = _fake_tests(tmp_path)
@@ -194,6 +195,7 @@ def test_a_hanging_test_is_cut_at_its_limit_and_the_rest_still_run(tmp_path):
     assert _gone(int((tmp_path / "hung.pid").read_text()))
 
 
+@pytest.mark.slow
 def test_the_report_is_written_when_gpu_check_is_terminated(tmp_path):
     _no_cuda()
     tests, env = _fake_tests(tmp_path)
