@@ -116,15 +116,21 @@ class _Child:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            print(line, end="", flush=True)
-            self.tail.append(line.rstrip("\n"))
+        with self.process.stdout:
+            for line in self.process.stdout:
+                print(line, end="", flush=True)
+                self.tail.append(line.rstrip("\n"))
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        self.wait()
+
+    def wait(self) -> int:
+        """The child's exit status, once its output is read to the end."""
         self.process.wait()
         self._reader.join(timeout=5)
+        return self.process.returncode
 
 
 _children: list[_Child] = []
@@ -167,7 +173,7 @@ def run_tests(files: list[str], limit: float, deadline: float, work: str, save: 
                 child.kill()
                 break
         _children.remove(child)
-        child.process.wait()
+        child.wait()
         result["runs"].append({"rc": child.process.returncode, "hung": hung, "continued": bool(result["runs"])})
         result["tail"] = list(child.tail)
         if hung is None:
@@ -218,13 +224,17 @@ def _outcomes(result: dict[str, Any], events: str, start: float) -> dict[str, An
     }
 
 
-def run_rows(limit: float, deadline: float, work: str, save: Any) -> dict[str, Any]:
-    """The GPU benchmark rows, each within ``limit`` seconds, recorded as each ends."""
+def run_rows(limit: float, deadline: float, work: str, save: Any, command: list[str] | None = None) -> dict[str, Any]:
+    """The GPU benchmark rows, each within ``limit`` seconds, recorded as each ends.
+
+    ``command`` runs the rows (this script's ``--rows``): it writes ``{"started": name}``
+    and then ``{"name": name, "row": ...}`` for each, leaving out those the parent names.
+    """
     rows = os.path.join(work, "rows.jsonl")
     report: dict[str, Any] = {}
     while True:
         env = _environment(**{ROWS: rows, SKIP_ROWS: ",".join(report)})
-        child = _Child([sys.executable, os.path.abspath(__file__), "--rows"], env)
+        child = _Child(command or [sys.executable, os.path.abspath(__file__), "--rows"], env)
         _children.append(child)
         last, seen, why = time.monotonic(), len(_read_lines(rows)), None
         while child.process.poll() is None:
@@ -240,6 +250,7 @@ def run_rows(limit: float, deadline: float, work: str, save: Any) -> dict[str, A
                 child.kill()
                 break
         _children.remove(child)
+        child.wait()
         records = _read_lines(rows)
         report.update((r["name"], r["row"]) for r in records if "name" in r)
         cut = next((r["started"] for r in records if "started" in r and r["started"] not in report), None)

@@ -219,6 +219,47 @@ def test_the_report_is_written_when_gpu_check_is_terminated(tmp_path):
     assert "gpu-check: wrote" in output and _gone(hung)
 
 
+FAKE_ROWS = """
+import json, os, time
+path, skip = os.environ["GPU_CHECK_ROWS"], set(os.environ["GPU_CHECK_SKIP_ROWS"].split(","))
+for name in ("first", "hangs", "second", "dies", "third"):
+    if name in skip:
+        continue
+    with open(path, "a") as f:
+        f.write(json.dumps({"started": name}) + "\\n")
+    if name == "hangs":
+        time.sleep(600)
+    if name == "dies":
+        os._exit(3)
+    with open(path, "a") as f:
+        f.write(json.dumps({"name": name, "row": {"value": 1}}) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_a_row_that_hangs_or_dies_is_recorded_and_the_rest_still_run(tmp_path):
+    import gpu_check
+
+    (tmp_path / "rows.py").write_text(FAKE_ROWS)
+    saved = []
+    report = gpu_check.run_rows(
+        5,
+        time.monotonic() + 120,
+        str(tmp_path),
+        lambda part: saved.append(list(part)),
+        [sys.executable, str(tmp_path / "rows.py")],
+    )
+    assert report == {
+        "first": {"value": 1},
+        "hangs": {"error": "ran past 5 s"},
+        "second": {"value": 1},
+        "dies": {"error": "its process exited 3: []"},
+        "third": {"value": 1},
+    }
+    assert saved == [["first", "hangs"], ["first", "hangs", "second", "dies"]]  # the report, after each cut
+    assert failed_rows(report) == ["hangs: ran past 5 s", "dies: its process exited 3: []"]
+
+
 def test_gpu_check_finds_every_failed_row():
     # A row that failed is an "error" entry; gpu-check exits non-zero on any.
     report = {
