@@ -8,13 +8,17 @@ readable id to a function building a fresh batch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset
+
+from pincollate import RaggedFieldWarning
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -147,6 +151,18 @@ class UserTensor(torch.Tensor):
 
 
 torch.serialization.add_safe_globals([UserTensor])  # a saved batch of them loads with weights_only=True
+
+
+#: The ``RAGGED`` trees with a field that, under no policy, becomes a per-sample list because
+#: its values differ in shape: a fresh collate warns once (``RaggedFieldWarning``).
+LISTED = frozenset({"ragged-boxes", "unequal-lists", "unequal-shapes"})
+
+
+def listing(name: str) -> contextlib.AbstractContextManager[Any]:
+    """What collating the sample tree ``name`` with a fresh collate and no policy warns: a
+    ``RaggedFieldWarning`` for the trees in :data:`LISTED`, nothing for the others.
+    """
+    return pytest.warns(RaggedFieldWarning) if name in LISTED else contextlib.nullcontext()
 
 
 def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import default_collate
 
 import pincollate
-from pincollate import Batch, BatchList, CollateError, MMCollate, mm_collate
+from pincollate import Batch, BatchList, CollateError, MMCollate, RaggedFieldWarning, mm_collate
 from samples import (
     PARITY,
     RAGGED,
@@ -22,6 +22,7 @@ from samples import (
     assert_identical,
     assert_one_buffer,
     assert_same,
+    listing,
     storages,
 )
 
@@ -41,7 +42,8 @@ def test_parity_holds_when_the_cached_plan_is_reused(name):
 
 @pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
 def test_every_tensor_is_a_view_of_one_buffer(name):
-    out = mm_collate(PARITY.get(name, RAGGED.get(name))())
+    with listing(name):
+        out = MMCollate()(PARITY.get(name, RAGGED.get(name))())
     assert_one_buffer(out)
 
 
@@ -142,7 +144,8 @@ def test_ragged_column_after_uniform_batches_is_handled():
     collate = MMCollate()
     for _ in range(3):
         collate([{"x": torch.zeros(2)}, {"x": torch.zeros(2)}])
-    out = collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+    with pytest.warns(RaggedFieldWarning, match=r"\['x'\] holds values of different shapes"):
+        out = collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
     assert [t.shape[0] for t in out["x"]] == [2, 3]
     assert_same(collate([{"x": torch.ones(2)}, {"x": torch.ones(2)}])["x"], torch.ones(2, 2))
 
@@ -297,7 +300,8 @@ def test_absent_namedtuple_and_dataclass_fields_are_none_with_missing_none():
 
 def test_items_of_unequal_and_equal_shapes_follow_item_semantics():
     t2, t3 = torch.zeros(2), torch.ones(3)
-    out = MMCollate(sequences="items")([{"x": [t2, t3]}, {"x": [t2, t2]}])
+    with pytest.warns(RaggedFieldWarning, match="sample 0's items have shapes \\(2,\\) and \\(3,\\)"):
+        out = MMCollate(sequences="items")([{"x": [t2, t3]}, {"x": [t2, t2]}])
     assert_same(out["x"], [[t2, t3], torch.stack([t2, t2])])
     assert_one_buffer(out)
 

@@ -27,6 +27,7 @@ from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtup
 from .._types.leaves import LeafHandler, lookup, type_name
 from .column import Column, stack_or_list
 from .containers import ContainerWalk
+from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
 from .items import MAX_DEPTH, Extras, Origins, Path, container_name
 from .patterns import Renames, Settings
@@ -47,6 +48,7 @@ class Planner:
         self.default: Policy | None = settings.default
         self.missing: bool = settings.missing
         self.items: bool = settings.items
+        self.fallbacks: Fallbacks = settings.fallbacks
 
     def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
         """Plan the column ``values`` (one per sample) found at ``path``."""
@@ -61,6 +63,7 @@ class _Walk(ContainerWalk):
         self.renames = planner.renames
         self.default = planner.default
         self.missing = planner.missing
+        self.fallbacks = planner.fallbacks
         self._open: dict[int, Path] = {}
 
     # dispatch --------------------------------------------------------------------
@@ -209,7 +212,10 @@ class _Walk(ContainerWalk):
             # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
             policy = self.default
         if policy is None:
-            return stack_or_list(column), {}
+            node = stack_or_list(column)
+            if type(node) is not TensorNode and column.handler.stackable:
+                self.fallbacks.report(path, ((column.origin(i)[0], shape) for i, shape in enumerate(column.shapes)))
+            return node, {}
         return policy.plan(column, self.renames.key(path))
 
     def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
