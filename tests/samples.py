@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +165,16 @@ def listing(name: str) -> contextlib.AbstractContextManager[Any]:
     ``RaggedFieldWarning`` for the trees in :data:`LISTED`, nothing for the others.
     """
     return pytest.warns(RaggedFieldWarning) if name in LISTED else contextlib.nullcontext()
+
+
+def print_ragged_warnings(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: the worker prints its ``RaggedFieldWarning`` s to its stderr,
+    as it does outside the test suite (pytest's recorder and ``filterwarnings=error`` came with the fork).
+    """
+    warnings.simplefilter("always", RaggedFieldWarning)
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+        warnings.formatwarning(message, category, filename, lineno, line)
+    )
 
 
 def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:

@@ -77,14 +77,18 @@ def test_slots_are_aligned_for_every_dtype():
 
 def test_unequal_shapes_come_back_as_a_list():
     a, b = torch.arange(3.0), torch.arange(5.0)
-    out = mm_collate([{"x": a}, {"x": b}])
+    with pytest.warns(
+        RaggedFieldWarning, match=r"\['x'\] holds values of different shapes, \(3,\) in sample 0 and \(5,\) in sample 1"
+    ):
+        out = mm_collate([{"x": a}, {"x": b}])
     assert isinstance(out["x"], list)
     assert_same(out["x"], [a, b])
 
 
 def test_unequal_lists_use_item_semantics():
     a, b, c = (torch.full((2, 2), float(i)) for i in range(3))
-    out = mm_collate([{"img": [a, b]}, {"img": [c]}])
+    with pytest.warns(RaggedFieldWarning, match=r"\['img'\] holds lists of items that do not stack"):
+        out = mm_collate([{"img": [a, b]}, {"img": [c]}])
     assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
     assert len(storages(out)) == 1
 

@@ -8,7 +8,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
-from samples import UserTensor, assert_identical, assert_same, careful_walk, storages
+from samples import UserTensor, assert_identical, assert_same, careful_walk, print_ragged_warnings, storages
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -228,7 +228,8 @@ class _VLM(torch.utils.data.Dataset):
 @pytest.mark.slow
 def test_policies_through_dataloader_workers_match_main_process():
     collate = MMCollate(
-        sequences="items", fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat()}
+        sequences="items",
+        fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat(), "image": AsList()},
     )
     in_workers = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=2, timeout=60))
     in_main = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=0))
@@ -277,9 +278,15 @@ POLICY_SETS = {
 @pytest.mark.parametrize("name", sorted(POLICY_SETS))
 def test_every_policy_and_vision_type_through_workers(name, sequences):
     collate = MMCollate(sequences=sequences, missing="none", fields=POLICY_SETS[name])
-    in_workers = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60))
-    in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
+    # Fields without a policy (the photos of several sizes, say) are listed, with a warning.
+    loader = DataLoader(
+        _Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60, worker_init_fn=print_ragged_warnings
+    )
+    in_workers = list(loader)
+    with pytest.warns(RaggedFieldWarning) as warned:
+        in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
     assert len(in_workers) == len(in_main) == 2
+    assert "['photo'] holds values of different shapes" in " ".join(str(w.message) for w in warned)
     for a, b in zip(in_workers, in_main, strict=True):
         assert list(a) == list(b)
         for key in a:
