@@ -42,6 +42,14 @@ def _items(counts: list[list[int]]) -> list[dict[str, Any]]:
     ]
 
 
+def _whole_images(counts: list[int | None]) -> list[dict[str, Any]]:
+    """Whole images as items, ``counts[i]`` of them in sample ``i`` (no key where ``None``)."""
+    return [
+        {"y": i} if k is None else {"y": i, "ids": [torch.full((3, 2, 2), float(10 * i + j)) for j in range(k)]}
+        for i, k in enumerate(counts)
+    ]
+
+
 def _lists(lengths: list[int], kind: type = int, container: type = list) -> list[dict[str, Any]]:
     """Token ids as Python lists (or tuples), as ``datasets`` and tokenizers give them."""
     return [{"ids": container(kind(7 * i + j) for j in range(n)), "y": i} for i, n in enumerate(lengths)]
@@ -471,6 +479,21 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         {"fields": {"ids": Concat()}},
         ConcatRecipe,
         [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
+    ),
+    "concat-stacked-items": (
+        {"fields": {"ids": Concat(items="stack")}},
+        ConcatRecipe,
+        [lambda: _whole_images([2, 1, 3]), lambda: _whole_images([0, 4]), lambda: _whole_images([1, 1])],
+    ),
+    "concat-stacked-items-missing": (
+        {"fields": {"ids": Concat(items="stack")}, "missing": "none"},
+        ConcatRecipe,
+        [lambda: _whole_images([2, None, 1]), lambda: _whole_images([None, 3])],
+    ),
+    "concat-stacked-one-each": (
+        {"fields": {"ids": Concat(items="stack")}},
+        ConcatRecipe,
+        [lambda: _ids([2, 2, 2], trailing=(3,)), lambda: _ids([4, 4], trailing=(3,))],
     ),
 }
 

@@ -103,7 +103,9 @@ class Fallbacks:
         # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
         setting = f"fields={{{'.'.join(map(str, path))!r}: AsList()}}" if path else "ragged=AsList()"
         packing = (
-            "Concat() packs lists of items into one tensor" if items else "Pad() or Concat() make sequences one tensor"
+            "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images)"
+            if items
+            else "Pad() or Concat() make sequences one tensor"
         )
         warnings.warn(
             f"pincollate: {what}, so it is a per-sample list, not one tensor. Name a policy for it to settle this: "

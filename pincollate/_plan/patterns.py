@@ -37,7 +37,7 @@ class FieldRules:
         >>> rules.lookup(("meta", "boxes"))
         Stack()
         >>> rules.lookup(("images", 0))
-        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets', items='cat')
     """
 
     def __init__(self, fields: Mapping[str, Policy] | None):
