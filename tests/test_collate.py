@@ -223,6 +223,14 @@ BAD = {
     ),
     "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
+    "none-beside-tensors": (
+        [{"x": torch.zeros(2)}, {"x": None}],
+        r"sample 1 at \['x'\]: expected Tensor, got NoneType \(pass missing='none' to take None as an absent value\)",
+    ),
+    "tensor-beside-none": (
+        [{"x": None}, {"x": torch.zeros(2)}],
+        r"sample 1 at \['x'\]: expected None, got Tensor \(pass missing='none'",
+    ),
     "int-overflow": ([2**70, 1], r"sample 0 at root: int 1180591620717411303424 does not fit int64"),
     # Mixed number types (a bool beside an int; a float beside an int) are planned by their own rule.
     "bool-then-int-overflow": (

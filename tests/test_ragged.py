@@ -192,6 +192,13 @@ def _arrays(lengths: list[int], dtype: str = "float32", trailing: tuple[int, ...
     ]
 
 
+def _read_only(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Read-only arrays, as an object store (Ray Data's rows) hands them out: torch.from_numpy would warn."""
+    for sample in samples:
+        sample["ids"].flags.writeable = False
+    return samples
+
+
 def _audio(lengths: list[int]) -> list[dict[str, Any]]:
     return [{"ids": torch.randn(2, n, generator=torch.Generator().manual_seed(n))} for n in lengths]
 
@@ -199,6 +206,7 @@ def _audio(lengths: list[int]) -> list[dict[str, Any]]:
 # Each case: the collate's settings, the recipe class it gets, and batches of one field.
 #: The cases without a policy whose first batch lists a field whose values differ in shape: warned once.
 LISTED = {
+    "list-read-only-arrays",
     "items",
     "items-differing-lengths",
     "list-arrays",
@@ -313,6 +321,30 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         [lambda: _arrays([3, 1], "int16", (3,)), lambda: _arrays([2, 5], "int16", (3,))],
     ),
     "list-arrays": ({}, Arrays, [lambda: _arrays([3, 1, 4], "float64"), lambda: _arrays([2, 2], "float64")]),
+    "pad-read-only-arrays": (
+        {"fields": {"ids": Pad()}},
+        Arrays,
+        [
+            lambda: _read_only(_arrays([3, 1, 4], "int64")),
+            lambda: _arrays([0, 6], "int64"),
+            lambda: _read_only(_arrays([2, 5], "int64")),
+        ],
+    ),
+    "pad-left-read-only-rows-of-3": (
+        {"fields": {"ids": Pad(side="left", mask_key="m")}},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1], trailing=(3,))), lambda: _read_only(_arrays([2, 6], trailing=(3,)))],
+    ),
+    "concat-read-only-arrays": (
+        {"fields": {"ids": Concat()}},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1])), lambda: _read_only(_arrays([2, 0, 5]))],
+    ),
+    "list-read-only-arrays": (
+        {},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1, 4])), lambda: _read_only(_arrays([2, 2]))],
+    ),
     "concat-arrays": ({"fields": {"ids": Concat()}}, Arrays, [lambda: _arrays([3, 1]), lambda: _arrays([2, 0, 5])]),
     "concat-items-missing": (
         {"fields": {"ids": Concat()}, "missing": "none"},
@@ -1085,3 +1117,22 @@ def test_ragged_parameters_are_listed_as_plain_tensors_as_stack_gives_them(setti
         assert all(type(t) is torch.Tensor for t in tensors(out))
         assert_one_buffer(out)
         assert_identical(pickle.loads(pickle.dumps(out)), out)
+
+
+def test_read_only_arrays_are_concatenated_once_and_copied_from_there(monkeypatch):
+    # concatenated_arrays hands the recipes one flat copy (Joined); Pad's small path and
+    # Concat copy from it instead of concatenating the values again (nonempty + torch.cat).
+    from pincollate._plan import packed, padding
+
+    def again(*args: Any) -> None:
+        raise AssertionError("the values were concatenated a second time")
+
+    for fields in ({"ids": Pad()}, {"ids": Concat()}):
+        reference = MMCollate(pin_memory=False, fields=fields)
+        expected = [reference(_read_only(_arrays(lengths))) for lengths in ([3, 1, 4], [2, 5])]
+        with monkeypatch.context() as patch:
+            patch.setattr(padding, "nonempty", again)
+            patch.setattr(packed, "nonempty", again)
+            collate = MMCollate(pin_memory=False, fields=fields)
+            for lengths, want in zip(([3, 1, 4], [2, 5]), expected, strict=True):
+                assert_identical(collate(_read_only(_arrays(lengths))), want)

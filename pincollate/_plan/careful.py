@@ -95,7 +95,8 @@ class _Walk(ContainerWalk):
                 return Value(list(values)), {}  # always a per-sample list
             if policy is not None:
                 raise self._error(
-                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values",
+                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values"
+                    f"{self._none_hint(first)}",
                     None,
                     path,
                     origins,
@@ -131,6 +132,10 @@ class _Walk(ContainerWalk):
         finally:
             del self._open[id(first)]
 
+    def _none_hint(self, value: Any) -> str:
+        """Where ``None`` is what does not fit, how to take it as an absent value."""
+        return " (pass missing='none' to take None as an absent value)" if value is None and not self.missing else ""
+
     def _container(self, first: Any, items: bool) -> Callable[..., Node] | None:
         kind = kind_of(first)
         if kind is MAPPING:
@@ -163,7 +168,9 @@ class _Walk(ContainerWalk):
             h = lookup(type(value))
             if h is None or h.family != family:
                 expected = handler.name if family != "number" else "a number"
-                raise self._error(f"expected {expected}, got {type_name(value)}", i, path, origins)
+                raise self._error(
+                    f"expected {expected}, got {type_name(value)}{self._none_hint(value)}", i, path, origins
+                )
             if first_type is None:
                 first_type = type(value)
                 handler = h
@@ -260,7 +267,8 @@ class _Walk(ContainerWalk):
         for i, value in enumerate(values):
             h = lookup(type(value))
             if h is not handler and not (value is None and self.missing):
-                raise self._error(f"expected {handler.name}, got {type_name(value)}", i, path, origins)
+                hint = self._none_hint(None if handler.family == "None" else value)
+                raise self._error(f"expected {handler.name}, got {type_name(value)}{hint}", i, path, origins)
         # default_collate returns the batch's own list of strings.
         return Value(values)
 

@@ -22,7 +22,7 @@ from .._types.builtin import concat_tensors, fill_numbers, stack_tensors
 from .fill import Fill
 from .ops import FIRST
 from .packing import INT32_MAX, Concat, Jagged
-from .padding import nonempty
+from .padding import Joined, nonempty
 from .recipe import Recipe, place, plain_tensors
 
 __all__ = ["ConcatRecipe", "concat_recipe"]
@@ -82,7 +82,8 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((concat_tensors, concatenated, nonempty(values, rows), None))
+        pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
+        fill.tasks.append((concat_tensors, concatenated, pieces, None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
         item_offsets = [0, *itertools.accumulate(rows)]
@@ -109,11 +110,11 @@ class ConcatRecipe(Recipe):
         """``items="stack"``: the items stacked whole, ``(items, *shape)``; offsets count items."""
         if shapes.count(shapes[0]) != len(shapes):
             return False  # the careful planner names the item whose shape differs
+        if len(values) > INT32_MAX:
+            return False  # the careful planner says Concat's int32 offsets cannot hold it
         stacked = place(fill, next(iter(self.dtypes)), (len(values), *shapes[0]))
         fill.tasks.append((stack_tensors, stacked, values, None))
         offsets = list(range(len(values) + 1)) if counts is None else [0, *itertools.accumulate(counts)]
-        if offsets[-1] > INT32_MAX:
-            return False  # the careful planner says Concat's int32 offsets cannot hold it
         extras: list[tuple[str, TensorSpec]] = []
         self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
         if counts is not None:

@@ -20,6 +20,7 @@ __all__ = [
     "PAD_BYTES",
     "SCATTER_BYTES",
     "TRIANGLE_ROWS",
+    "Joined",
     "box",
     "fill_mask",
     "fill_mask_1d",
@@ -171,7 +172,8 @@ def _padded_1d(
             valid = valid_1d(lengths, size, left)
         if dim == 0 and numpy_dtype(region.dtype) is not None:
             # numpy's boolean assignment: the masked scatter, at half its cost.
-            region.numpy()[valid] = torch.cat(nonempty(values, lengths)).numpy()
+            source = values.flat if type(values) is Joined else torch.cat(nonempty(values, lengths))
+            region.numpy()[valid] = source.numpy()
             return
         # Padding moves bits: where numpy (float8, complex32) or masked_scatter_ (those, and
         # unsigned ints past uint8) has no kernel for the dtype, an integer of its size does.
@@ -194,6 +196,21 @@ def _padded_1d(
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _NUMEL = torch.Tensor.numel
+
+
+class Joined(tuple[torch.Tensor, ...]):
+    """Views of one flat tensor, one per value, in order: ``flat`` is all of them, already concatenated.
+
+    What :func:`~pincollate._plan.recipe.concatenated_arrays` makes of read-only arrays; a
+    copy that would concatenate the values again takes ``flat`` instead.
+    """
+
+    flat: torch.Tensor
+
+    def __new__(cls, flat: torch.Tensor, lengths: list[int]) -> Joined:
+        joined = super().__new__(cls, flat.split_with_sizes(lengths))
+        joined.flat = flat
+        return joined
 
 
 def nonempty(values: Sequence[torch.Tensor], lengths: Sequence[int] | None = None) -> list[torch.Tensor]:
