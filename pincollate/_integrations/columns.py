@@ -22,7 +22,7 @@ process pins.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -220,12 +220,53 @@ class ColumnCollate:
         self._recipes[path] = recipe
         return recipe
 
+    def iter_torch_batches(
+        self,
+        data: Any,
+        *,
+        batch_size: int | None = 256,
+        prefetch_batches: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        unpack: bool = False,
+    ) -> Iterable[Any]:
+        """The batches of a Ray ``Dataset`` or ``DataIterator`` (a Ray Train shard), each a [Batch][pincollate.Batch].
+
+        Ray's own ``iter_torch_batches``, with this collate in Ray's threads, on the CPU;
+        but where Ray would rebuild a batch whose columns are all tensors as a plain
+        ``dict``, each batch arrives whole, its layout with it, so ``batch.to(device)`` and
+        the [Prefetcher][pincollate.Prefetcher] move it in one copy. The keywords are
+        Ray's; with ``unpack``, each row is a batch [pack][pincollate.ColumnCollate.pack]
+        made on the data side (iterate with ``batch_size=1``). Each ``for`` over the
+        result is one pass over ``data``. Needs ``ray`` (``pip install "pincollate[ray]"``).
+
+        Examples:
+            >>> collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})  # doctest: +SKIP
+            >>> shard = ray.train.get_dataset_shard("train")  # doctest: +SKIP
+            >>> for batch in pincollate.Prefetcher(collate.iter_torch_batches(shard, batch_size=32)):  # doctest: +SKIP
+            ...     loss = model(batch["ids"], batch["ids_mask"])
+        """
+        from .ray import RayBatches
+
+        options = {
+            "batch_size": batch_size,
+            "prefetch_batches": prefetch_batches,
+            "drop_last": drop_last,
+            "local_shuffle_buffer_size": local_shuffle_buffer_size,
+            "local_shuffle_seed": local_shuffle_seed,
+        }
+        return RayBatches(data, self, unpack, options)
+
     def for_ray(self, *, unpack: bool = False) -> Any:
         """This collate as Ray Data's ``NumpyBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
 
         Ray (2.47 and later) asks for a ``NumpyBatchCollateFn`` subclass rather than a
         function. With ``unpack``, it unpacks batches ``pack`` made on the data side.
-        Needs ``ray`` (``pip install "pincollate[ray]"``).
+        Ray's finalize step rebuilds a batch whose columns are all tensors as a plain
+        ``dict``, which this warns of once:
+        [iter_torch_batches][pincollate.ColumnCollate.iter_torch_batches] keeps the batch
+        whole. Needs ``ray`` (``pip install "pincollate[ray]"``).
         """
         from .ray import RayCollate
 

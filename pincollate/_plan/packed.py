@@ -73,7 +73,7 @@ class ConcatRecipe(Recipe):
         if shapes is None:
             return False
         if self.stack:
-            return self._stacked(values, shapes, counts, fill, index)
+            return self._stacked(values.views() if type(values) is Joined else values, shapes, counts, fill, index)
         trailing = shapes[0][1:]
         if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
             return False  # the careful planner names the value whose trailing dims differ

@@ -7,7 +7,7 @@ one ``masked_scatter_`` for a whole small field).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -198,19 +198,40 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NUMEL = torch.Tensor.numel
 
 
-class Joined(tuple[torch.Tensor, ...]):
-    """Views of one flat tensor, one per value, in order: ``flat`` is all of them, already concatenated.
+class Joined(Sequence[torch.Tensor]):
+    """Values already concatenated: ``flat`` holds them in order, ``lengths`` their leading sizes.
 
-    What :func:`~pincollate._plan.recipe.concatenated_arrays` makes of read-only arrays; a
-    copy that would concatenate the values again takes ``flat`` instead.
+    What :func:`~pincollate._plan.recipe.concatenated_arrays` makes of read-only arrays.
+    A copy that would concatenate the values again takes ``flat`` instead, and a recipe
+    reads their shapes from the lengths (:meth:`shapes`); the values themselves, views of
+    ``flat``, are made only for what asks for them one by one.
     """
 
-    flat: torch.Tensor
+    __slots__ = ("_views", "flat", "lengths")
 
-    def __new__(cls, flat: torch.Tensor, lengths: list[int]) -> Joined:
-        joined = super().__new__(cls, flat.split_with_sizes(lengths))
-        joined.flat = flat
-        return joined
+    def __init__(self, flat: torch.Tensor, lengths: list[int]):
+        self.flat = flat
+        self.lengths = lengths
+        self._views: tuple[torch.Tensor, ...] | None = None
+
+    def shapes(self) -> list[torch.Size]:
+        trailing = tuple(self.flat.shape[1:])
+        return [torch.Size((n, *trailing)) for n in self.lengths]
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """The values, each a view of ``flat``: what torch's ``stack`` and ``cat`` take."""
+        if self._views is None:
+            self._views = self.flat.split_with_sizes(self.lengths)
+        return self._views
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.views()[index]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.views())
 
 
 def nonempty(values: Sequence[torch.Tensor], lengths: Sequence[int] | None = None) -> list[torch.Tensor]:

@@ -35,7 +35,7 @@ from .listed import ListRecipe, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
-from .padding import fill_padded_1d, fill_padded_and_mask_1d
+from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
 from .recipe import Recipe, converted, kept_tensors, place, plain_tensors
 from .rows import per_sample_recipe
@@ -54,6 +54,8 @@ class PadRecipe(Recipe):
 
     __slots__ = ("dim", "fill_both", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
 
+    takes_joined = True  # its small path copies from the one concatenation
+
     def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
         super().__init__(dtype, ndim)
         self.missing = missing
@@ -70,7 +72,7 @@ class PadRecipe(Recipe):
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if self.missing and any(value is None for value in column):
+        if self.missing and type(column) is not Joined and any(value is None for value in column):
             present = next((value for value in column if value is not None), None)
             if type(present) is not torch.Tensor:
                 return False  # nothing present, or not a tensor: the careful planner

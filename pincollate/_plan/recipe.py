@@ -59,6 +59,10 @@ class Recipe:
 
     __slots__ = ("dtypes", "ndim", "subclass", "types")
 
+    #: Whether :meth:`sized` takes a :class:`~pincollate._plan.padding.Joined` column as it is
+    #: (its copies read ``flat``); others get its values as a tuple of views.
+    takes_joined = False
+
     def __init__(self, dtype: torch.dtype, ndim: int, cls: type = torch.Tensor):
         self.dtypes = frozenset((dtype,))
         self.ndim = ndim
@@ -70,6 +74,8 @@ class Recipe:
         shapes = self.shapes(column)
         if shapes is None:
             return False
+        if type(column) is Joined and not self.takes_joined:
+            column = column.views()
         part = self.sized(column, shapes, fill)
         if part is None:
             return False
@@ -83,6 +89,10 @@ class Recipe:
         sparse, meta or accelerator tensor into the buffer raises, and the op that ran
         the recipe (its owner) has the batch planned again, carefully.
         """
+        if type(values) is Joined:  # plain tensors concatenated already: one dtype and rank, shapes from the lengths
+            flat = values.flat
+            fits = not self.subclass and flat.dtype in self.dtypes and flat.dim() == self.ndim
+            return values.shapes() if fits else None
         try:
             if set(map(type, values)) != self.types:
                 return None
