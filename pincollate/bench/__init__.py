@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,6 +29,7 @@ from .._collate.collate import MMCollate
 from .._plan.policies import AsList
 from ..datasets import SCENARIOS, InMemory
 from ._breakdown import format_breakdown, worker_breakdown
+from ._busy import busy_reasons, load_average
 from ._gpu import run_gpu
 from ._methods import methods, padding_bytes
 from ._report import format_table, machine, plot
@@ -40,6 +42,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
     """Run the collate benchmark; returns a JSON-ready report."""
     from tqdm.auto import tqdm
 
+    load = load_average()  # before the run's own work adds to it
     rounds_main, rounds_workers = (11, 3) if quick else (21, 5)
     scenarios = [name for name in SCENARIOS if name in scenarios]
     results: list[dict[str, Any]] = []
@@ -84,12 +87,21 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
     bar.close()
+    spreads = [
+        (f"{row['scenario']} {row['method']} ({mode})", *row[f"{key}_spread"])
+        for row in results
+        if row["method"] != row["baseline"]
+        for key, mode in (("main", "main process"), ("workers", "workers"))
+        if f"{key}_spread" in row
+    ]
     return {
         "machine": machine(),
         "workers": workers,
         "quick": quick,
         "results": results,
         "first_batch": first_batch_cost(quick),
+        "load_before": load,
+        "busy": busy_reasons(load, os.cpu_count(), spreads),
     }
 
 

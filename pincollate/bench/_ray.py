@@ -23,6 +23,7 @@ string column of manyleaf is dropped for every method, since Ray's default refus
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -35,6 +36,7 @@ from .._integrations.columns import ColumnCollate
 from .._plan.packing import Concat
 from .._plan.policies import Pad
 from ..datasets import SCENARIOS, InMemory
+from ._busy import busy_reasons, format_busy, load_average
 
 __all__ = ["SCENARIOS_RAY", "format_ray", "run_ray"]
 
@@ -126,6 +128,7 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     import ray
     from tqdm.auto import tqdm
 
+    load = load_average()  # before the cluster and the rounds add to it
     rounds = 2 if quick else 5
     batches = 8 if quick else 48
     started = not ray.is_initialized()  # a cluster already running (a test's) is used as it is
@@ -167,11 +170,20 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     finally:
         if started:
             ray.shutdown()
-    return {"rounds": rounds, "batches": batches, "results": results}
+    spreads = [
+        (f"{scenario} {name}", *row["spread"])
+        for scenario, rows in results.items()
+        for name, row in rows.items()
+        if name != "Ray's own conversion"
+    ]
+    busy = busy_reasons(load, os.cpu_count(), spreads)
+    return {"rounds": rounds, "batches": batches, "results": results, "load_before": load, "busy": busy}
 
 
 def format_ray(report: dict[str, Any]) -> str:
-    lines = [
+    warning = format_busy(report.get("busy", []))
+    lines = [warning] if warning else []
+    lines += [
         f"Ray Data on a local 2-CPU cluster: batches per second through iter_torch_batches ({report['batches']} batches,",
         f"{report['rounds']} alternating rounds, medians; x Ray: ratio to Ray's own conversion, higher is better)",
         "",
