@@ -453,18 +453,25 @@ def careful_walk(**settings: Any) -> Any:
 
 
 def assert_same_outcome(collate: Any, reference: Any, batch: list[Any]) -> Any:
-    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or a ``CollateError`` of the same text."""
-    import pytest
-
+    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or a ``CollateError`` of the
+    same text, and the same ``RaggedFieldWarning`` s (a field listed without a policy, once per collate).
+    """
     from pincollate import CollateError
 
-    try:
-        expected = reference(batch)
-    except CollateError as error:
-        with pytest.raises(CollateError) as warm:
-            collate(batch)
-        assert str(warm.value) == str(error)
+    outcomes = []
+    for each in (reference, collate):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RaggedFieldWarning)
+            try:
+                outcome: Any = each(batch)
+            except CollateError as error:
+                outcome = error
+        outcomes.append((outcome, [str(w.message) for w in caught]))
+    (expected, expected_warned), (ours, warned) = outcomes
+    assert warned == expected_warned
+    if isinstance(expected, CollateError) or isinstance(ours, CollateError):
+        assert isinstance(ours, CollateError) and isinstance(expected, CollateError), (ours, expected)
+        assert str(ours) == str(expected)
         return None
-    ours = collate(batch)
     assert_identical(ours, expected)
     return ours
