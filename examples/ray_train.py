@@ -1,9 +1,10 @@
 """Ray Train with pincollate: a multimodal dataset with a ragged field, 2 workers on a local cluster.
 
 Ray Data holds the samples (an image, token ids of different lengths, a label); each Ray Train
-worker reads its shard with ``iter_torch_batches``, and ``ColumnCollate`` turns each batch of
-columns into one buffer: the images, the padded ids, their mask and the labels, every tensor a
-view of it. On a GPU, ``Prefetcher`` moves each batch in one copy; here (CPU) it hands them over.
+worker reads its shard with ``collate.iter_torch_batches`` (Ray's iterator, the batch kept whole),
+and ``ColumnCollate`` turns each batch of columns into one buffer: the images, the padded ids,
+their mask and the labels, every tensor a view of it, as a ``pincollate.Batch``. On a GPU,
+``Prefetcher`` moves each batch in one copy; here (CPU) it hands them over.
 
 Run it with the repository's environment::
 
@@ -69,11 +70,13 @@ def train_loop(config: dict[str, Any]) -> None:
     device = train.torch.get_device()
     for epoch in range(config["epochs"]):
         losses = []
+        kinds = set()
         if config["pack"]:  # collated on the data side: one packed row per batch
-            batches = shard.iter_torch_batches(batch_size=1, collate_fn=collate.for_ray(unpack=True), device="cpu")
+            batches = collate.iter_torch_batches(shard, batch_size=1, unpack=True)
         else:
-            batches = shard.iter_torch_batches(batch_size=16, collate_fn=collate.for_ray(), device="cpu")
+            batches = collate.iter_torch_batches(shard, batch_size=16)
         for batch in pincollate.Prefetcher(batches, device=device):
+            kinds.add(type(batch).__name__)
             loss = nn.functional.cross_entropy(model(batch["image"], batch["ids"], batch["mask"]), batch["label"])
             optimizer.zero_grad()
             loss.backward()
@@ -83,7 +86,8 @@ def train_loop(config: dict[str, Any]) -> None:
         train.report(metrics)
         rank = train.get_context().get_world_rank()
         with open(pathlib.Path(config["log"]) / f"rank{rank}.jsonl", "a") as log:
-            log.write(json.dumps({"rank": rank, **metrics}) + "\n")
+            # What reached the loop: a pincollate.Batch, not the plain dict Ray's own finalize step makes.
+            log.write(json.dumps({"rank": rank, **metrics, "kinds": sorted(kinds)}) + "\n")
 
 
 def fit(epochs: int = 4, pack: bool = False, workers: int = 2, count: int = 256) -> list[dict[str, Any]]:

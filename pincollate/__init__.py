@@ -24,6 +24,7 @@ from ._integrations import vision as _vision  # noqa: F401
 from ._integrations.columns import ColumnCollate
 from ._memory.arena import pinned_footprint
 from ._memory.shm import SharedMemoryWarning
+from ._plan.fallback import RaggedFieldWarning
 from ._plan.packing import Concat, Jagged
 from ._plan.policies import AsList, Pad, PerSample, Policy, Stack
 from ._transfer.meter import InputMeter, InputStats
@@ -52,6 +53,7 @@ __all__ = [
     "PerSample",
     "Policy",
     "Prefetcher",
+    "RaggedFieldWarning",
     "SharedMemoryWarning",
     "Stack",
     "mm_collate",

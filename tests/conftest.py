@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def fresh_mm_collate():
+    """Each test finds ``pincollate.mm_collate`` as a new process does: no cached plans, and
+    its warnings (once per field, per collate) not yet given, so a test's warnings are its own.
+    """
+    from pincollate import mm_collate
+
+    mm_collate.__setstate__(mm_collate.__getstate__())
+
+
 @pytest.fixture
 def fake_pinned(monkeypatch):
     """Pretend pinning works: count pinned allocations and mark their buffers.

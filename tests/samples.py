@@ -8,13 +8,19 @@ readable id to a function building a fresh batch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset
+
+from pincollate import RaggedFieldWarning
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -147,6 +153,28 @@ class UserTensor(torch.Tensor):
 
 
 torch.serialization.add_safe_globals([UserTensor])  # a saved batch of them loads with weights_only=True
+
+
+#: The ``RAGGED`` trees with a field that, under no policy, becomes a per-sample list because
+#: its values differ in shape: a fresh collate warns once (``RaggedFieldWarning``).
+LISTED = frozenset({"ragged-boxes", "unequal-lists", "unequal-shapes"})
+
+
+def listing(name: str) -> contextlib.AbstractContextManager[Any]:
+    """What collating the sample tree ``name`` with a fresh collate and no policy warns: a
+    ``RaggedFieldWarning`` for the trees in :data:`LISTED`, nothing for the others.
+    """
+    return pytest.warns(RaggedFieldWarning) if name in LISTED else contextlib.nullcontext()
+
+
+def print_ragged_warnings(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: the worker prints its ``RaggedFieldWarning`` s to its stderr,
+    as it does outside the test suite (pytest's recorder and ``filterwarnings=error`` came with the fork).
+    """
+    warnings.simplefilter("always", RaggedFieldWarning)
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+        warnings.formatwarning(message, category, filename, lineno, line)
+    )
 
 
 def assert_same(ours: Any, theirs: Any, path: str = "batch") -> None:
@@ -425,18 +453,25 @@ def careful_walk(**settings: Any) -> Any:
 
 
 def assert_same_outcome(collate: Any, reference: Any, batch: list[Any]) -> Any:
-    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or a ``CollateError`` of the same text."""
-    import pytest
-
+    """``collate`` gives what ``reference`` gives ``batch``: the same batch, or a ``CollateError`` of the
+    same text, and the same ``RaggedFieldWarning`` s (a field listed without a policy, once per collate).
+    """
     from pincollate import CollateError
 
-    try:
-        expected = reference(batch)
-    except CollateError as error:
-        with pytest.raises(CollateError) as warm:
-            collate(batch)
-        assert str(warm.value) == str(error)
+    outcomes = []
+    for each in (reference, collate):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RaggedFieldWarning)
+            try:
+                outcome: Any = each(batch)
+            except CollateError as error:
+                outcome = error
+        outcomes.append((outcome, [str(w.message) for w in caught]))
+    (expected, expected_warned), (ours, warned) = outcomes
+    assert warned == expected_warned
+    if isinstance(expected, CollateError) or isinstance(ours, CollateError):
+        assert isinstance(ours, CollateError) and isinstance(expected, CollateError), (ours, expected)
+        assert str(ours) == str(expected)
         return None
-    ours = collate(batch)
     assert_identical(ours, expected)
     return ours

@@ -222,3 +222,80 @@ def test_stats_cost_times_the_prefetcher_with_and_without_stats(tmp_path, capsys
     assert bench.main(["--stats-cost", "--quick", "--json", str(out_json)]) == 0
     assert capsys.readouterr().out.startswith("machine: ")
     assert json.loads(out_json.read_text())["stats_cost"] == report
+
+
+# --- a busy machine, and the plot -----------------------------------------------------------
+
+
+def test_a_busy_machine_is_told_by_its_load_or_by_the_spread_of_its_rounds():
+    from pincollate.bench._busy import busy_reasons
+
+    steady = [("video mm_collate (main process)", 0.85, 1.1), ("vlm mm_collate (workers)", 3.1, 3.8)]
+    assert busy_reasons(0.3, 2, steady) == []
+    assert busy_reasons(None, None, steady) == []  # no load average here: the spread alone decides
+    assert busy_reasons(1.0, 2, steady) == ["load average 1.00 on 2 cores before the run"]
+    assert busy_reasons(0.3, 16, [*steady, ("vlm mm_collate (main process)", 0.10, 11.74)]) == [
+        "rounds of vlm mm_collate (main process) spread 0.10-11.74"
+    ]
+
+
+def test_a_run_on_a_busy_machine_says_its_figures_are_unreliable(monkeypatch, tmp_path, capsys):
+    import os
+
+    monkeypatch.setattr(bench, "load_average", lambda: 4.0 * (os.cpu_count() or 1))  # a stand-in reading
+    out_json = tmp_path / "b.json"
+    argv = ["--quick", "--scenario", "audio", "--workers", "0", "--no-progress", "--json", str(out_json)]
+    assert bench.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("machine: ")
+    assert lines[1].startswith("WARNING: the machine was busy (load average ") and "figures are unreliable" in lines[1]
+    report = json.loads(out_json.read_text())
+    assert report["load_before"] == 4.0 * (os.cpu_count() or 1) and report["busy"][0].startswith("load average")
+
+
+def _report(busy: list[str], outlier: float) -> dict:
+    rows = []
+    for scenario, base in (("manyleaf", "default_collate"), ("vlm", "pad/cat by hand")):
+        rows.append(
+            {"scenario": scenario, "method": base, "baseline": base, "main_speedup": 1.0, "main_spread": [1, 1]}
+        )
+        for method, high in (("tensordict", 1.2), ("mm_collate", outlier if scenario == "vlm" else 1.1)):
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "method": method,
+                    "baseline": base,
+                    "main_speedup": 0.9,
+                    "main_spread": [0.1, high],
+                }
+            )
+    machine = {"cpu": "a CPU whose name is long enough to need the room it gets", "cores": 2, "torch": "2.x"}
+    return {"machine": machine, "workers": 0, "quick": True, "results": rows, "busy": busy}
+
+
+def test_the_plot_keeps_its_labels_inside_and_apart_and_cuts_one_outlier():
+    import matplotlib.pyplot as plt
+
+    from pincollate.bench._report import figure
+
+    fig = figure(_report(["load average 3.52 on 2 cores before the run"], outlier=11.74))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        whole = fig.bbox
+        (ax,) = fig.axes
+        label = ax.yaxis.label.get_window_extent(renderer)
+        title = fig._suptitle.get_window_extent(renderer)
+        for box in (label, title, ax.title.get_window_extent(renderer)):
+            assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and whole.y0 <= box.y0 and box.y1 <= whole.y1
+        assert not title.overlaps(ax.get_window_extent(renderer))  # the figure's title above the panel
+        assert ax.get_ylim()[1] < 2  # the 11.74x round does not set the scale ...
+        assert [t.get_text() for t in ax.texts] == ["\u219111.7x"]  # ... it is written at the top
+        assert "BUSY MACHINE" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
+    quiet = figure(_report([], outlier=1.3))
+    try:
+        assert len(quiet.axes[0].texts) == 0 and "BUSY" not in quiet._suptitle.get_text()
+    finally:
+        plt.close(quiet)

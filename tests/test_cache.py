@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from pincollate import AsList, CollateError, Concat, MMCollate, Pad, Stack
+from pincollate import AsList, CollateError, Concat, MMCollate, Pad, RaggedFieldWarning, Stack
 from pincollate._plan.careful import Planner
 from samples import (
     LEAF_KINDS,
@@ -29,6 +29,7 @@ from samples import (
     assert_one_buffer,
     assert_same,
     build_mutating,
+    listing,
     mutate,
     random_structure,
 )
@@ -53,7 +54,8 @@ def _nested(i: int) -> dict:
 def test_batches_after_the_first_are_not_planned_again(name):
     build = PARITY.get(name) or RAGGED[name]
     collate = MMCollate()
-    first = collate(build())
+    with listing(name):
+        first = collate(build())
     for _ in range(4):
         assert_same(collate(build()), first)
     assert collate._plans.planned == 1
@@ -66,8 +68,9 @@ def test_a_smaller_batch_of_one_structure_is_its_own_plan(name):
     build = PARITY.get(name) or RAGGED[name]
     collate, fresh = MMCollate(), MMCollate()
     samples = build()
-    for size in (len(samples), len(samples), 1, max(1, len(samples) - 1), len(samples), 1):
-        assert_same(collate(samples[:size]), fresh(samples[:size]))
+    with listing(name):
+        for size in (len(samples), len(samples), 1, max(1, len(samples) - 1), len(samples), 1):
+            assert_same(collate(samples[:size]), fresh(samples[:size]))
     if name in PARITY:
         assert_same(collate(samples[:1]), default_collate(samples[:1]))
 
@@ -126,7 +129,10 @@ def test_a_field_turning_ragged_is_planned_carefully_from_then_on():
     uniform = [{"x": torch.zeros(2), "y": 1}, {"x": torch.zeros(2), "y": 2}]
     ragged = [{"x": torch.zeros(2), "y": 1}, {"x": torch.zeros(3), "y": 2}]
     collate(uniform)
-    out = collate(ragged)
+    with pytest.warns(
+        RaggedFieldWarning, match=r"\['x'\] holds values of different shapes, \(2,\) in sample 0 and \(3,\)"
+    ):
+        out = collate(ragged)
     assert [t.shape[0] for t in out["x"]] == [2, 3]
     assert collate._plans.planned == 2
     for _ in range(3):
@@ -140,7 +146,9 @@ def test_every_field_turning_ragged_at_once_costs_one_new_plan():
     keys = [f"k{j}" for j in range(20)]
     collate([{k: torch.zeros(2) for k in keys}] * 2)
     ragged = [{k: torch.zeros(2) for k in keys}, {k: torch.zeros(3) for k in keys}]
-    out = collate(ragged)
+    with pytest.warns(RaggedFieldWarning) as warned:
+        out = collate(ragged)
+    assert len(warned) == len(keys)  # one per field
     assert all(isinstance(out[k], list) for k in keys)
     assert collate._plans.planned == 2
     assert {("k3",), ("k19",)} <= collate._plans.careful
@@ -149,7 +157,9 @@ def test_every_field_turning_ragged_at_once_costs_one_new_plan():
 def test_a_first_batch_with_many_ragged_fields_is_planned_once():
     collate = MMCollate()
     samples = [{f"r{j}": torch.zeros(i + 1) for j in range(150)} for i in range(4)]
-    out = collate(samples)
+    with pytest.warns(RaggedFieldWarning) as warned:
+        out = collate(samples)
+    assert len(warned) == 150
     assert collate._plans.planned == 1 and len(out) == 150
     collate(samples)
     assert collate._plans.planned == 1
@@ -193,13 +203,15 @@ def test_one_collate_shared_by_threads_gives_each_its_own_right_batch():
     trees = [PARITY[name] for name in ("multimodal-dict", "tuple-samples", "deep", "namedtuple")] + [
         RAGGED["ragged-boxes"]
     ]
+    with listing("ragged-boxes"):  # warned here, in the test's thread, once for the shared collate
+        collate(RAGGED["ragged-boxes"]())
+        expected = {build: MMCollate(pin_memory=False)(build()) for build in trees}
     failures: list[BaseException] = []
 
     def work(build) -> None:
         try:
-            expected = MMCollate(pin_memory=False)(build())
             for _ in range(50):
-                assert_same(collate(build()), expected)
+                assert_same(collate(build()), expected[build])
         except BaseException as error:  # reported below, in the test's thread
             failures.append(error)
 
@@ -388,12 +400,14 @@ def _check(collate: MMCollate, structure: Any, n: int, seed: int) -> None:
     samples = build_mutating(structure, n, seed)
     kind, expected = _oracle(build_mutating(structure, n, seed), structure)
     if kind == "error":
-        with pytest.raises(CollateError) as info:
+        with pytest.raises(CollateError) as info, warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaggedFieldWarning)  # a field listed before another one fails
             collate(samples)
         assert str(info.value) == expected
         return
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # an unmatched policy pattern, reported once
+        # An unmatched policy pattern, reported once; a field listed without a policy (RaggedFieldWarning).
+        warnings.simplefilter("ignore", UserWarning)
         out = collate(samples)
     assert_identical(out, expected)
     assert_one_buffer(out)

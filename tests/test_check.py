@@ -14,7 +14,7 @@ import pickle
 import pytest
 import torch
 
-from pincollate import MMCollate, mm_collate
+from pincollate import AsList, MMCollate, mm_collate
 from samples import assert_same
 
 
@@ -102,7 +102,8 @@ def _moved_three_ways(batch):
 
 @pytest.mark.parametrize("view", ["conj", "neg"])
 def test_a_conjugate_or_negative_item_of_a_per_sample_list_loses_the_layout(view):
-    batch = MMCollate(pin_memory=False)([{"z": torch.tensor([1 + 2j, 3 + 4j])}, {"z": torch.tensor([5 + 6j])}])
+    collate = MMCollate(pin_memory=False, fields={"z": AsList()})
+    batch = collate([{"z": torch.tensor([1 + 2j, 3 + 4j])}, {"z": torch.tensor([5 + 6j])}])
     assert type(batch["z"]) is list and batch.layout is not None
     first = batch["z"][0]
     batch["z"][0] = first.conj() if view == "conj" else torch._neg_view(first)

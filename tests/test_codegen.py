@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from pincollate import CollateError, MMCollate
+from pincollate import CollateError, MMCollate, RaggedFieldWarning
 from pincollate._plan.fill import Mismatch
 from pincollate._plan.tree_ops import CarefulOp
 from samples import PARITY, RAGGED, assert_identical
@@ -23,13 +24,20 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 def _same_or_same_error(make, *collates):
-    """Each collate's result on a fresh copy of ``make()``: equal batches, or equal error texts."""
+    """Each collate's result on a fresh copy of ``make()``: equal batches, or equal error texts,
+    and the same warnings (a field without a policy that this batch lists, once per collate).
+    """
     results = []
+    warned = []
     for collate in collates:
-        try:
-            results.append(collate(make()))
-        except CollateError as error:
-            results.append(str(error))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RaggedFieldWarning)
+            try:
+                results.append(collate(make()))
+            except CollateError as error:
+                results.append(str(error))
+        warned.append([str(w.message) for w in caught])
+    assert all(messages == warned[0] for messages in warned), warned
     first = results[0]
     for other in results[1:]:
         if isinstance(first, str) or isinstance(other, str):

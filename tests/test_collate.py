@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import default_collate
 
 import pincollate
-from pincollate import Batch, BatchList, CollateError, MMCollate, mm_collate
+from pincollate import Batch, BatchList, CollateError, MMCollate, RaggedFieldWarning, mm_collate
 from samples import (
     PARITY,
     RAGGED,
@@ -22,6 +22,7 @@ from samples import (
     assert_identical,
     assert_one_buffer,
     assert_same,
+    listing,
     storages,
 )
 
@@ -41,7 +42,8 @@ def test_parity_holds_when_the_cached_plan_is_reused(name):
 
 @pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
 def test_every_tensor_is_a_view_of_one_buffer(name):
-    out = mm_collate(PARITY.get(name, RAGGED.get(name))())
+    with listing(name):
+        out = MMCollate()(PARITY.get(name, RAGGED.get(name))())
     assert_one_buffer(out)
 
 
@@ -75,14 +77,18 @@ def test_slots_are_aligned_for_every_dtype():
 
 def test_unequal_shapes_come_back_as_a_list():
     a, b = torch.arange(3.0), torch.arange(5.0)
-    out = mm_collate([{"x": a}, {"x": b}])
+    with pytest.warns(
+        RaggedFieldWarning, match=r"\['x'\] holds values of different shapes, \(3,\) in sample 0 and \(5,\) in sample 1"
+    ):
+        out = mm_collate([{"x": a}, {"x": b}])
     assert isinstance(out["x"], list)
     assert_same(out["x"], [a, b])
 
 
 def test_unequal_lists_use_item_semantics():
     a, b, c = (torch.full((2, 2), float(i)) for i in range(3))
-    out = mm_collate([{"img": [a, b]}, {"img": [c]}])
+    with pytest.warns(RaggedFieldWarning, match=r"\['img'\] holds lists of items that do not stack"):
+        out = mm_collate([{"img": [a, b]}, {"img": [c]}])
     assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
     assert len(storages(out)) == 1
 
@@ -142,7 +148,8 @@ def test_ragged_column_after_uniform_batches_is_handled():
     collate = MMCollate()
     for _ in range(3):
         collate([{"x": torch.zeros(2)}, {"x": torch.zeros(2)}])
-    out = collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+    with pytest.warns(RaggedFieldWarning, match=r"\['x'\] holds values of different shapes"):
+        out = collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
     assert [t.shape[0] for t in out["x"]] == [2, 3]
     assert_same(collate([{"x": torch.ones(2)}, {"x": torch.ones(2)}])["x"], torch.ones(2, 2))
 
@@ -216,6 +223,14 @@ BAD = {
     ),
     "self-reference": (_self_referencing(), r"sample 0 at \['me'\]: the sample refers to itself"),
     "number-vs-string": ([1, "a"], r"sample 1 at root: expected a number, got str"),
+    "none-beside-tensors": (
+        [{"x": torch.zeros(2)}, {"x": None}],
+        r"sample 1 at \['x'\]: expected Tensor, got NoneType \(pass missing='none' to take None as an absent value\)",
+    ),
+    "tensor-beside-none": (
+        [{"x": None}, {"x": torch.zeros(2)}],
+        r"sample 1 at \['x'\]: expected None, got Tensor \(pass missing='none'",
+    ),
     "int-overflow": ([2**70, 1], r"sample 0 at root: int 1180591620717411303424 does not fit int64"),
     # Mixed number types (a bool beside an int; a float beside an int) are planned by their own rule.
     "bool-then-int-overflow": (
@@ -297,7 +312,8 @@ def test_absent_namedtuple_and_dataclass_fields_are_none_with_missing_none():
 
 def test_items_of_unequal_and_equal_shapes_follow_item_semantics():
     t2, t3 = torch.zeros(2), torch.ones(3)
-    out = MMCollate(sequences="items")([{"x": [t2, t3]}, {"x": [t2, t2]}])
+    with pytest.warns(RaggedFieldWarning, match="sample 0's items have shapes \\(2,\\) and \\(3,\\)"):
+        out = MMCollate(sequences="items")([{"x": [t2, t3]}, {"x": [t2, t2]}])
     assert_same(out["x"], [[t2, t3], torch.stack([t2, t2])])
     assert_one_buffer(out)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 
-from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad
+from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad, RaggedFieldWarning
 from samples import assert_one_buffer
 
 
@@ -78,7 +80,8 @@ def _ragged():
 )
 def test_a_ragged_column_takes_the_policies_of_samples(policy, check):
     collate = ColumnCollate(pin_memory=False, fields={"ids": policy} if policy else None)
-    batch = collate({"ids": _ragged(), "label": np.arange(3)})
+    with pytest.warns(RaggedFieldWarning, match=r"\['ids'\]") if policy is None else contextlib.nullcontext():
+        batch = collate({"ids": _ragged(), "label": np.arange(3)})
     assert check(batch)
     assert_one_buffer(batch)
 
@@ -146,3 +149,95 @@ def test_a_value_without_rows_is_refused_naming_the_column(column, policy):
     with pytest.raises(CollateError, match=r"a column must have one row per sample|expected a column") as info:
         collate({"y": np.arange(2), "x": column})
     assert info.value.path == ("x",)
+
+
+# --- a ragged column planned once --------------------------------------------------------
+
+
+def _ragged_batches() -> list[dict[str, np.ndarray]]:
+    lengths = [[3, 1, 2], [5, 2, 2], [1, 1, 1], [0, 4, 2]]
+    return [
+        {
+            "ids": _read_only(
+                _objects(*(_read_only(np.arange(n, dtype=np.int64) + 10 * i) for i, n in enumerate(row)))
+            ),
+            "label": _read_only(np.arange(3)),
+        }
+        for row in lengths
+    ]
+
+
+POLICIES = {
+    "pad": Pad(mask_key="mask"),
+    "pad-left": Pad(side="left", value=-1),
+    "concat": Concat(),
+    "jagged": Jagged(),
+    "aslist": AsList(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_ragged_column_is_planned_once_and_not_walked_again(name, monkeypatch):
+    from pincollate._integrations import columns
+    from pincollate._plan.careful import Planner
+
+    batches = _ragged_batches()
+    collate = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
+    with monkeypatch.context() as patch:
+        patch.setattr(columns, "recipe_for", lambda *args: None)  # every batch walked: the reference
+        careful = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
+        expected = [careful(batch) for batch in batches]
+    ours = [collate(batches[0])]
+
+    def walked(*args):
+        raise AssertionError("the careful planner ran for a column its recipe describes")
+
+    monkeypatch.setattr(Planner, "plan", walked)
+    ours += [collate(batch) for batch in batches[1:]]
+    for got, want in zip(ours, expected, strict=True):
+        assert list(got) == list(want)
+        for key in want:
+            if isinstance(want[key], torch.Tensor) and want[key].is_nested:
+                assert [t.tolist() for t in got[key].unbind()] == [t.tolist() for t in want[key].unbind()]
+            elif isinstance(want[key], list):
+                assert [t.tolist() for t in got[key]] == [t.tolist() for t in want[key]]
+            else:
+                assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+        assert got.layout is not None
+        assert_one_buffer(got)
+
+
+def test_a_column_the_recipe_does_not_describe_is_planned_carefully():
+    collate = ColumnCollate(pin_memory=False, fields={"ids": Pad()})
+    collate(_ragged_batches()[0])  # int64 rows: the recipe
+    floats = {"ids": _objects(np.zeros(2, np.float32), np.ones(3, np.float32)), "label": np.arange(2)}
+    batch = collate(floats)  # another dtype: the careful planner, the same result
+    assert batch["ids"].dtype == torch.float32 and batch["ids_lengths"].tolist() == [2, 3]
+
+
+def test_an_extra_output_that_clashes_with_a_column_is_an_error():
+    with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes"):
+        ColumnCollate(pin_memory=False, fields={"ids": Pad()})({"ids": _ragged(), "ids_lengths": np.arange(3)})
+
+
+# --- settings that match nothing, None rows ----------------------------------------------
+
+
+def test_a_policy_or_rename_naming_no_column_is_reported_once():
+    collate = ColumnCollate(pin_memory=False, fields={"input_id": Pad()}, rename={"labels": "y"})
+    with pytest.warns(UserWarning) as warned:
+        collate({"input_ids": np.zeros((2, 3)), "label": np.arange(2)})
+    assert sorted(str(w.message) for w in warned) == [
+        "pincollate: field pattern 'input_id' matched no key path in this batch",
+        "pincollate: rename 'labels' matched no key path in this batch",
+    ]
+    collate({"input_ids": np.zeros((2, 3)), "label": np.arange(2)})  # once: warnings are errors here
+
+
+def test_a_none_row_names_missing_none():
+    ids = _objects(np.arange(3), None, np.arange(2))
+    for fields in (None, {"ids": Pad()}):
+        with pytest.raises(CollateError, match=r"sample 1 at \['ids'\]: .*\(pass missing='none' to take None"):
+            ColumnCollate(pin_memory=False, fields=fields)({"ids": ids})
+    batch = ColumnCollate(pin_memory=False, fields={"ids": Pad()}, missing="none")({"ids": ids})
+    assert batch["ids_lengths"].tolist() == [3, 0, 2]

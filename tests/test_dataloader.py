@@ -8,7 +8,18 @@ from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
 from pincollate import Batch, MMCollate, mm_collate
 from pincollate._memory import receiver as _receiver
-from samples import PARITY, RAGGED, TreeDataset, assert_one_buffer, assert_same, buffer_of, storages
+from samples import (
+    LISTED,
+    PARITY,
+    RAGGED,
+    TreeDataset,
+    assert_one_buffer,
+    assert_same,
+    buffer_of,
+    listing,
+    print_ragged_warnings,
+    storages,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -57,12 +68,15 @@ def test_worker_batches_share_one_storage(context, slots):
 
 
 @pytest.mark.parametrize("name", ["unequal-lists", "mixed-dtypes", "ragged-boxes"])
-def test_ragged_results_are_the_same_in_workers_and_main_process(name):
+def test_ragged_results_are_the_same_in_workers_and_main_process(name, capfd):
     dataset = TreeDataset(name)
-    in_workers = _batches(dataset, MMCollate(), num_workers=2)
-    in_main = _batches(dataset, MMCollate(), num_workers=0)
+    in_workers = _batches(dataset, MMCollate(), num_workers=2, worker_init_fn=print_ragged_warnings)
+    with listing(name):
+        in_main = _batches(dataset, MMCollate(), num_workers=0)
     for a, b in zip(in_workers, in_main, strict=True):
         assert_same(a, b)
+    # The process that collates warns: each of the two workers once for the listed field, on its stderr.
+    assert capfd.readouterr().err.count("RaggedFieldWarning: pincollate:") == (2 if name in LISTED else 0)
 
 
 def _storages_received(received, collate, dataset, keep=False):
@@ -131,7 +145,8 @@ def test_inline_pinning_allocates_pinned_directly(pretend_accelerator, fake_pinn
 @pytest.mark.parametrize("name", ["multimodal-dict", "namedtuple", "tuple-samples", "unequal-lists"])
 def test_torch_pin_memory_function_uses_the_batch_own_pin(fake_pinned, name):
     # What DataLoader's pin thread calls: one pinned allocation per batch, not per leaf.
-    batch = MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
+    with listing(name):
+        batch = MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
     pinned = dataloader_pin(batch)
     assert len(fake_pinned) == 1
     assert type(pinned) is type(batch) and len(storages(pinned)) == 1

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import MMCollate, Pad
-from samples import PARITY, RAGGED, assert_one_buffer, assert_same
+from samples import PARITY, RAGGED, assert_one_buffer, assert_same, listing
 
 
 @contextlib.contextmanager
@@ -53,9 +53,10 @@ def test_parity_samples_collate_on_the_host_under_a_default_device(name, how):
 @pytest.mark.parametrize("name", sorted(RAGGED))
 def test_ragged_samples_collate_on_the_host_under_a_default_device(name, how):
     collate = MMCollate(pin_memory=False)
-    reference = MMCollate(pin_memory=False)(RAGGED[name]())
+    with listing(name):
+        reference = MMCollate(pin_memory=False)(RAGGED[name]())
     batches = [RAGGED[name]() for _ in range(3)]
-    with _default_device(how):
+    with _default_device(how), listing(name):
         for samples in batches:
             batch = collate(samples)
             assert_same(batch, reference)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import CollateError, mm_collate
+from pincollate import CollateError, MMCollate, RaggedFieldWarning, mm_collate
 from pincollate._types.leaves import LeafHandler, lookup
 from pincollate._types.leaves import register_leaf as register
 from samples import storages
@@ -37,7 +37,8 @@ def test_pil_images_match_pil_to_tensor(mode):
 
 def test_pil_images_of_different_sizes_come_back_as_a_list():
     images = [_image("RGB", (4, 4)), _image("RGB", (6, 2))]
-    out = mm_collate([{"im": im} for im in images])
+    with pytest.warns(RaggedFieldWarning, match=r"\(3, 4, 4\) in sample 0 and \(3, 2, 6\) in sample 1"):
+        out = MMCollate()([{"im": im} for im in images])
     assert [tuple(t.shape) for t in out["im"]] == [(3, 4, 4), (3, 2, 6)]
     assert all(torch.equal(a, pil_to_tensor(b)) for a, b in zip(out["im"], images, strict=True))
     assert len(storages(out)) == 1

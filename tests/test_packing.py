@@ -35,6 +35,87 @@ def test_concat_of_items_gives_flat_layout_with_counts():
     assert len(storages(out)) == 1
 
 
+# --- whole items: Concat(items="stack") --------------------------------------------------
+
+
+def _prompts(counts: list[int], shape: tuple[int, ...] = (3, 14, 14), seed: int = 0) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*shape, generator=g) for _ in range(k)] for k in counts]
+
+
+def _by_hand(prompts: list[list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """What a VLM user writes for whole images: each prompt's images stacked, the stacks concatenated."""
+    counts = [len(images) for images in prompts]
+    return {
+        "images": torch.cat([torch.stack(images) for images in prompts if images]),
+        "images_offsets": torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32),
+        "images_counts": torch.tensor(counts),
+    }
+
+
+@pytest.mark.parametrize("counts", [[2, 1, 3], [1, 1], [0, 4, 2], [5]], ids=str)
+def test_whole_images_stack_to_total_items_as_the_hand_written_collate_does(counts):
+    collate = MMCollate(pin_memory=False, fields={"images": Concat(items="stack")})
+    for seed in range(3):  # a fresh plan, then the warm one
+        prompts = _prompts(counts, seed=seed)
+        out = collate([{"images": images, "label": i} for i, images in enumerate(prompts)])
+        expected = _by_hand(prompts)
+        assert list(out) == ["images", "images_offsets", "images_counts", "label"]  # no item offsets: item i is row i
+        for key, value in expected.items():
+            assert out[key].dtype == value.dtype and torch.equal(out[key], value), key
+        assert out["images"].shape == (sum(counts), 3, 14, 14)
+        assert len(storages(out)) == 1
+
+
+def test_patches_still_concatenate_their_rows_and_whole_images_do_not():
+    prompts = _prompts([2, 1, 3])
+    samples = [{"images": images} for images in prompts]
+    rows = MMCollate(pin_memory=False, fields={"images": Concat()})(samples)
+    whole = MMCollate(pin_memory=False, fields={"images": Concat(items="stack")})(samples)
+    assert rows["images"].shape == (18, 14, 14)  # each image's 3 channels taken as its rows
+    assert torch.equal(rows["images"], torch.cat([image for images in prompts for image in images]))
+    assert rows["images_offsets"].tolist() == [0, 6, 9, 18] and rows["images_item_offsets"].tolist()[:3] == [0, 3, 6]
+    assert whole["images"].shape == (6, 3, 14, 14) and whole["images_offsets"].tolist() == [0, 2, 3, 6]
+
+
+def test_whole_images_keep_their_tv_tensor_class_through_the_careful_planner():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    prompts = [[tv_tensors.Image(image) for image in images] for images in _prompts([1, 2])]
+    out = MMCollate(pin_memory=False, fields={"images": Concat(items="stack")})([{"images": p} for p in prompts])
+    assert type(out["images"]) is tv_tensors.Image and out["images"].shape == (3, 3, 14, 14)
+    assert torch.equal(out["images"].as_subclass(torch.Tensor), _by_hand(prompts)["images"].as_subclass(torch.Tensor))
+
+
+def test_whole_images_of_absent_prompts_are_no_items():
+    prompts = _prompts([2, 1])
+    samples = [{"images": prompts[0]}, {}, {"images": prompts[1]}]
+    out = MMCollate(pin_memory=False, missing="none", fields={"images": Concat(items="stack")})(samples)
+    assert out["images"].shape == (3, 3, 14, 14) and out["images_counts"].tolist() == [2, 0, 1]
+    assert out["images_offsets"].tolist() == [0, 2, 2, 3]
+
+
+def test_one_image_per_sample_is_one_item_each():
+    images = [torch.full((3, 4, 4), float(i)) for i in range(3)]
+    out = MMCollate(pin_memory=False, fields={"image": Concat(items="stack")})([{"image": im} for im in images])
+    assert torch.equal(out["image"], torch.stack(images)) and out["image_offsets"].tolist() == [0, 1, 2, 3]
+
+
+def test_whole_images_of_different_shapes_name_the_sample_and_both_shapes():
+    prompts = [_prompts([2])[0], [torch.zeros(3, 14, 14), torch.zeros(3, 16, 14)]]
+    collate = MMCollate(pin_memory=False, fields={"images": Concat(items="stack")})
+    with pytest.raises(
+        CollateError, match=r"needs items of one shape, got \(3, 16, 14\) here and \(3, 14, 14\)"
+    ) as info:
+        collate([{"images": p} for p in prompts])
+    assert info.value.sample == 1 and info.value.path == ("images", 1)
+
+
+def test_concat_takes_cat_or_stack_items_only():
+    with pytest.raises(CollateError, match="must be 'cat' or 'stack', got 'whole'"):
+        Concat(items="whole")  # type: ignore[arg-type]
+    assert Concat(items="stack") != Concat() and "items='stack'" in repr(Concat(items="stack"))
+
+
 def test_jagged_of_items_is_one_row_per_sample():
     patches = [[torch.ones(2, 4), torch.ones(3, 4)], [torch.ones(1, 4)]]
     out = MMCollate(fields={"p": Jagged()})([{"p": p} for p in patches])

@@ -7,8 +7,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
-from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
-from samples import UserTensor, assert_identical, assert_same, careful_walk, storages
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
+from samples import UserTensor, assert_identical, assert_same, careful_walk, print_ragged_warnings, storages
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -118,7 +118,8 @@ def test_items_stack_when_all_agree():
 
 def test_items_fall_back_to_a_list():
     a, b, c, _ = _abcd()
-    out = MMCollate(sequences="items")([{"img": [a, b]}, {"img": [c]}])
+    with pytest.warns(RaggedFieldWarning, match="sample 0's stack to \\(2, 2, 2\\), sample 1's to \\(1, 2, 2\\)"):
+        out = MMCollate(sequences="items")([{"img": [a, b]}, {"img": [c]}])
     assert_same(out["img"], [torch.stack([a, b]), c.unsqueeze(0)])
 
 
@@ -146,7 +147,8 @@ def test_items_of_a_subclass_beside_plain_items_stack_to_the_subclass_as_torch_s
 def test_items_deeper_nesting():
     a, b, c, d = _abcd()
     samples = [{"img": [[a, b], [c]]}, {"img": [[d]]}]
-    out = MMCollate(sequences="items")(samples)
+    with pytest.warns(RaggedFieldWarning, match=r"\['img'\] holds lists of items"):
+        out = MMCollate(sequences="items")(samples)
     assert_same(out["img"], [[torch.stack([a, b]), c.unsqueeze(0)], torch.stack([d.unsqueeze(0)])])
     samples = [{"img": [[a, b], [c, d]]}, {"img": [[d, c], [b, a]]}]
     out = MMCollate(sequences="items")(samples)
@@ -187,13 +189,13 @@ def test_missing_key_is_an_error_by_default():
 
 
 def test_missing_none_gives_none_entries_for_aslist():
-    out = MMCollate(missing="none", fields={"ids": Pad()})(_mixed())
+    out = MMCollate(missing="none", fields={"ids": Pad(), "pixels": AsList()})(_mixed())
     assert out["pixels"][1] is None and out["pixels"][0].shape == (2, 4)
 
 
 @pytest.mark.parametrize("policy,rows", [(Concat(), 3), (Pad(), 2)])
 def test_missing_none_gives_empty_entries_for_concat_and_pad(policy, rows):
-    out = MMCollate(missing="none", fields={"pixels": policy})(_mixed())
+    out = MMCollate(missing="none", fields={"pixels": policy, "ids": AsList()})(_mixed())
     if isinstance(policy, Concat):
         assert out["pixels"].shape == (3, 4) and out["pixels_offsets"].tolist() == [0, 2, 2, 3]
     else:
@@ -202,7 +204,7 @@ def test_missing_none_gives_empty_entries_for_concat_and_pad(policy, rows):
 
 
 def test_missing_none_gives_empty_entries_for_jagged():
-    out = MMCollate(missing="none", fields={"pixels": Jagged()})(_mixed())
+    out = MMCollate(missing="none", fields={"pixels": Jagged(), "ids": AsList()})(_mixed())
     assert [t.shape[0] for t in out["pixels"].unbind()] == [2, 0, 1]
 
 
@@ -226,7 +228,8 @@ class _VLM(torch.utils.data.Dataset):
 @pytest.mark.slow
 def test_policies_through_dataloader_workers_match_main_process():
     collate = MMCollate(
-        sequences="items", fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat()}
+        sequences="items",
+        fields={"input_ids": Pad(mask_key="attention_mask"), "pixel_values": Concat(), "image": AsList()},
     )
     in_workers = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=2, timeout=60))
     in_main = list(DataLoader(_VLM(), batch_size=4, collate_fn=collate, num_workers=0))
@@ -275,9 +278,15 @@ POLICY_SETS = {
 @pytest.mark.parametrize("name", sorted(POLICY_SETS))
 def test_every_policy_and_vision_type_through_workers(name, sequences):
     collate = MMCollate(sequences=sequences, missing="none", fields=POLICY_SETS[name])
-    in_workers = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60))
-    in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
+    # Fields without a policy (the photos of several sizes, say) are listed, with a warning.
+    loader = DataLoader(
+        _Multimodal(), batch_size=6, collate_fn=collate, num_workers=2, timeout=60, worker_init_fn=print_ragged_warnings
+    )
+    in_workers = list(loader)
+    with pytest.warns(RaggedFieldWarning) as warned:
+        in_main = list(DataLoader(_Multimodal(), batch_size=6, collate_fn=collate, num_workers=0))
     assert len(in_workers) == len(in_main) == 2
+    assert "['photo'] holds values of different shapes" in " ".join(str(w.message) for w in warned)
     for a, b in zip(in_workers, in_main, strict=True):
         assert list(a) == list(b)
         for key in a:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from pincollate import AsList, CollateError, Concat, Jagged, MMCollate
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, RaggedFieldWarning
 from samples import assert_identical, assert_one_buffer, assert_same, storages
 
 pytest.importorskip("hypothesis", reason="not installed here (a lent GPU's machine has only torch, numpy, pytest)")
@@ -19,6 +20,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 P2 = collections.namedtuple("P2", "a b")
+
+
+def _listing(collate: MMCollate, batch: list[Any]) -> tuple[Any, list[warnings.WarningMessage]]:
+    """``collate(batch)`` and the ``RaggedFieldWarning`` s it gave: a field without a policy
+    listed because its values differ in shape (any other warning is an error, as always).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RaggedFieldWarning)
+        out = collate(batch)
+    return out, caught
 
 
 @dataclasses.dataclass
@@ -143,8 +154,10 @@ def test_ragged_tensors_round_trip_per_sample(dtype, ndim, size, seed):
     rng = np.random.default_rng(seed)
     spec = ("dict", {"x": ("tensor", dtype, (1,) * ndim, True), "y": ("int", None, None, False)})
     batch = [build(spec, rng) for _ in range(size)]
-    out = MMCollate(pin_memory=False)(batch)
+    out, warned = _listing(MMCollate(pin_memory=False), batch)
     assert len(storages(out)) == 1
+    # Listed (the shapes differ) exactly when a warning says so, once.
+    assert len(warned) == isinstance(out["x"], list)
     if isinstance(out["x"], list):
         for ours, sample in zip(out["x"], batch, strict=True):
             _same_leaf(ours, sample["x"])
@@ -157,7 +170,7 @@ def test_ragged_tensors_round_trip_per_sample(dtype, ndim, size, seed):
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=specs(ragged=True), size=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_one_buffer_everywhere(spec, size, seed):
-    out = MMCollate(pin_memory=False)(_batch(spec, size, seed))
+    out, _ = _listing(MMCollate(pin_memory=False), _batch(spec, size, seed))
     assert_one_buffer(out)
 
 
@@ -197,7 +210,7 @@ def test_mixed_leaf_columns_equal_default_collate_or_fail_clearly(kinds, seed):
         expected = None
     collate = MMCollate(pin_memory=False)
     try:
-        out = collate(batch)
+        out, _ = _listing(collate, batch)
     except CollateError as error:
         assert error.path == ("v",)
         return
@@ -261,11 +274,16 @@ def test_compiled_plans_equal_the_careful_walk_on_random_trees(spec, size, seeds
     careful = MMCollate(pin_memory=False, compile=False)
     for seed in seeds:
         outs = []
+        warned = []
         for collate in (careful, compiled):
-            try:
-                outs.append(collate(_batch(spec, size, seed)))
-            except CollateError as error:
-                outs.append(str(error))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RaggedFieldWarning)
+                try:
+                    outs.append(collate(_batch(spec, size, seed)))
+                except CollateError as error:
+                    outs.append(str(error))
+            warned.append([str(w.message) for w in caught])
+        assert warned[0] == warned[1]  # a field listed without a policy: warned once by each, alike
         if isinstance(outs[0], str) or isinstance(outs[1], str):
             assert outs[0] == outs[1]
         else:

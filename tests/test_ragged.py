@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, Stack
+from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
 from pincollate._batch.trees import tensors
 from pincollate._batch.views import ALIGN
 from pincollate._plan import template as template_module
@@ -37,6 +39,14 @@ def _items(counts: list[list[int]]) -> list[dict[str, Any]]:
     return [
         {"ids": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(sample)]}
         for i, sample in enumerate(counts)
+    ]
+
+
+def _whole_images(counts: list[int | None]) -> list[dict[str, Any]]:
+    """Whole images as items, ``counts[i]`` of them in sample ``i`` (no key where ``None``)."""
+    return [
+        {"y": i} if k is None else {"y": i, "ids": [torch.full((3, 2, 2), float(10 * i + j)) for j in range(k)]}
+        for i, k in enumerate(counts)
     ]
 
 
@@ -182,11 +192,33 @@ def _arrays(lengths: list[int], dtype: str = "float32", trailing: tuple[int, ...
     ]
 
 
+def _read_only(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Read-only arrays, as an object store (Ray Data's rows) hands them out: torch.from_numpy would warn."""
+    for sample in samples:
+        sample["ids"].flags.writeable = False
+    return samples
+
+
 def _audio(lengths: list[int]) -> list[dict[str, Any]]:
     return [{"ids": torch.randn(2, n, generator=torch.Generator().manual_seed(n))} for n in lengths]
 
 
 # Each case: the collate's settings, the recipe class it gets, and batches of one field.
+#: The cases without a policy whose first batch lists a field whose values differ in shape: warned once.
+LISTED = {
+    "list-read-only-arrays",
+    "items",
+    "items-differing-lengths",
+    "list-arrays",
+    "list-flat",
+    "list-missing",
+    "list-no-policy",
+    "list-rows-of-3",
+    "list-subclass",
+    "list-tv-images",
+    "pil-ragged",
+}
+
 CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
     "pad-right": (
         {"fields": {"ids": Pad()}},
@@ -289,6 +321,30 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         [lambda: _arrays([3, 1], "int16", (3,)), lambda: _arrays([2, 5], "int16", (3,))],
     ),
     "list-arrays": ({}, Arrays, [lambda: _arrays([3, 1, 4], "float64"), lambda: _arrays([2, 2], "float64")]),
+    "pad-read-only-arrays": (
+        {"fields": {"ids": Pad()}},
+        Arrays,
+        [
+            lambda: _read_only(_arrays([3, 1, 4], "int64")),
+            lambda: _arrays([0, 6], "int64"),
+            lambda: _read_only(_arrays([2, 5], "int64")),
+        ],
+    ),
+    "pad-left-read-only-rows-of-3": (
+        {"fields": {"ids": Pad(side="left", mask_key="m")}},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1], trailing=(3,))), lambda: _read_only(_arrays([2, 6], trailing=(3,)))],
+    ),
+    "concat-read-only-arrays": (
+        {"fields": {"ids": Concat()}},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1])), lambda: _read_only(_arrays([2, 0, 5]))],
+    ),
+    "list-read-only-arrays": (
+        {},
+        Arrays,
+        [lambda: _read_only(_arrays([3, 1, 4])), lambda: _read_only(_arrays([2, 2]))],
+    ),
     "concat-arrays": ({"fields": {"ids": Concat()}}, Arrays, [lambda: _arrays([3, 1]), lambda: _arrays([2, 0, 5])]),
     "concat-items-missing": (
         {"fields": {"ids": Concat()}, "missing": "none"},
@@ -456,6 +512,21 @@ CASES: dict[str, tuple[dict[str, Any], type, list[Callable[[], list[Any]]]]] = {
         ConcatRecipe,
         [lambda: _items([[2, 1], [3]]), lambda: _items([[], [1, 1, 4]])],
     ),
+    "concat-stacked-items": (
+        {"fields": {"ids": Concat(items="stack")}},
+        ConcatRecipe,
+        [lambda: _whole_images([2, 1, 3]), lambda: _whole_images([0, 4]), lambda: _whole_images([1, 1])],
+    ),
+    "concat-stacked-items-missing": (
+        {"fields": {"ids": Concat(items="stack")}, "missing": "none"},
+        ConcatRecipe,
+        [lambda: _whole_images([2, None, 1]), lambda: _whole_images([None, 3])],
+    ),
+    "concat-stacked-one-each": (
+        {"fields": {"ids": Concat(items="stack")}},
+        ConcatRecipe,
+        [lambda: _ids([2, 2, 2], trailing=(3,)), lambda: _ids([4, 4], trailing=(3,))],
+    ),
 }
 
 
@@ -474,21 +545,29 @@ def careful_only(monkeypatch):
 def test_a_recipe_gives_what_the_careful_planner_gives(name, monkeypatch):
     settings, _, builds = CASES[name]
     collate = MMCollate(pin_memory=False, **settings)
-    outs = [collate(build()) for build in builds for _ in range(2)]
-    with monkeypatch.context() as patch:
+    with warnings.catch_warnings(record=True) as ours_warned:
+        warnings.simplefilter("always")
+        outs = [collate(build()) for build in builds for _ in range(2)]
+    with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as careful_warned:
+        warnings.simplefilter("always")
         patch.setattr(template_module, "recipe_for", lambda *args: None)
         careful = MMCollate(pin_memory=False, **settings)
         expected = [careful(build()) for build in builds for _ in range(2)]
     for ours, theirs in zip(outs, expected, strict=True):
         assert_identical(ours, theirs)
         assert_one_buffer(ours)
+    # The same warnings too: a field without a policy listed once, in the same words.
+    assert [(w.category, str(w.message)) for w in ours_warned] == [(w.category, str(w.message)) for w in careful_warned]
+    assert len(ours_warned) == (name in LISTED)
+    assert all(w.category is RaggedFieldWarning for w in ours_warned)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_planned_ragged_field_is_not_walked_again(name, monkeypatch):
     settings, recipe_class, builds = CASES[name]
     collate = MMCollate(pin_memory=False, **settings)
-    collate(builds[0]())
+    with pytest.warns(RaggedFieldWarning) if name in LISTED else contextlib.nullcontext():
+        collate(builds[0]())
     recipes = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
     assert [type(recipe) for recipe in recipes] == [recipe_class]
 
@@ -504,8 +583,9 @@ def test_a_planned_ragged_field_is_not_walked_again(name, monkeypatch):
 def test_every_tensor_of_a_recipe_starts_aligned_and_the_batch_keeps_its_layout(name):
     settings, _, builds = CASES[name]
     collate = MMCollate(pin_memory=False, **settings)
-    for build in builds:
-        batch = collate(build())
+    for i, build in enumerate(builds):
+        with pytest.warns(RaggedFieldWarning) if i == 0 and name in LISTED else contextlib.nullcontext():
+            batch = collate(build())
         assert batch.layout is not None and batch.buffer is not None
         base = batch.buffer.data_ptr()
         assert all((t.data_ptr() - base) % ALIGN == 0 for t in tensors(batch) if t.numel())
@@ -661,8 +741,9 @@ def test_pil_images_the_recipe_does_not_describe_are_planned_carefully(careful_o
         [*_pil([(3, 2)]), *_pil([(2, 2)], mode="L")],  # two modes
         _pil([(6, 1), (2, 9)]),
     ]
-    for batch in batches:
-        assert_identical(collate(batch), reference(batch))
+    with pytest.warns(RaggedFieldWarning, match=r"\['ids'\] holds values of different shapes"):
+        for batch in batches:
+            assert_identical(collate(batch), reference(batch))
     refused = {
         "a tensor among the images": [*_pil([(3, 2)]), {"ids": torch.zeros(3, 2, 3, dtype=torch.uint8), "y": 1}],
         "a truncated file": [{"ids": _jpeg(False, (24, 16)), "y": 0}, {"ids": _jpeg(True), "y": 1}],
@@ -796,7 +877,8 @@ def test_a_warm_recipe_leaves_device_and_layout_to_its_copy_and_gets_the_careful
     bad = torch.arange(2).to_sparse() if odd == "sparse" else torch.empty(2, dtype=torch.int64, device="meta")
     batch = [{"ids": torch.arange(3), "y": 0}, {"ids": bad, "y": 1}]
     warm = MMCollate(pin_memory=False, fields=fields)
-    warm(_ids([3, 1]))
+    with pytest.warns(RaggedFieldWarning) if not fields else contextlib.nullcontext():  # no policy: a list
+        warm(_ids([3, 1]))
     warm(_ids([2, 5]))
     with pytest.raises(CollateError) as fresh_error:
         MMCollate(pin_memory=False, fields=fields)(batch)
@@ -804,7 +886,9 @@ def test_a_warm_recipe_leaves_device_and_layout_to_its_copy_and_gets_the_careful
         warm(batch)
     assert str(warm_error.value) == str(fresh_error.value)
     assert warm_error.value.sample == 1 and warm_error.value.path == ("ids",)
-    assert_identical(warm(_ids([4, 2])), MMCollate(pin_memory=False, fields=fields)(_ids([4, 2])))
+    with pytest.warns(RaggedFieldWarning) if not fields else contextlib.nullcontext():
+        fresh = MMCollate(pin_memory=False, fields=fields)(_ids([4, 2]))
+    assert_identical(warm(_ids([4, 2])), fresh)
 
 
 @pytest.mark.parametrize("odd", ["sparse", "meta"])
@@ -826,8 +910,9 @@ def test_transposed_lists_of_one_length_are_left_to_the_careful_planner(careful_
     # lists of one length are transposed, position by position, as default_collate does.
     collate = MMCollate(pin_memory=False)
     reference = careful_only()
-    for batch in (_items([[2, 2], [3]]), _items([[2, 1], [3, 3]]), _items([[1], [2, 2, 2]]), _items([[2], [2]])):
-        assert_identical(collate(batch), reference(batch))
+    with pytest.warns(RaggedFieldWarning):  # the items of ['ids'], and position 0 of transposed lists
+        for batch in (_items([[2, 2], [3]]), _items([[2, 1], [3, 3]]), _items([[1], [2, 2, 2]]), _items([[2], [2]])):
+            assert_identical(collate(batch), reference(batch))
     assert type(collate(_items([[2, 1], [3, 3]]))["ids"]) is list and len(collate(_items([[2, 1], [3, 3]]))["ids"]) == 2
 
 
@@ -842,8 +927,9 @@ def test_items_the_recipe_does_not_describe_are_planned_carefully(careful_only):
         [{"ids": [torch.zeros(2, 3)]}, {"ids": [1, 2]}],  # numbers, not tensors
         _items([[1, 1], [4]]),
     ]
-    for batch in batches:
-        assert_identical(collate(batch), reference(batch))
+    with pytest.warns(RaggedFieldWarning, match="lists of items that do not stack"):
+        for batch in batches:
+            assert_identical(collate(batch), reference(batch))
 
 
 def test_a_field_rule_on_items_is_applied_by_the_careful_planner():
@@ -874,8 +960,9 @@ def test_a_subclass_with_a_copy_of_its_own_keeps_the_careful_walk():
     )
     collate = MMCollate(pin_memory=False)
     batches = [[{"x": torch.ones(n).as_subclass(Doubled)} for n in counts] for counts in ([1, 2], [3, 1])]
-    for batch in batches:
-        assert [t.tolist() for t in collate(batch)["x"]] == [[2.0] * len(s["x"]) for s in batch]
+    with pytest.warns(RaggedFieldWarning):
+        for batch in batches:
+            assert [t.tolist() for t in collate(batch)["x"]] == [[2.0] * len(s["x"]) for s in batch]
 
 
 def test_a_small_padded_field_is_filled_by_numpy_and_its_mask_computed_once(monkeypatch):
@@ -950,11 +1037,11 @@ def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
 
     monkeypatch.setattr(_listed, "concat_tensors", checked)
     monkeypatch.setattr(_packed, "concat_tensors", checked)
-    for settings in ({}, {"fields": {"ids": Concat()}}):
+    for settings in ({"fields": {"ids": AsList()}}, {"fields": {"ids": Concat()}}):
         collate = MMCollate(pin_memory=False, **settings)
         for lengths in ([3, 0, 2], [0, 4, 0, 1]):
             collate(_ids(lengths))
-    items = MMCollate(pin_memory=False, sequences="items")
+    items = MMCollate(pin_memory=False, sequences="items", fields={"ids": AsList()})
     for counts in ([[0, 2], [1]], [[0], [3, 0]]):
         items(_items(counts))
     assert len(seen) == 6
@@ -1030,3 +1117,22 @@ def test_ragged_parameters_are_listed_as_plain_tensors_as_stack_gives_them(setti
         assert all(type(t) is torch.Tensor for t in tensors(out))
         assert_one_buffer(out)
         assert_identical(pickle.loads(pickle.dumps(out)), out)
+
+
+def test_read_only_arrays_are_concatenated_once_and_copied_from_there(monkeypatch):
+    # concatenated_arrays hands the recipes one flat copy (Joined); Pad's small path and
+    # Concat copy from it instead of concatenating the values again (nonempty + torch.cat).
+    from pincollate._plan import packed, padding
+
+    def again(*args: Any) -> None:
+        raise AssertionError("the values were concatenated a second time")
+
+    for fields in ({"ids": Pad()}, {"ids": Concat()}):
+        reference = MMCollate(pin_memory=False, fields=fields)
+        expected = [reference(_read_only(_arrays(lengths))) for lengths in ([3, 1, 4], [2, 5])]
+        with monkeypatch.context() as patch:
+            patch.setattr(padding, "nonempty", again)
+            patch.setattr(packed, "nonempty", again)
+            collate = MMCollate(pin_memory=False, fields=fields)
+            for lengths, want in zip(([3, 1, 4], [2, 5]), expected, strict=True):
+                assert_identical(collate(_read_only(_arrays(lengths))), want)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from pincollate import CollateError, Pad, mm_collate
+from pincollate import AsList, CollateError, MMCollate, Pad, mm_collate
 from pincollate._memory import arena
 from pincollate._memory import ring as _ring
 from pincollate._memory import shm as _shm
@@ -204,7 +204,7 @@ def test_workers_send_batches_outside_shm_when_nothing_fits(full_shm, transport)
 
 
 def test_a_batch_crosses_as_its_bytes_where_shm_has_no_room(full_shm):
-    batch = mm_collate(samples(4))
+    batch = MMCollate(fields={"ids": AsList()})(samples(4))
     data = ForkingPickler.dumps(batch)
     assert len(data) >= batch.layout.nbytes  # the bytes are in the pickle
     back = pickle.loads(data)
@@ -273,7 +273,7 @@ def test_a_batch_from_outside_shm_lands_pinned_where_its_collate_pins(full_shm, 
     from pincollate import MMCollate
 
     monkeypatch.setattr(arena, "get_worker_info", lambda: object())
-    made = {mode: MMCollate(pin_memory=mode)(samples(4)) for mode in (True, False)}
+    made = {mode: MMCollate(pin_memory=mode, fields={"ids": AsList()})(samples(4)) for mode in (True, False)}
     monkeypatch.setattr(arena, "get_worker_info", lambda: None)  # now the receiving main process
     for mode, batch in made.items():
         back = pickle.loads(ForkingPickler.dumps(batch))

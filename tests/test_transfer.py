@@ -9,7 +9,7 @@ from torch.utils.data import default_collate
 from pincollate import Batch, MMCollate, mm_collate, to_device
 from pincollate._batch.trees import map_tensors, reachable_tensors, tensors
 from pincollate._transfer.transfer import pin
-from samples import PARITY, RAGGED, Point, assert_same, storages
+from samples import PARITY, RAGGED, Point, assert_same, listing, storages
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -18,7 +18,8 @@ def _layout(t: torch.Tensor) -> tuple:
 
 @pytest.mark.parametrize("name", ["multimodal-dict", "tuple-samples", "namedtuple", "unequal-lists", "ragged-boxes"])
 def test_pin_makes_one_allocation_per_batch_and_keeps_views(fake_pinned, name):
-    batch = MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
+    with listing(name):
+        batch = MMCollate(pin_memory=False)((PARITY.get(name) or RAGGED[name])())
     pinned = pin(batch)
     assert len(fake_pinned) == 1 and fake_pinned[0] <= batch_nbytes(batch)
     assert len(storages(pinned)) == 1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import MMCollate
+from pincollate import AsList, MMCollate
 from pincollate._batch.views import ALIGN, Views, carve, numpy_dtype, standin_dtype
 from pincollate._memory.ownership import holder
 
@@ -47,7 +47,7 @@ def test_bfloat16_has_no_numpy_dtype_and_is_carved_as_a_stand_in():
 
 def test_a_per_sample_list_of_bfloat16_tensors_each_has_a_storage_over_its_own_bytes():
     values = [torch.randn(n, 3).to(torch.bfloat16) for n in (2, 5, 1)]
-    out = MMCollate(pin_memory=False)([{"x": v} for v in values])["x"]
+    out = MMCollate(pin_memory=False, fields={"x": AsList()})([{"x": v} for v in values])["x"]
     for got, value in zip(out, values, strict=True):
         assert got.dtype == torch.bfloat16 and torch.equal(got, value)
         assert got.untyped_storage().nbytes() == got.nbytes

@@ -19,6 +19,7 @@ from .._memory import ring as _ring
 from .._memory.arena import Kind, PinMode, allocate, resolve_kind
 from .._plan.cache import Plan, Plans
 from .._plan.careful import Planner
+from .._plan.fallback import Fallbacks
 from .._plan.fill import Mismatch
 from .._plan.patterns import FieldRules, Renames, Settings
 from .._plan.policies import Policy
@@ -149,7 +150,15 @@ class MMCollate:
         self._renames = Renames(self.rename)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
-        settings = Settings(self._rules, self._renames, ragged, missing == "none", sequences == "items", compile)
+        settings = Settings(
+            self._rules,
+            self._renames,
+            Fallbacks(),
+            ragged,
+            missing=missing == "none",
+            items=sequences == "items",
+            compiled=compile,
+        )
         self._planner = Planner(settings)
         self._plans = Plans(settings)
 

@@ -6,7 +6,11 @@ numeric columns as one array each, variable-shape columns as object arrays of
 per-row arrays, strings as object or unicode arrays. :class:`ColumnCollate` takes
 such a batch into one buffer with the same policies as :class:`~pincollate.MMCollate`:
 a dense column is one copy, a ragged one goes through its policy (``Pad``,
-``Concat``, ``Jagged``, ``AsList``) with the row as the sample.
+``Concat``, ``Jagged``, ``AsList``) with the row as the sample. A ragged column of
+numeric rows is planned once, by its first batch, into the recipe a cached plan of
+:class:`~pincollate.MMCollate` would keep for it (:mod:`pincollate._plan.ragged`): later
+batches read its sizes and copy it, and the careful planner takes what the recipe does
+not describe.
 
 For collating on the data side, :meth:`ColumnCollate.pack` turns the collated batch
 into a one-row columnar batch (its buffer as one ``uint8`` array, its layout and
@@ -18,20 +22,23 @@ process pins.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from .._batch.batch import carried, make_batch
-from .._batch.layout import Layout
+from .._batch.layout import Layout, PartSpec, Spec
 from .._batch.specs import MappingSpec
 from .._collate.collate import MMCollate
 from .._errors import CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
 from .._plan.fill import Fill, Node, Segment, TensorNode, Value
+from .._plan.patterns import ITEMS
 from .._plan.policies import Policy, Stack
+from .._plan.ragged import recipe_for
+from .._plan.recipe import Recipe
 from .._types.builtin import fill_numbers, torch_dtype
 from .._types.leaves import type_name
 
@@ -86,7 +93,9 @@ class ColumnCollate:
         missing: Literal["error", "none"] = "error",
     ):
         # One source of settings and their checks: an MMCollate holds the planner.
-        self._samples = MMCollate(pin_memory, fields=fields, ragged=ragged, rename=rename, missing=missing)
+        self.__setstate__(
+            {"samples": MMCollate(pin_memory, fields=fields, ragged=ragged, rename=rename, missing=missing)}
+        )
 
     @property
     def pin_memory(self) -> PinMode:
@@ -103,16 +112,24 @@ class ColumnCollate:
         return {"samples": self._samples}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._samples = state["samples"]
+        self._samples: MMCollate = state["samples"]
+        #: Each ragged column's recipe, settled by the first batch that has it (``None``:
+        #: the careful planner plans it for every batch).
+        self._recipes: dict[Hashable, Recipe | None] = {}
+        #: The column sets seen: a pattern or rename that matches none of a new set is reported.
+        self._columns: set[tuple[Hashable, ...]] = set()
 
     def __call__(self, batch: Mapping[str, Any]) -> Any:
         """The batch's columns in one buffer, as a [Batch][pincollate.Batch]."""
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
-        fill = Fill(self._samples._planner, 0, 0, 0)
+        samples = self._samples
+        fill = Fill(samples._planner, 0, 0, 0)
         keys: list[Hashable] = []
-        specs = []
+        specs: list[Spec] = []
         rows = None
+        # What a column's extra outputs must not be called: the columns, by their own and output names.
+        names = frozenset(batch).union(samples._renames.key((key,)) for key in batch)
         for key, column in batch.items():
             path = (key,)
             count = _rows(column, path)
@@ -120,19 +137,30 @@ class ColumnCollate:
                 rows = count
             elif count != rows:
                 raise CollateError(f"column has {count} rows, the first column {rows}", path=path)
-            node, extras = self._plan_column(column, path)
-            keys.append(self._samples._renames.key(path))
+            keys.append(samples._renames.key(path))
+            planned = self._plan_column(column, path, fill, names)
+            if isinstance(planned, PartSpec):  # settled by its recipe; the extras go after its key
+                specs.append(planned)
+                continue
+            node, extras = planned
             specs.append(fill.place(node))
             for name, extra in extras.items():
                 if name in batch or name in keys:
                     raise CollateError(f"the extra output {name!r} of column {key!r} clashes with a column", path=path)
                 keys.append(name)
                 specs.append(fill.place(extra))
-        layout = Layout(MappingSpec(None, keys, specs), fill.offset)
-        buffer = allocate(layout.nbytes, resolve_kind(self._samples.pin_memory))
+        columns = tuple(batch)
+        if columns not in self._columns:
+            self._columns.add(columns)
+            if samples._rules or samples._renames:
+                samples._report_unmatched()
+        layout = Layout(MappingSpec(None, keys, specs), fill.offset, fill.parts)
+        buffer = allocate(layout.nbytes, resolve_kind(samples.pin_memory))
         return make_batch(layout, buffer, fill.values, fill.execute(buffer))
 
-    def _plan_column(self, column: Any, path: tuple[Hashable, ...]) -> tuple[Node, dict[str, Node]]:
+    def _plan_column(
+        self, column: Any, path: tuple[Hashable, ...], fill: Fill, names: frozenset[Hashable]
+    ) -> tuple[Node, dict[str, Node]] | PartSpec:
         samples = self._samples
         policy = samples._rules.lookup(path) if samples._rules else None
         if isinstance(column, torch.Tensor):
@@ -164,14 +192,81 @@ class ColumnCollate:
         values = list(column)
         if not values:
             raise CollateError("empty column: there are no rows to collate", path=path)
-        return samples._planner.plan(values, path)
+        recipe = self._recipe(values, path, names)
+        if recipe is not None:
+            fill.parts.append(None)  # type: ignore[arg-type]  # placed by the recipe
+            index = len(fill.parts) - 1
+            if recipe.run(values, fill, index):
+                return PartSpec(index)
+            fill.parts.pop()
+        planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path)
+        return planned
+
+    def _recipe(self, values: list[Any], path: tuple[Hashable, ...], names: frozenset[Hashable]) -> Recipe | None:
+        """The column's recipe, settled by the first batch that has the column (as a cached plan's part is)."""
+        try:
+            return self._recipes[path]
+        except KeyError:
+            pass
+        samples = self._samples
+        rules = samples._rules
+        policy = (rules.lookup(path) if rules else None) or samples.ragged
+        named = rules and rules.lookup((*path, ITEMS)) is not None
+        items = None if named or samples.ragged is not None else samples.sequences == "items"
+        fallback = samples._plans.settings.fallbacks.field(path) if policy is None else None
+        recipe = recipe_for(values, policy, samples._renames.key(path), samples.missing == "none", items, fallback)
+        if recipe is not None and not recipe.fits_beside(names):
+            recipe = None  # the careful planner names the clash
+        self._recipes[path] = recipe
+        return recipe
+
+    def iter_torch_batches(
+        self,
+        data: Any,
+        *,
+        batch_size: int | None = 256,
+        prefetch_batches: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        unpack: bool = False,
+    ) -> Iterable[Any]:
+        """The batches of a Ray ``Dataset`` or ``DataIterator`` (a Ray Train shard), each a [Batch][pincollate.Batch].
+
+        Ray's own ``iter_torch_batches``, with this collate in Ray's threads, on the CPU;
+        but where Ray would rebuild a batch whose columns are all tensors as a plain
+        ``dict``, each batch arrives whole, its layout with it, so ``batch.to(device)`` and
+        the [Prefetcher][pincollate.Prefetcher] move it in one copy. The keywords are
+        Ray's; with ``unpack``, each row is a batch [pack][pincollate.ColumnCollate.pack]
+        made on the data side (iterate with ``batch_size=1``). Each ``for`` over the
+        result is one pass over ``data``. Needs ``ray`` (``pip install "pincollate[ray]"``).
+
+        Examples:
+            >>> collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})  # doctest: +SKIP
+            >>> shard = ray.train.get_dataset_shard("train")  # doctest: +SKIP
+            >>> for batch in pincollate.Prefetcher(collate.iter_torch_batches(shard, batch_size=32)):  # doctest: +SKIP
+            ...     loss = model(batch["ids"], batch["ids_mask"])
+        """
+        from .ray import RayBatches
+
+        options = {
+            "batch_size": batch_size,
+            "prefetch_batches": prefetch_batches,
+            "drop_last": drop_last,
+            "local_shuffle_buffer_size": local_shuffle_buffer_size,
+            "local_shuffle_seed": local_shuffle_seed,
+        }
+        return RayBatches(data, self, unpack, options)
 
     def for_ray(self, *, unpack: bool = False) -> Any:
         """This collate as Ray Data's ``NumpyBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
 
         Ray (2.47 and later) asks for a ``NumpyBatchCollateFn`` subclass rather than a
         function. With ``unpack``, it unpacks batches ``pack`` made on the data side.
-        Needs ``ray`` (``pip install "pincollate[ray]"``).
+        Ray's finalize step rebuilds a batch whose columns are all tensors as a plain
+        ``dict``, which this warns of once:
+        [iter_torch_batches][pincollate.ColumnCollate.iter_torch_batches] keeps the batch
+        whole. Needs ``ray`` (``pip install "pincollate[ray]"``).
         """
         from .ray import RayCollate
 

@@ -27,6 +27,7 @@ from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtup
 from .._types.leaves import LeafHandler, lookup, type_name
 from .column import Column, stack_or_list
 from .containers import ContainerWalk
+from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
 from .items import MAX_DEPTH, Extras, Origins, Path, container_name
 from .patterns import Renames, Settings
@@ -47,6 +48,7 @@ class Planner:
         self.default: Policy | None = settings.default
         self.missing: bool = settings.missing
         self.items: bool = settings.items
+        self.fallbacks: Fallbacks = settings.fallbacks
 
     def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
         """Plan the column ``values`` (one per sample) found at ``path``."""
@@ -61,6 +63,7 @@ class _Walk(ContainerWalk):
         self.renames = planner.renames
         self.default = planner.default
         self.missing = planner.missing
+        self.fallbacks = planner.fallbacks
         self._open: dict[int, Path] = {}
 
     # dispatch --------------------------------------------------------------------
@@ -92,7 +95,8 @@ class _Walk(ContainerWalk):
                 return Value(list(values)), {}  # always a per-sample list
             if policy is not None:
                 raise self._error(
-                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values",
+                    f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values"
+                    f"{self._none_hint(first)}",
                     None,
                     path,
                     origins,
@@ -128,6 +132,10 @@ class _Walk(ContainerWalk):
         finally:
             del self._open[id(first)]
 
+    def _none_hint(self, value: Any) -> str:
+        """Where ``None`` is what does not fit, how to take it as an absent value."""
+        return " (pass missing='none' to take None as an absent value)" if value is None and not self.missing else ""
+
     def _container(self, first: Any, items: bool) -> Callable[..., Node] | None:
         kind = kind_of(first)
         if kind is MAPPING:
@@ -160,7 +168,9 @@ class _Walk(ContainerWalk):
             h = lookup(type(value))
             if h is None or h.family != family:
                 expected = handler.name if family != "number" else "a number"
-                raise self._error(f"expected {expected}, got {type_name(value)}", i, path, origins)
+                raise self._error(
+                    f"expected {expected}, got {type_name(value)}{self._none_hint(value)}", i, path, origins
+                )
             if first_type is None:
                 first_type = type(value)
                 handler = h
@@ -209,7 +219,10 @@ class _Walk(ContainerWalk):
             # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
             policy = self.default
         if policy is None:
-            return stack_or_list(column), {}
+            node = stack_or_list(column)
+            if type(node) is not TensorNode and column.handler.stackable:
+                self.fallbacks.report(path, ((column.origin(i)[0], shape) for i, shape in enumerate(column.shapes)))
+            return node, {}
         return policy.plan(column, self.renames.key(path))
 
     def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
@@ -254,7 +267,8 @@ class _Walk(ContainerWalk):
         for i, value in enumerate(values):
             h = lookup(type(value))
             if h is not handler and not (value is None and self.missing):
-                raise self._error(f"expected {handler.name}, got {type_name(value)}", i, path, origins)
+                hint = self._none_hint(None if handler.family == "None" else value)
+                raise self._error(f"expected {handler.name}, got {type_name(value)}{hint}", i, path, origins)
         # default_collate returns the batch's own list of strings.
         return Value(values)
 

@@ -59,6 +59,19 @@ class Column:
         assert tensor is not None
         return cls([None] * n, path, tensor, [None] * n, [None] * n, None, None)
 
+    def subset(self, indices: Sequence[int]) -> Column:
+        """The values at ``indices`` (present ones, say), each still blamed on its own sample."""
+        metas = None if self.metas is None else [self.metas[i] for i in indices]
+        return Column(
+            [self.values[i] for i in indices],
+            self.path,
+            self.handler,
+            [self.dtypes[i] for i in indices],
+            [self.shapes[i] for i in indices],
+            metas,
+            [self.origin(i) for i in indices],
+        )
+
     def origin(self, i: int) -> tuple[int, Path]:
         return (i, self.path) if self.origins is None else self.origins[i]
 

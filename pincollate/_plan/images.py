@@ -22,6 +22,7 @@ from .._batch.list_specs import SplitSpec
 from .._batch.views import ALIGN
 from .._errors import CollateError
 from .._types.leaves import LeafHandler, lookup
+from .fallback import FieldFallback
 from .fill import Fill
 from .recipe import Recipe, place
 
@@ -33,14 +34,16 @@ _MODE: Any = operator.attrgetter("mode")
 class ImagesRecipe(Recipe):
     """PIL images of one class and one mode: stacked where this batch's sizes agree (``stacks``), else listed."""
 
-    __slots__ = ("describe", "fill_images", "stacks")
+    __slots__ = ("describe", "fallback", "fill_images", "stacks")
 
-    def __init__(self, cls: type, handler: LeafHandler, stacks: bool):
+    def __init__(self, cls: type, handler: LeafHandler, stacks: bool, fallback: FieldFallback | None = None):
         super().__init__(torch.uint8, 3, cls)
         assert handler.describe is not None and handler.fill is not None  # the PIL handler has both
         self.describe = handler.describe
         self.fill_images = handler.fill
         self.stacks = stacks
+        #: Where images of several sizes are listed with no policy: warned once.
+        self.fallback = fallback
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         if set(map(type, column)) != self.types or len(set(map(_MODE, column))) != 1:
@@ -57,6 +60,8 @@ class ImagesRecipe(Recipe):
             fill.tasks.append((self.fill_images, stacked, column, None))
             fill.parts[index] = Part(stacked)
             return True
+        if self.stacks and self.fallback is not None and not self.fallback.done:
+            self.fallback(enumerate(shapes))
         step = ALIGN // dtype.itemsize  # each image starts aligned
         counts = [math.prod(shape) for shape in shapes]
         sizes = [size for count in counts for size in (count, -count % step)]
@@ -74,10 +79,10 @@ class ImagesRecipe(Recipe):
             start += count + gap
 
 
-def images_recipe(column: Sequence[Any], stacks: bool) -> Recipe | None:
+def images_recipe(column: Sequence[Any], stacks: bool, fallback: FieldFallback | None = None) -> Recipe | None:
     """An :class:`ImagesRecipe` for a column of PIL images of one class, or ``None``."""
     cls = type(column[0]) if column else None
     handler = lookup(cls) if cls is not None else None
     if handler is None or handler.family != "pil" or set(map(type, column)) != {cls}:
         return None
-    return ImagesRecipe(cls, handler, stacks)  # type: ignore[arg-type]
+    return ImagesRecipe(cls, handler, stacks, fallback)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered,
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
 from .column import Column, stack_or_list, stacked_class
+from .fallback import Fallbacks, two_shapes
 from .fill import Node, Segment, TensorNode, Tree, Value
 from .patterns import ITEMS, Renames
 from .policies import AsList, Policy, Stack
@@ -59,6 +60,8 @@ class ItemWalk:
     rules: FieldRules | None
     renames: Renames
     missing: bool
+    default: Policy | None
+    fallbacks: Fallbacks
 
     def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
         raise NotImplementedError
@@ -108,7 +111,14 @@ class ItemWalk:
 
     def _items(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = True) -> Node:
         """Each value's list holds its own items: stack where they agree, else a list."""
-        return merge(self._item_nodes(values, path, origins, depth), self._refused(path, origins))
+        children = self._item_nodes(values, path, origins, depth)
+        merged = merge(children, self._refused(path, origins))
+        # A policy for every field (ragged=) or for the items ("images.*") is the user's choice.
+        chosen = self.default is not None or (self.rules and self.rules.lookup((*path, ITEMS)) is not None)
+        if type(merged) is not TensorNode and not chosen:
+            samples = [self._blame(i, path, origins)[0] for i in range(len(children))]
+            self.fallbacks.report(path, _item_shapes(children, samples), items=True)
+        return merged
 
     def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
         """``PerSample()``: one subtree per sample, nothing stacked across samples."""
@@ -224,6 +234,24 @@ class ItemWalk:
             )
         column = self._column(flat, path, flat_origins, handler)
         return policy.plan(column, self.renames.key(path), counts=counts)
+
+
+def _item_shapes(children: list[Node], samples: list[int]) -> list[tuple[int, tuple[int, ...]]]:
+    """What a warning names of items that did not stack: two items of one sample that
+    differ, else each sample's stack (an empty list as ``(0,)``); nothing if they are not tensors.
+    """
+    stacks: list[tuple[int, tuple[int, ...]]] = []
+    for child, sample in zip(children, samples, strict=True):
+        if type(child) is TensorNode:
+            stacks.append((sample, child.shape))
+        elif type(child) is Tree and child.make is ListSpec:
+            items = [(sample, item.shape) for item in child.children if type(item) is TensorNode]
+            if len(items) != len(child.children):
+                return []  # not tensors: strings, mappings, absent values
+            if two_shapes(items) is not None:
+                return items
+            stacks.append((sample, (len(items), *items[0][1]) if items else (0,)))
+    return stacks
 
 
 def _unstack(slot: TensorNode) -> TensorNode:

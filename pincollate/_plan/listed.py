@@ -25,6 +25,7 @@ from .._types.builtin import concat_tensors, stack_tensors
 from .._types.kinds import LISTS
 from .._types.leaves import lookup
 from .._types.wrap import Wrap
+from .fallback import FieldFallback
 from .fill import Fill
 from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
@@ -42,11 +43,21 @@ class ListRecipe(Recipe):
     says, with its own metadata (a box's format and canvas size) where it has some.
     """
 
-    __slots__ = ("missing", "per_value", "stacks", "wrap")
+    __slots__ = ("fallback", "missing", "per_value", "stacks", "wrap")
 
-    def __init__(self, dtype: torch.dtype, ndim: int, stacks: bool, missing: bool = False, cls: type = torch.Tensor):
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        ndim: int,
+        stacks: bool,
+        missing: bool = False,
+        cls: type = torch.Tensor,
+        fallback: FieldFallback | None = None,
+    ):
         super().__init__(dtype, ndim, cls)
         self.missing = missing
+        #: Where a field without a policy is listed because its shapes differ: warned once.
+        self.fallback = fallback
         handler = lookup(cls) if cls is not torch.Tensor else None
         #: How a value's view becomes its class (``None``: a plain tensor), and whether
         #: that depends on the value (metadata) or only on the class.
@@ -76,6 +87,9 @@ class ListRecipe(Recipe):
             stacked = place(fill, dtype, (len(shapes), *first), None if wrap is None else wrap(column[0]))
             fill.tasks.append((stack_tensors, stacked, column, None))
             return Part(stacked)
+        if self.stacks and len(distinct) > 1 and self.fallback is not None and not self.fallback.done:
+            samples = [i for i in range(len(shapes) + len(absent)) if i not in absent]
+            self.fallback(zip(samples, shapes, strict=True))
         wraps: Sequence[Wrap | None] | None = None
         if wrap is not None:
             if self.per_value:
@@ -125,12 +139,21 @@ class ItemsRecipe(Recipe):
     (``Stack()``) the one tensor, and the careful planner's error where it cannot be.
     """
 
-    __slots__ = ("items", "whole")
+    __slots__ = ("fallback", "items", "whole")
 
-    def __init__(self, dtype: torch.dtype, ndim: int, items: bool, whole: bool | None = None):
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        ndim: int,
+        items: bool,
+        whole: bool | None = None,
+        fallback: FieldFallback | None = None,
+    ):
         super().__init__(dtype, ndim)
         self.items = items
         self.whole = whole
+        #: Where samples' items (no policy) are listed because they do not stack: warned once.
+        self.fallback = fallback
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         if set(map(type, column)) - LISTS:
@@ -158,6 +181,8 @@ class ItemsRecipe(Recipe):
             fill.tasks.append((_stack_items, stacked, flat, None))
             fill.parts[index] = Part(stacked)
             return True
+        if self.fallback is not None and not self.fallback.done:
+            self.fallback(_item_shapes(counts, agreed, shapes), items=True)
         step = ALIGN // dtype.itemsize
         zeros = _zeros(dtype, (), step)
         units: list[tuple[int, ...]] = []  # each unit's shape: a sample's stack, or one item
@@ -191,17 +216,36 @@ class ItemsRecipe(Recipe):
         return True
 
 
+def _item_shapes(
+    counts: list[int], agreed: list[torch.Size | None], shapes: list[torch.Size]
+) -> list[tuple[int, tuple[int, ...]]]:
+    """What a warning names of items that did not stack: two items of one sample that
+    differ, else each sample's stack (an empty list as ``(0,)``).
+    """
+    start = 0
+    for sample, (count, shape) in enumerate(zip(counts, agreed, strict=True)):
+        if count and shape is None:
+            return [(sample, tuple(own)) for own in shapes[start : start + count]]
+        start += count
+    return [
+        (i, (count, *shape) if shape is not None else (0,))
+        for i, (count, shape) in enumerate(zip(counts, agreed, strict=True))
+    ]
+
+
 def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
     # (B, k, *shape): the batch's items in order, k per sample.
     torch.stack(items, out=region.view(-1, *region.shape[2:]))
 
 
-def items_recipe(column: Sequence[Any], items: bool, whole: bool | None = None) -> Recipe | None:
+def items_recipe(
+    column: Sequence[Any], items: bool, whole: bool | None = None, fallback: FieldFallback | None = None
+) -> Recipe | None:
     """An :class:`ItemsRecipe` for per-sample lists of plain tensors of one dtype and rank."""
     if set(map(type, column)) - LISTS:
         return None
     described = plain_tensors([item for value in column for item in value])
-    return None if described is None else ItemsRecipe(*described, items, whole)
+    return None if described is None else ItemsRecipe(*described, items, whole, fallback)
 
 
 @functools.lru_cache(maxsize=256)

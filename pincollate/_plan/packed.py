@@ -18,11 +18,11 @@ import torch
 
 from .._batch.layout import Part, Spec, TensorSpec
 from .._batch.specs import JaggedSpec
-from .._types.builtin import concat_tensors, fill_numbers
+from .._types.builtin import concat_tensors, fill_numbers, stack_tensors
 from .fill import Fill
 from .ops import FIRST
 from .packing import INT32_MAX, Concat, Jagged
-from .padding import nonempty
+from .padding import Joined, nonempty
 from .recipe import Recipe, place, plain_tensors
 
 __all__ = ["ConcatRecipe", "concat_recipe"]
@@ -34,7 +34,7 @@ class ConcatRecipe(Recipe):
     Under ``Jagged`` the values and their ``int64`` offsets are one nested tensor.
     """
 
-    __slots__ = ("containers", "counts_name", "item_offsets_name", "jagged", "offsets_name", "tail")
+    __slots__ = ("containers", "counts_name", "item_offsets_name", "jagged", "offsets_name", "stack", "tail")
 
     def __init__(
         self, dtype: torch.dtype, ndim: int, policy: Concat, name: Hashable, containers: frozenset[type] | None
@@ -45,10 +45,13 @@ class ConcatRecipe(Recipe):
         #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
         self.containers = containers
         self.jagged = isinstance(policy, Jagged)
+        #: ``items="stack"``: each value whole, one row each (images), not its rows.
+        self.stack = policy.items == "stack"
         self.offsets_name = policy._extra_name(policy.offsets_key, name)
         items = containers is not None
         self.counts_name = policy._extra_name(policy.counts_key, name) if items else None
-        self.item_offsets_name = policy._extra_name(policy.item_offsets_key, name) if items else None
+        with_item_offsets = items and not self.stack
+        self.item_offsets_name = policy._extra_name(policy.item_offsets_key, name) if with_item_offsets else None
 
     def extras(self) -> tuple[str, ...]:
         names = (self.offsets_name, self.counts_name, self.item_offsets_name)
@@ -69,6 +72,8 @@ class ConcatRecipe(Recipe):
         shapes = self.shapes(values)
         if shapes is None:
             return False
+        if self.stack:
+            return self._stacked(values.views() if type(values) is Joined else values, shapes, counts, fill, index)
         trailing = shapes[0][1:]
         if self.ndim > 1 and set(map(self.tail, shapes)) != {self.tail(shapes[0])}:
             return False  # the careful planner names the value whose trailing dims differ
@@ -77,7 +82,8 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        fill.tasks.append((concat_tensors, concatenated, nonempty(values, rows), None))
+        pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
+        fill.tasks.append((concat_tensors, concatenated, pieces, None))
         node: Spec = concatenated
         extras: list[tuple[str, TensorSpec]] = []
         item_offsets = [0, *itertools.accumulate(rows)]
@@ -96,6 +102,24 @@ class ConcatRecipe(Recipe):
             offsets_dtype = torch.int64 if self.jagged else torch.int32  # as the policy's own offsets
             self._extra(fill, extras, self.item_offsets_name, item_offsets, offsets_dtype)
         fill.parts[index] = Part(node, tuple(extras))
+        return True
+
+    def _stacked(
+        self, values: Sequence[torch.Tensor], shapes: list[torch.Size], counts: list[int] | None, fill: Fill, index: int
+    ) -> bool:
+        """``items="stack"``: the items stacked whole, ``(items, *shape)``; offsets count items."""
+        if shapes.count(shapes[0]) != len(shapes):
+            return False  # the careful planner names the item whose shape differs
+        if len(values) > INT32_MAX:
+            return False  # the careful planner says Concat's int32 offsets cannot hold it
+        stacked = place(fill, next(iter(self.dtypes)), (len(values), *shapes[0]))
+        fill.tasks.append((stack_tensors, stacked, values, None))
+        offsets = list(range(len(values) + 1)) if counts is None else [0, *itertools.accumulate(counts)]
+        extras: list[tuple[str, TensorSpec]] = []
+        self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
+        if counts is not None:
+            self._extra(fill, extras, self.counts_name, counts, torch.int64)
+        fill.parts[index] = Part(stacked, tuple(extras))
         return True
 
     @staticmethod

@@ -7,11 +7,13 @@ import functools
 import itertools
 import math
 from collections.abc import Hashable
+from typing import Literal
 
 import torch
 
 from .._batch.layout import Spec
 from .._batch.specs import JaggedSpec
+from .._errors import CollateError
 from .._types.wrap import Wrap
 from .column import Column
 from .fill import Node, Segment, TensorNode, Tree
@@ -31,12 +33,21 @@ class Concat(Policy):
     offsets (``int32``, one more than the number of items in the batch) bound each
     item. Missing values (``missing="none"``) count as empty.
 
+    What an item is decides how items join: ``items="cat"`` (the default) takes
+    each item as rows, as a VLM's patches ``(n_i, D)`` are, and concatenates the
+    rows, ``(total rows, D)``; ``items="stack"`` takes each item whole, as an image
+    ``(C, H, W)`` is, and stacks it as one row, ``(total items, C, H, W)``. Stacked
+    items must share one shape; the offsets then count items (they bound each
+    sample's images), and there are no item offsets (item ``i`` is row ``i``).
+
     Args:
         offsets_key: name of the per-sample offsets, or ``None``.
         counts_key: name of the per-sample item counts (``int64``, lists of items
             only), or ``None``.
-        item_offsets_key: name of the per-item offsets (lists of items only), or
-            ``None``.
+        item_offsets_key: name of the per-item offsets (lists of items under
+            ``items="cat"`` only), or ``None``.
+        items: ``"cat"``: an item's rows join the rows of the others (patches,
+            sequences); ``"stack"``: each item is one row (whole images).
 
     Examples:
         >>> import torch
@@ -45,6 +56,13 @@ class Concat(Policy):
         >>> batch = collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])
         >>> batch["ids"].tolist(), batch["ids_offsets"].tolist()
         ([1, 2, 3, 4], [0, 3, 4])
+
+        Whole images, two for the first prompt and one for the second:
+
+        >>> images = MMCollate(fields={"images": Concat(items="stack")})
+        >>> batch = images([{"images": [torch.zeros(3, 14, 14)] * 2}, {"images": [torch.ones(3, 14, 14)]}])
+        >>> tuple(batch["images"].shape), batch["images_offsets"].tolist(), batch["images_counts"].tolist()
+        ((3, 3, 14, 14), [0, 2, 3], [2, 1])
     """
 
     takes_items = True
@@ -56,16 +74,22 @@ class Concat(Policy):
         offsets_key: str | None = "{key}_offsets",
         counts_key: str | None = "{key}_counts",
         item_offsets_key: str | None = "{key}_item_offsets",
+        items: Literal["cat", "stack"] = "cat",
     ):
+        if items not in ("cat", "stack"):
+            raise CollateError(f"{type(self).__name__}(items=...) must be 'cat' or 'stack', got {items!r}")
         self.offsets_key: str | None = offsets_key
         self.counts_key: str | None = counts_key
         self.item_offsets_key: str | None = item_offsets_key
+        self.items: Literal["cat", "stack"] = items
 
     def _values(self, column: Column) -> tuple[TensorNode, list[int]]:
         present = column.present
         if not present:
             # Nothing to concatenate (a text-only batch): empty values, zero offsets.
             return TensorNode(torch.float32, (0,), []), [0] * len(column.values)
+        if self.items == "stack":
+            return self._stacked(column), [int(shape is not None) for shape in column.shapes]
         first = present[0]
         shapes = column.known
         for i in present:
@@ -96,6 +120,25 @@ class Concat(Policy):
                 start += rows[i] * row_numel
         return TensorNode(column.dtype, (total, *trailing), segments, self._wrap(column)), rows
 
+    def _stacked(self, column: Column) -> TensorNode:
+        """Each present value whole, as one row (``items="stack"``): they must share a shape."""
+        present = column.present
+        if not column.handler.stackable:
+            raise column.error(f"Concat(items='stack') cannot stack {column.handler.name}: they stay one tensor each")
+        first = column.known[present[0]]
+        for i in present:
+            if column.known[i] != first:
+                raise column.error(
+                    f"Concat(items='stack') needs items of one shape, got {column.known[i]} here and {first} in "
+                    f"sample {column.origin(present[0])[0]} (items='cat' joins items along their first dim)",
+                    i,
+                )
+        if len(present) < len(column.values):  # absent values (missing="none"): no items
+            column = column.subset(present)
+        if not column.uniform:
+            raise column.error("Concat(items='stack') needs equal metadata (a box format or canvas size differs)")
+        return column.stacked()
+
     @staticmethod
     def _wrap(column: Column) -> Wrap | None:
         """Keep a tv_tensors subclass and its metadata when every value shares them."""
@@ -124,7 +167,8 @@ class Concat(Policy):
             counts_name = self._extra_name(self.counts_key, name)
             if counts_name is not None:
                 extras[counts_name] = int_node(counts)
-            items_name = self._extra_name(self.item_offsets_key, name)
+            # Stacked items are one row each: item i is row i, no offsets needed.
+            items_name = self._extra_name(self.item_offsets_key, name) if self.items == "cat" else None
             if items_name is not None:
                 extras[items_name] = _offsets_node(rows, self._offsets_dtype)
         return extras

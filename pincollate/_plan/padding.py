@@ -7,7 +7,7 @@ one ``masked_scatter_`` for a whole small field).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ __all__ = [
     "PAD_BYTES",
     "SCATTER_BYTES",
     "TRIANGLE_ROWS",
+    "Joined",
     "box",
     "fill_mask",
     "fill_mask_1d",
@@ -171,7 +172,8 @@ def _padded_1d(
             valid = valid_1d(lengths, size, left)
         if dim == 0 and numpy_dtype(region.dtype) is not None:
             # numpy's boolean assignment: the masked scatter, at half its cost.
-            region.numpy()[valid] = torch.cat(nonempty(values, lengths)).numpy()
+            source = values.flat if type(values) is Joined else torch.cat(nonempty(values, lengths))
+            region.numpy()[valid] = source.numpy()
             return
         # Padding moves bits: where numpy (float8, complex32) or masked_scatter_ (those, and
         # unsigned ints past uint8) has no kernel for the dtype, an integer of its size does.
@@ -194,6 +196,42 @@ def _padded_1d(
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _NUMEL = torch.Tensor.numel
+
+
+class Joined(Sequence[torch.Tensor]):
+    """Values already concatenated: ``flat`` holds them in order, ``lengths`` their leading sizes.
+
+    What :func:`~pincollate._plan.recipe.concatenated_arrays` makes of read-only arrays.
+    A copy that would concatenate the values again takes ``flat`` instead, and a recipe
+    reads their shapes from the lengths (:meth:`shapes`); the values themselves, views of
+    ``flat``, are made only for what asks for them one by one.
+    """
+
+    __slots__ = ("_views", "flat", "lengths")
+
+    def __init__(self, flat: torch.Tensor, lengths: list[int]):
+        self.flat = flat
+        self.lengths = lengths
+        self._views: tuple[torch.Tensor, ...] | None = None
+
+    def shapes(self) -> list[torch.Size]:
+        trailing = tuple(self.flat.shape[1:])
+        return [torch.Size((n, *trailing)) for n in self.lengths]
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """The values, each a view of ``flat``: what torch's ``stack`` and ``cat`` take."""
+        if self._views is None:
+            self._views = self.flat.split_with_sizes(self.lengths)
+        return self._views
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.views()[index]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.views())
 
 
 def nonempty(values: Sequence[torch.Tensor], lengths: Sequence[int] | None = None) -> list[torch.Tensor]:

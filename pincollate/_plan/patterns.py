@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
 
 from .._errors import CollateError
 from .policies import Policy
+
+if TYPE_CHECKING:
+    from .fallback import Fallbacks
 
 __all__ = ["ITEMS", "FieldRules", "Renames", "Settings"]
 
@@ -33,7 +37,7 @@ class FieldRules:
         >>> rules.lookup(("meta", "boxes"))
         Stack()
         >>> rules.lookup(("images", 0))
-        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets')
+        Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets', items='cat')
     """
 
     def __init__(self, fields: Mapping[str, Policy] | None):
@@ -126,6 +130,7 @@ class Settings:
     Attributes:
         rules: the policies by key-path pattern.
         renames: the output names by key path.
+        fallbacks: the fields warned of as per-sample lists (:mod:`.fallback`).
         default: the policy for tensor fields no pattern names (``ragged=``).
         missing: whether absent keys are taken as ``None``.
         items: whether lists are each sample's items (``sequences="items"``).
@@ -135,6 +140,7 @@ class Settings:
 
     rules: FieldRules
     renames: Renames
+    fallbacks: Fallbacks
     default: Policy | None = None
     missing: bool = False
     items: bool = False

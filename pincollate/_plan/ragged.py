@@ -28,13 +28,14 @@ import torch
 from .._batch.layout import Part, TensorSpec
 from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
+from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
 from .images import images_recipe
 from .listed import ListRecipe, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
-from .padding import fill_padded_1d, fill_padded_and_mask_1d
+from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
 from .recipe import Recipe, converted, kept_tensors, place, plain_tensors
 from .rows import per_sample_recipe
@@ -53,6 +54,8 @@ class PadRecipe(Recipe):
 
     __slots__ = ("dim", "fill_both", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
 
+    takes_joined = True  # its small path copies from the one concatenation
+
     def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
         super().__init__(dtype, ndim)
         self.missing = missing
@@ -69,7 +72,7 @@ class PadRecipe(Recipe):
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if self.missing and any(value is None for value in column):
+        if self.missing and type(column) is not Joined and any(value is None for value in column):
             present = next((value for value in column if value is not None), None)
             if type(present) is not torch.Tensor:
                 return False  # nothing present, or not a tensor: the careful planner
@@ -154,7 +157,12 @@ class MixedNumbers(Recipe):
 
 
 def recipe_for(
-    column: Sequence[Any], policy: Policy | None, name: Hashable, missing: bool = False, items: bool | None = None
+    column: Sequence[Any],
+    policy: Policy | None,
+    name: Hashable,
+    missing: bool = False,
+    items: bool | None = None,
+    fallback: FieldFallback | None = None,
 ) -> Recipe | None:
     """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
 
@@ -169,13 +177,14 @@ def recipe_for(
     of such tensors as items, under ``AsList()`` and ``Stack()`` too, and under no policy: ``items`` says whether lists
     are items (``sequences="items"``) or transposed where their lengths agree; ``None``
     where a field rule names the items, which the careful planner then applies.
+    ``fallback`` reports a field without a policy that this batch lists (:mod:`.fallback`).
     """
     if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
         return MixedNumbers()
     as_tensors = converted(column, policy)
     if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
         tensors, wrap = as_tensors
-        inner = recipe_for(tensors, policy, name)
+        inner = recipe_for(tensors, policy, name, fallback=fallback)
         return None if inner is None else wrap(inner)
     if type(policy) is Concat or type(policy) is Jagged:
         assert isinstance(policy, Concat)
@@ -185,19 +194,20 @@ def recipe_for(
         return per_sample_recipe(column)
     if lists and items is not None:
         if policy is None:
-            return items_recipe(column, items)
+            return items_recipe(column, items, fallback=fallback)
         if type(policy) in (AsList, Stack):
             return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):
-        images = images_recipe(column, stacks=policy is None)
+        unasked = fallback if policy is None else None
+        images = images_recipe(column, stacks=policy is None, fallback=unasked)
         if images is not None:  # PIL images of several sizes
             return images
         kept = kept_tensors(column)
         if kept is None:
             return None
-        return ListRecipe(kept[0], kept[1], stacks=policy is None, missing=missing, cls=kept[2])
+        return ListRecipe(kept[0], kept[1], stacks=policy is None, missing=missing, cls=kept[2], fallback=unasked)
     described = plain_tensors(column)
     if described is None:
         return None

@@ -26,6 +26,7 @@ from .._types.leaves import lookup
 from .._types.wrap import Wrap
 from .fill import Fill
 from .ops import PLAIN
+from .padding import Joined
 
 if TYPE_CHECKING:
     from .policies import Policy
@@ -36,6 +37,7 @@ __all__ = [
     "NumberLists",
     "Recipe",
     "array_tensors",
+    "concatenated_arrays",
     "converted",
     "kept_tensors",
     "number_tensor",
@@ -57,6 +59,10 @@ class Recipe:
 
     __slots__ = ("dtypes", "ndim", "subclass", "types")
 
+    #: Whether :meth:`sized` takes a :class:`~pincollate._plan.padding.Joined` column as it is
+    #: (its copies read ``flat``); others get its values as a tuple of views.
+    takes_joined = False
+
     def __init__(self, dtype: torch.dtype, ndim: int, cls: type = torch.Tensor):
         self.dtypes = frozenset((dtype,))
         self.ndim = ndim
@@ -68,6 +74,8 @@ class Recipe:
         shapes = self.shapes(column)
         if shapes is None:
             return False
+        if type(column) is Joined and not self.takes_joined:
+            column = column.views()
         part = self.sized(column, shapes, fill)
         if part is None:
             return False
@@ -81,6 +89,10 @@ class Recipe:
         sparse, meta or accelerator tensor into the buffer raises, and the op that ran
         the recipe (its owner) has the batch planned again, carefully.
         """
+        if type(values) is Joined:  # plain tensors concatenated already: one dtype and rank, shapes from the lengths
+            flat = values.flat
+            fits = not self.subclass and flat.dtype in self.dtypes and flat.dim() == self.ndim
+            return values.shapes() if fits else None
         try:
             if set(map(type, values)) != self.types:
                 return None
@@ -246,12 +258,35 @@ def array_tensors(column: Sequence[Any], dtypes: frozenset[np.dtype[Any]] | None
         return None
 
 
+def concatenated_arrays(
+    column: Sequence[Any], dtypes: frozenset[np.dtype[Any]] | None = None
+) -> Sequence[torch.Tensor] | None:
+    """A column of numpy arrays torch cannot view (read-only ones: an object store's rows) as tensors.
+
+    One ``np.concatenate`` copies them into memory of their own (numpy reads a read-only
+    array without a warning, where ``torch.from_numpy`` warns), split back into a view per
+    array. The arrays must share a dtype (one of ``dtypes``, where given), a rank of at least
+    one and their trailing dims; ``None`` for anything else, which the careful planner takes.
+    """
+    if not column or set(map(type, column)) != _ARRAYS:
+        return None
+    found = set(map(ARRAY_DTYPE, column))
+    if len(found) != 1 or (dtypes is not None and found != dtypes):
+        return None
+    try:
+        flat = torch.from_numpy(np.concatenate(column))
+    except (TypeError, ValueError, RuntimeError):  # 0-d, other trailing dims, a dtype torch lacks
+        return None
+    return Joined(flat, list(map(len, column)))
+
+
 class Arrays(Recipe):
     """Ragged numpy arrays (waveforms from soundfile or librosa, say): as tensors, then ``inner``.
 
     Each array becomes a tensor over its own memory (no copy), and ``inner`` (the recipe of
-    that column of tensors) places and copies them. A batch of another numpy dtype, or of
-    anything but arrays, goes to the careful planner.
+    that column of tensors) places and copies them. Read-only arrays (Ray Data's rows) are
+    concatenated once instead (:func:`concatenated_arrays`). A batch of another numpy dtype,
+    or of anything but arrays, goes to the careful planner.
     """
 
     __slots__ = ("arrays", "inner")
@@ -262,7 +297,9 @@ class Arrays(Recipe):
         self.arrays = frozenset((dtype,))
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        tensors = array_tensors(column, self.arrays)
+        tensors: Sequence[torch.Tensor] | None = array_tensors(column, self.arrays)
+        if tensors is None:
+            tensors = concatenated_arrays(column, self.arrays)
         return tensors is not None and self.inner.run(tensors, fill, index)
 
     def extras(self) -> tuple[str, ...]:
@@ -281,8 +318,10 @@ def converted(
         flat = number_tensor(column)
         if flat is not None:
             return torch.split(flat, list(map(len, column))), NumberLists
-    tensors = array_tensors(column)
-    if tensors is not None and len(set(map(ARRAY_DTYPE, column))) == 1:
+    tensors: Sequence[torch.Tensor] | None = array_tensors(column)
+    if tensors is None or len(set(map(ARRAY_DTYPE, column))) != 1:
+        tensors = concatenated_arrays(column)
+    if tensors is not None:
         dtype = column[0].dtype
         return tensors, lambda inner: Arrays(inner, dtype)
     return None

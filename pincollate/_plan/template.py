@@ -57,6 +57,7 @@ class Template:
         self.missing = settings.missing
         self.items = settings.items
         self.compiled = settings.compiled
+        self.fallbacks = settings.fallbacks
         self.offset = 0
         self.nvalues = 0
         self.nparts = 0
@@ -82,7 +83,8 @@ class Template:
             # ragged= policy applies to them: the careful planner would apply that policy.
             named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
             items = None if named or self.default is not None else self.items
-            recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items)
+            fallback = self.fallbacks.field(path) if policy is None else None
+            recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items, fallback)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)

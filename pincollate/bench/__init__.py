@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -25,8 +26,10 @@ from typing import Any
 import torch
 
 from .._collate.collate import MMCollate
+from .._plan.policies import AsList
 from ..datasets import SCENARIOS, InMemory
 from ._breakdown import format_breakdown, worker_breakdown
+from ._busy import busy_reasons, load_average
 from ._gpu import run_gpu
 from ._methods import methods, padding_bytes
 from ._report import format_table, machine, plot
@@ -39,6 +42,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
     """Run the collate benchmark; returns a JSON-ready report."""
     from tqdm.auto import tqdm
 
+    load = load_average()  # before the run's own work adds to it
     rounds_main, rounds_workers = (11, 3) if quick else (21, 5)
     scenarios = [name for name in SCENARIOS if name in scenarios]
     results: list[dict[str, Any]] = []
@@ -83,12 +87,21 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
     bar.close()
+    spreads = [
+        (f"{row['scenario']} {row['method']} ({mode})", *row[f"{key}_spread"])
+        for row in results
+        if row["method"] != row["baseline"]
+        for key, mode in (("main", "main process"), ("workers", "workers"))
+        if f"{key}_spread" in row
+    ]
     return {
         "machine": machine(),
         "workers": workers,
         "quick": quick,
         "results": results,
         "first_batch": first_batch_cost(quick),
+        "load_before": load,
+        "busy": busy_reasons(load, os.cpu_count(), spreads),
     }
 
 
@@ -96,12 +109,13 @@ def first_batch_cost(quick: bool, fields: int = 150, batch_size: int = 8) -> dic
     """The first call of a fresh collate on samples with ``fields`` ragged fields, against later calls.
 
     The first call plans the structure once (the ragged fields become parts); later
-    calls reuse the plan and plan only the parts.
+    calls reuse the plan and plan only the parts. ``ragged=AsList()`` lists them, as no
+    policy would, without a warning per field.
     """
     samples = [{f"r{j}": torch.zeros(i + 1 + j % 3) for j in range(fields)} for i in range(batch_size)]
     firsts, steady = [], []
     for _ in range(3 if quick else 7):
-        collate = MMCollate(pin_memory=False)
+        collate = MMCollate(pin_memory=False, ragged=AsList())
         start = time.perf_counter()
         collate(samples)
         firsts.append(time.perf_counter() - start)

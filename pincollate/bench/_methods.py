@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, default_collate
 from .._collate.collate import MMCollate
 from .._memory.arena import accelerator_can_pin
 from .._plan.packing import Concat
-from .._plan.policies import Pad
+from .._plan.policies import AsList, Pad
 
 __all__ = [
     "Collate",
@@ -170,7 +170,8 @@ def methods(scenario: str) -> dict[str, Collate | None]:
             }
         ),
         "audio": MMCollate(fields={"audio": Pad(dims=[-1], mask_key=None)}),
-        "detection": MMCollate(),
+        # Boxes and labels per image, listed as the hand-written collate lists them.
+        "detection": MMCollate(fields={"boxes": AsList(), "labels": AsList()}),
         # The same outputs as the hand-written collate: padded tokens, their lengths, labels.
         "ragged": MMCollate(fields={"tokens": Pad(mask_key=None)}),
         # What DataCollatorWithPadding gives: padded ids, their mask, "labels".

@@ -1,16 +1,20 @@
 """``python -m pincollate.bench --ray``: Ray Data's own batch conversion against pincollate's, on a local cluster.
 
-For the manyleaf and vlm scenarios, one Ray dataset of the scenario's samples is iterated
-with ``iter_torch_batches`` three ways, in alternating rounds of one run:
+For the manyleaf, ragged and vlm scenarios, one Ray dataset of the scenario's samples is
+iterated with Ray's ``iter_torch_batches`` three ways, in alternating rounds of one run:
 
-* Ray's own conversion (manyleaf: its default, which takes every numeric column; vlm:
-  Ray cannot convert the ragged columns, so a hand-written ``NumpyBatchCollateFn`` pads and
-  concatenates them with ``pad_sequence`` and ``torch.cat``, what a user writes today);
-* ``ColumnCollate`` on the trainer side (``collate_fn=collate.for_ray()``);
+* Ray's own conversion (manyleaf: its default, which takes every numeric column; ragged and
+  vlm: Ray cannot convert ragged columns, so a hand-written ``NumpyBatchCollateFn`` pads
+  (``pad_sequence``) and concatenates (``torch.cat``) them, what a user writes today);
+* ``ColumnCollate`` on the trainer side (``collate.iter_torch_batches(dataset)``: Ray's
+  iterator with the collate in its threads, each batch a ``pincollate.Batch``);
 * ``ColumnCollate`` on the data side (``map_batches(collate.pack)``, then one packed row
   per batch unpacked on the trainer side). The packed dataset is materialized before the
   rounds, as a data cluster would have collated ahead of the trainer: what is timed is the
   trainer's share of the work, one copy of each batch's bytes.
+
+The ragged row is token ids of 16 to 512 per sample, padded with their lengths, as the
+main benchmark's ragged scenario: the same outputs from both collates.
 
 Reported: batches per second (higher is better) and each method's ratio to Ray's own.
 Both the dataset's reads and the iteration run in this process's local cluster; the
@@ -19,6 +23,7 @@ string column of manyleaf is dropped for every method, since Ray's default refus
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -31,8 +36,12 @@ from .._integrations.columns import ColumnCollate
 from .._plan.packing import Concat
 from .._plan.policies import Pad
 from ..datasets import SCENARIOS, InMemory
+from ._busy import busy_reasons, format_busy, load_average
 
-__all__ = ["format_ray", "run_ray"]
+__all__ = ["SCENARIOS_RAY", "format_ray", "run_ray"]
+
+#: The scenarios iterated through Ray Data.
+SCENARIOS_RAY = ("manyleaf", "ragged", "vlm")
 
 
 def _rows(scenario: str, count: int) -> list[dict[str, Any]]:
@@ -50,6 +59,24 @@ def _rows(scenario: str, count: int) -> list[dict[str, Any]]:
             row[key] = value.numpy() if isinstance(value, torch.Tensor) else value
         rows.append(row)
     return rows
+
+
+def _by_hand_ragged() -> Any:
+    from ray.data.collate_fn import NumpyBatchCollateFn
+
+    class ByHand(NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
+        """What a Ray user writes for ragged token ids: pad them, with their lengths."""
+
+        def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+            # np.array copies each read-only row: torch.from_numpy would warn about it.
+            tokens = [torch.from_numpy(np.array(v)) for v in batch["tokens"]]
+            return {
+                "tokens": pad_sequence(tokens, batch_first=True),
+                "tokens_lengths": torch.tensor([len(t) for t in tokens]),
+                "label": torch.from_numpy(np.array(batch["label"])),
+            }
+
+    return ByHand()
 
 
 def _by_hand_vlm() -> Any:
@@ -73,6 +100,8 @@ def _by_hand_vlm() -> Any:
 
 
 def _collate(scenario: str) -> ColumnCollate:
+    if scenario == "ragged":
+        return ColumnCollate(fields={"tokens": Pad(mask_key=None)})
     if scenario == "vlm":
         return ColumnCollate(
             fields={
@@ -85,16 +114,12 @@ def _collate(scenario: str) -> ColumnCollate:
 
 def _methods(scenario: str, dataset: Any, packed: Any, collate: ColumnCollate, batch_size: int) -> dict[str, Any]:
     """Each method as a function giving a fresh iterator over the scenario's batches."""
-    own = _by_hand_vlm() if scenario == "vlm" else None
+    own = {"vlm": _by_hand_vlm, "ragged": _by_hand_ragged}.get(scenario, lambda: None)()
     return {
         "Ray's own conversion": lambda: dataset.iter_torch_batches(batch_size=batch_size, device="cpu", collate_fn=own),
-        "ColumnCollate, trainer side": lambda: dataset.iter_torch_batches(
-            batch_size=batch_size, collate_fn=collate.for_ray(), device="cpu"
-        ),
+        "ColumnCollate, trainer side": lambda: collate.iter_torch_batches(dataset, batch_size=batch_size),
         # Collated by map_batches before the rounds (materialized): what is timed is the trainer's share.
-        "ColumnCollate, data side": lambda: packed.iter_torch_batches(
-            batch_size=1, collate_fn=collate.for_ray(unpack=True), device="cpu"
-        ),
+        "ColumnCollate, data side": lambda: collate.iter_torch_batches(packed, batch_size=1, unpack=True),
     }
 
 
@@ -103,6 +128,7 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     import ray
     from tqdm.auto import tqdm
 
+    load = load_average()  # before the cluster and the rounds add to it
     rounds = 2 if quick else 5
     batches = 8 if quick else 48
     started = not ray.is_initialized()  # a cluster already running (a test's) is used as it is
@@ -111,8 +137,10 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: dict[str, Any] = {}
     try:
-        bar = tqdm(total=2 * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False)
-        for scenario in ("manyleaf", "vlm"):
+        bar = tqdm(
+            total=len(SCENARIOS_RAY) * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False
+        )
+        for scenario in SCENARIOS_RAY:
             _, batch_size = SCENARIOS[scenario]
             dataset = ray.data.from_items(_rows(scenario, batch_size * batches)).materialize()
             collate = _collate(scenario)
@@ -142,11 +170,20 @@ def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
     finally:
         if started:
             ray.shutdown()
-    return {"rounds": rounds, "batches": batches, "results": results}
+    spreads = [
+        (f"{scenario} {name}", *row["spread"])
+        for scenario, rows in results.items()
+        for name, row in rows.items()
+        if name != "Ray's own conversion"
+    ]
+    busy = busy_reasons(load, os.cpu_count(), spreads)
+    return {"rounds": rounds, "batches": batches, "results": results, "load_before": load, "busy": busy}
 
 
 def format_ray(report: dict[str, Any]) -> str:
-    lines = [
+    warning = format_busy(report.get("busy", []))
+    lines = [warning] if warning else []
+    lines += [
         f"Ray Data on a local 2-CPU cluster: batches per second through iter_torch_batches ({report['batches']} batches,",
         f"{report['rounds']} alternating rounds, medians; x Ray: ratio to Ray's own conversion, higher is better)",
         "",

@@ -94,7 +94,7 @@ KINDS: dict[str, tuple[Callable[[int, random.Random], Any], dict[str, Policy], C
     "PerSample (dict targets)": (_dict_target, {"target": PerSample()}, _by_hand_targets),
     "PerSample (object lists)": (_object_list, {"target": PerSample()}, _by_hand_targets),
     "AsList (images per prompt)": (_prompt_images, {"images": AsList(), "ids": Pad()}, None),
-    "PIL images of several sizes": (_pil, {}, _by_hand_pil),
+    "PIL images of several sizes": (_pil, {"image": AsList()}, _by_hand_pil),
     "ints beside floats": (_scores, {}, default_collate),
 }
 

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import os
 import platform
+import textwrap
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["format_gpu", "format_table", "machine", "plot"]
+from ._busy import format_busy
+
+__all__ = ["axis_top", "figure", "format_gpu", "format_table", "machine", "plot"]
 
 
 def format_table(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
         f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, accelerator: {m['accelerator']}, {m['date']}",
-        "",
     ]
+    warning = format_busy(report.get("busy", []))
+    lines += [warning, ""] if warning else [""]
     kind = "quick run (fewer rounds and batches)" if report.get("quick") else "full run"
     lines += [
         f"{kind}. main ms: milliseconds per collate call in the main process (lower is better).",
@@ -126,6 +131,16 @@ def _ratio(row: dict[str, Any], mode: str) -> str:
 
 
 def plot(report: dict[str, Any], path: str) -> None:
+    """Write the report's bar plot (``bench.png``) to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """The report's bar plot: a panel per mode, each method's ratio per scenario."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,36 +152,81 @@ def plot(report: dict[str, Any], path: str) -> None:
     modes = [("main_speedup", "main process")] + (
         [("workers_speedup", f"{report['workers']} workers")] if report["workers"] else []
     )
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    # Constrained layout keeps the axis labels and the titles inside the figure and apart.
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.4), squeeze=False, layout="constrained")
     width = 0.8 / max(len(methods_), 1)
     for ax, (key, title) in zip(axes[0], modes, strict=True):
+        bars = []  # (x, median, lowest round, highest round)
         for i, method in enumerate(methods_):
             xs, ys, low, high = [], [], [], []
             for j, scenario in enumerate(scenarios):
                 for r in rows:
                     if r["scenario"] == scenario and r["method"] == method:
+                        spread = r.get(key.replace("speedup", "spread")) or [r[key], r[key]]
                         xs.append(j + i * width)
                         ys.append(r[key])
-                        spread = r.get(key.replace("speedup", "spread")) or [r[key], r[key]]
                         low.append(max(r[key] - spread[0], 0.0))
                         high.append(max(spread[1] - r[key], 0.0))
+                        bars.append((j + i * width, r[key], spread[0], spread[1]))
             ax.bar(xs, ys, width=width, label=method, yerr=[low, high], capsize=2)
+        top = axis_top(bars)
+        ax.set_ylim(0, top)
+        for x, _, _, highest in bars:
+            if highest > top:  # one unsteady round would flatten every other bar: clipped, its value written
+                ax.annotate(
+                    f"\u2191{highest:.1f}x",
+                    (x, top),
+                    xytext=(0, -3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="top",
+                    fontsize=7,
+                    color="darkred",
+                    zorder=10,  # over the legend
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none"},
+                )
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([j + width * (len(methods_) - 1) / 2 for j in range(len(scenarios))], scenarios)
-        ax.set_ylabel("speed over the scenario's baseline (x, higher is better)")
-        ax.set_title(title)
+        ax.set_ylabel("x baseline (higher is better)")
+        ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
     m = report["machine"]
     kind = "quick run" if report.get("quick") else "full run"
-    fig.suptitle(
+    title = (
         f"pincollate.bench ({kind}): {m['cpu']}, {m['cores']} cores, torch {m['torch']}. Bars: median round; "
         "whiskers: lowest and highest round.\nBaseline 1.0: default_collate, or a hand-written "
-        "pad_sequence/torch.cat collate for ragged, vlm, audio, detection",
-        fontsize=8,
+        "pad_sequence/torch.cat collate for ragged, vlm, audio, detection"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    busy = report.get("busy")
+    if busy:
+        title += "\nBUSY MACHINE, figures unreliable: " + "; ".join(busy[:2]) + ("; ..." if len(busy) > 2 else "")
+    # Wrapped to the figure's width (about 0.55 of the font size per character), so one panel fits it too.
+    chars = int(fig.get_figwidth() * 72 / (8 * 0.55))
+    title = "\n".join(textwrap.fill(line, chars) for line in title.split("\n"))
+    fig.suptitle(title, fontsize=8, color="darkred" if busy else "black")
+    return fig
+
+
+def axis_top(bars: list[tuple[float, float, float, float]]) -> float:
+    """The top of a panel's y axis: every median bar, and every whisker but an outlier.
+
+    A whisker is an outlier where it reaches past twice the panel's level (its highest
+    median, or the 75th percentile of its whiskers, whichever is higher): one round that
+    met a busy machine. It is cut at the top and labelled, so it does not flatten the panel.
+
+    Examples:
+        >>> round(axis_top([(0, 1.0, 0.9, 1.1), (1, 2.0, 1.8, 2.2)]), 2)
+        2.42
+        >>> round(axis_top([(i, 1.0, 0.9, 1.2) for i in range(9)] + [(9, 1.1, 0.1, 11.7)]), 2)
+        1.32
+    """
+    if not bars:
+        return 1.1
+    medians = [median for _, median, _, _ in bars]
+    highest = [high for _, _, _, high in bars]
+    level = max(max(medians), float(np.percentile(highest, 75)))
+    kept = [high for high in highest if high <= 2 * level]
+    return 1.1 * max(*medians, *kept, 1.0)
 
 
 def machine() -> dict[str, Any]:
