@@ -232,7 +232,7 @@ def _changed() -> Batch:
     samples = [{"x": torch.full((64,), float(i)), "y": i, "f": [0.5, 1.5]} for i in range(2)]
     for i, sample in enumerate(samples):
         sample["tokens"] = torch.arange(64 - i)
-    batch = MMCollate(pin_memory=False)(samples)
+    batch = MMCollate(pin_memory=False, fields={"tokens": AsList()})(samples)
     batch["z"] = torch.arange(64.0)
     assert batch.layout is None
     return batch
@@ -304,7 +304,7 @@ def test_a_changed_batch_holds_a_registered_slot_until_copied(monkeypatch, stand
     held = []
     monkeypatch.setattr(_registration, "hold_until_copied", lambda source, device: held.append(source))
     samples = [{"tokens": torch.arange(64 - i)} for i in range(2)]
-    batch = MMCollate(pin_memory=False, fields={"tokens": Jagged()} if jagged else {})(samples)
+    batch = MMCollate(pin_memory=False, fields={"tokens": Jagged() if jagged else AsList()})(samples)
     assert isinstance(batch["tokens"], list) is not jagged  # a nested tensor, or a list of two
     start = batch.buffer.data_ptr()
     end = start + batch.buffer.untyped_storage().nbytes()
