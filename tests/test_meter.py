@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, default_collate
 import pincollate
 from pincollate import CollateError, InputMeter, InputStats, MMCollate, Pad, Prefetcher, mm_collate
 from pincollate._transfer import meter as meter_module
-from pincollate._transfer.meter import Clock, CopyTimes, Timeline, count_batch, counter
+from pincollate._transfer.meter import Clock, CopyTimes, Counter, Timeline, count_batch
 from pincollate._transfer.staging import Ahead
 
 #: A sleep long against Python's own per-batch work, short enough to keep the suite quick.
@@ -204,7 +205,7 @@ def test_a_layout_is_counted_once(monkeypatch):
     calls = []
     original = meter_module.count_batch
     monkeypatch.setattr(meter_module, "count_batch", lambda batch: calls.append(1) or original(batch))
-    count = counter()
+    count = Counter()
     # A collate of its own: the shared mm_collate may have learnt to place "x" anew for each batch.
     collate = MMCollate(pin_memory=False)
     same = [collate([{"x": torch.zeros(2)}] * 4) for _ in range(3)]
@@ -273,7 +274,7 @@ def test_the_staging_thread_figures_travel_with_the_batch():
             yield mm_collate([{"x": torch.zeros(3)}] * 2)
 
     ahead = Ahead(
-        slow_batches(), 2, lambda b: b, torch.device("cpu"), hand=lambda b: b, metering=(clock, sums, counter())
+        slow_batches(), 2, lambda b: b, torch.device("cpu"), hand=lambda b: b, metering=(clock, sums, Counter())
     )
     assert _drain(ahead) == 4
     stats = clock.epoch
@@ -344,24 +345,37 @@ def test_figures_read_on_another_thread_are_whole():
     )
 
 
-def test_a_batch_is_counted_under_the_lock_readers_take():
-    # Under CPython's GIL the sums above stay whole even without the lock (no thread switch
-    # inside a run of updates without a call); free-threaded Python switches anywhere.
+def test_a_reader_waits_for_a_batch_half_written():
+    # The consumer writes a batch's figures between two steps of the sequence number; a
+    # reader that finds it odd (a write under way) waits for the even number, so it never
+    # sees the batch counted and its samples not (free-threaded Python switches anywhere).
     meter = InputMeter([{"x": torch.zeros(2)}] * 2)
-    iterator = iter(meter)
-    taken = threading.Event()
+    for _ in meter:
+        pass
+    sums = meter._clock._current
+    sums.seq += 1  # a write begun: one field of the batch written
+    sums.batches += 1
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.append(meter.epoch))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not read  # waiting for the write to end
+    sums.samples += 2
+    sums.seq += 1
+    reader.join(60)
+    assert [(s.batches, s.samples) for s in read] == [(3, 6)]
 
-    def take():
-        next(iterator)
-        taken.set()
 
-    with meter._clock.lock:
-        thread = threading.Thread(target=take)
-        thread.start()
-        assert not taken.wait(0.2)  # held at the lock (without it, done in microseconds)
-    assert taken.wait(60)
-    thread.join()
-    assert meter.epoch.batches == 1
+def test_alternating_layouts_are_counted_exactly():
+    # Two layouts in turn (two workers' batches): the inline check of the last layout misses
+    # every time, and the counter's table answers.
+    collate = MMCollate(pin_memory=False)
+    small = [collate([{"x": torch.zeros(2)}] * 4) for _ in range(3)]
+    large = [collate([{"x": torch.zeros(9)}] * 2) for _ in range(3)]
+    meter = InputMeter([b for pair in zip(small, large, strict=True) for b in pair])
+    assert _drain(meter) == 6
+    nbytes = 3 * small[0].layout.nbytes + 3 * large[0].layout.nbytes
+    assert (meter.epoch.batches, meter.epoch.samples, meter.epoch.batch_bytes) == (6, 18, nbytes)
 
 
 def test_two_meters_on_two_threads_keep_their_own_figures():

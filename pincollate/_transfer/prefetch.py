@@ -36,7 +36,7 @@ import torch
 
 from .._errors import CollateError
 from .._memory.arena import accelerator_can_pin
-from .meter import CopyTimes, InputMeter, Metering, length_of, pass_epoch
+from .meter import CopyTimes, InputMeter, Metered, Metering, length_of, pass_epoch
 from .staging import Ahead, CudaStaging, MeteredPassthrough, Passthrough
 from .transfer import pin
 
@@ -183,4 +183,9 @@ class Prefetcher(Generic[T]):
             return Ahead(source, self.depth, staging.stage, self.device, staging.hand, metering, staging.flush)
         if self.pin:
             source = Ahead(source, self.depth, pin, self.device)
-        return Passthrough(source, self) if metering is None else MeteredPassthrough(source, self, metering)
+        if metering is None:
+            return Passthrough(source, self)
+        if direct:
+            # Nothing to stage: the loop's waits are its reads, timed as any metered loader's.
+            return Metered(source, *metering)
+        return MeteredPassthrough(source, self, metering)

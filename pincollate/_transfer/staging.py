@@ -227,13 +227,12 @@ class Passthrough(Iterator[Any]):
 
 class MeteredPassthrough(Passthrough):
     """:class:`Passthrough` that times the loop's waits: reading the source is the loader's
-    time, moving and transforming the staging's. On CPU without a transform nothing is
-    staged, and the clock is read twice a batch, not three times."""
+    time, moving and transforming the staging's. (With nothing to stage, the Prefetcher
+    meters its loader as :class:`~pincollate._transfer.meter.Metered` does any.)"""
 
     def __init__(self, source: Iterator[Any], owner: Owner, metering: Metering):
         super().__init__(source, owner)
         self._metering = metering
-        self._stages = owner.device.type != "cpu" or owner.transform is not None
         self._done = False
 
     def __next__(self) -> Any:
@@ -246,9 +245,6 @@ class MeteredPassthrough(Passthrough):
                 self._done = True
                 clock.finish(sums, asked)
             raise
-        if not self._stages:
-            clock.step(sums, asked, perf_counter(), count(host))
-            return host
         read = perf_counter()
         batch = host
         owner = self._owner

@@ -2,7 +2,8 @@
 
 A loop of tiny batches (8 samples of 16 floats and a label, collated in this process
 by ``mm_collate``) through a ``Prefetcher`` with ``stats=False`` and with
-``stats=True``, in rotating rounds: its time per batch either way and their ratio.
+``stats=True`` side by side, a batch of each in turn: its time per batch either way and
+their ratio.
 Tiny batches make the measurement's share of the loop as large as it gets. Two loops:
 a training step of a tiny model (what a loop does with a batch), and the data alone
 (no step: the bound on the cost's share).
@@ -20,7 +21,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._collate.collate import mm_collate
 from .._transfer.prefetch import Prefetcher
-from ._timing import rotated, whole
 
 __all__ = ["format_stats_cost", "run_stats_cost"]
 
@@ -62,17 +62,47 @@ def _data_only(batch: Any) -> None:
     pass
 
 
-def _epoch(loader: DataLoader[Any], device: torch.device, stats: bool, step: Step) -> tuple[float, Prefetcher[Any]]:
-    """Seconds per batch of one epoch through a Prefetcher with or without stats."""
-    prefetcher = Prefetcher(loader, device=device, stats=stats)
-    start = time.perf_counter()
-    n = 0
-    for batch in prefetcher:
-        step(batch)
-        n += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / n, prefetcher
+def _paired_epoch(loader: DataLoader[Any], device: torch.device, step: Step) -> tuple[float, float, Prefetcher[Any]]:
+    """One epoch through two Prefetchers at once, without and with stats, batch by batch.
+
+    Each pair of steps runs one batch of each, in alternating order, and each batch's
+    time (its ``next`` and its step) is read by the bench's own clock: what changes the
+    whole machine's speed (another process, the clock frequency) falls on both sides of
+    a pair alike. Returns the trimmed mean seconds per batch without stats, the trimmed
+    mean extra with stats (over the pairs' differences), and the metered Prefetcher.
+    """
+    metered = Prefetcher(loader, device=device, stats=True)
+    sides = (iter(Prefetcher(loader, device=device, stats=False)), iter(metered))
+    off: list[float] = []
+    extra: list[float] = []
+    clock = time.perf_counter
+    for i in range(len(loader)):
+        first = i % 2
+        t0 = clock()
+        step(next(sides[first]))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t1 = clock()
+        step(next(sides[1 - first]))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t2 = clock()
+        plain, with_stats = (t1 - t0, t2 - t1) if first == 0 else (t2 - t1, t1 - t0)
+        off.append(plain)
+        extra.append(with_stats - plain)
+    for side in sides:  # past the end: the metered epoch closes as a loop's does
+        for _ in side:
+            raise AssertionError("both sides read the same loader: neither has batches left")
+    return _trimmed_mean(off), _trimmed_mean(extra), metered
+
+
+def _trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    """The mean of ``values`` without their lowest and highest ``cut`` share: one preempted
+    step (a millisecond among microseconds) must not decide a round."""
+    ordered = sorted(values)
+    k = int(len(ordered) * cut)
+    kept = ordered[k : len(ordered) - k] or ordered
+    return sum(kept) / len(kept)
 
 
 def run_stats_cost(quick: bool, batches: int | None = None, rounds: int | None = None) -> dict[str, Any]:
@@ -95,29 +125,28 @@ def _run(device: torch.device, quick: bool, batches: int | None, rounds: int | N
     batch_size = 8
     n = batches or (400 if quick else 2000)
     loader = DataLoader(_Tiny(n * batch_size), batch_size=batch_size, collate_fn=mm_collate)
-    ways = {"no stats": False, "stats": True}
-    n_rounds = whole(rounds or (8 if quick else 24), ways)
+    n_rounds = rounds or (8 if quick else 24)
     loops: dict[str, Any] = {}
     for name, step in (("training step", _training_step(device)), ("data only", _data_only)):
-        for stats in ways.values():  # warm-up: plans, caches, the allocator
-            _epoch(loader, device, stats, step)
-        times: dict[str, list[float]] = {way: [] for way in ways}
+        _paired_epoch(loader, device, step)  # warm-up: plans, caches, the allocator
+        offs: list[float] = []
+        extras: list[float] = []
         figures: dict[str, float] = {}
-        for round_ in range(n_rounds):
-            for way, stats in rotated(ways, round_):
-                seconds, prefetcher = _epoch(loader, device, stats, step)
-                times[way].append(seconds)
-                if stats:
-                    figures = prefetcher.stats.epoch.as_dict()
-        ratios = [on / off for on, off in zip(times["stats"], times["no stats"], strict=True)]
+        for _ in range(n_rounds):
+            off, extra, metered = _paired_epoch(loader, device, step)
+            offs.append(off)
+            extras.append(extra)
+            figures = metered.stats.epoch.as_dict()
+        ratios = [(off + extra) / off for off, extra in zip(offs, extras, strict=True)]
+        off_s = statistics.median(offs)
+        extra_s = statistics.median(extras)
         loops[name] = {
-            "no_stats_us": statistics.median(times["no stats"]) * 1e6,
-            "stats_us": statistics.median(times["stats"]) * 1e6,
-            # Each round timed both back to back: the cost is the median round's ratio.
+            "no_stats_us": off_s * 1e6,
+            "stats_us": (off_s + extra_s) * 1e6,
+            # The cost is the median round's ratio; each round's from its pairs of batches.
             "ratio": statistics.median(ratios),
             "spread": [min(ratios), max(ratios)],
-            "cost_us": statistics.median([on - off for on, off in zip(times["stats"], times["no stats"], strict=True)])
-            * 1e6,
+            "cost_us": extra_s * 1e6,
             "measured": {key: figures[key] for key in ("input_bound", "batches_per_s")},
         }
     return {
@@ -134,7 +163,8 @@ def format_stats_cost(report: dict[str, Any]) -> str:
     lines = [
         f"Prefetcher stats, their own cost: tiny batches ({report['batch_size']} samples of 16 floats and a label, "
         f"mm_collate in this process), device {report['device']}, {report['batches']} batches an epoch, "
-        f"{report['rounds']} rounds (us per batch; ratio: with stats over without, median round, lowest-highest):",
+        f"{report['rounds']} rounds, a batch of each in turn (us per batch; ratio: with stats over without, median "
+        "round, lowest-highest):",
         f"  {'loop':<16} {'no stats':>9} {'stats':>9} {'ratio':>7} {'(spread)':>15} {'cost':>7} {'us':>6}",
     ]
     for name, row in report["loops"].items():
