@@ -15,7 +15,7 @@ pytest.importorskip("ray.train")
 
 import pincollate  # noqa: E402
 from pincollate._batch.trees import tensors  # noqa: E402
-from samples import assert_one_buffer  # noqa: E402
+from samples import assert_one_buffer, assert_same  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +88,9 @@ def test_ragged_and_string_columns_through_rays_iterator(cluster):
     ds = ray.data.from_items(_items())
     collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad(mask_key="mask")})
     batches = list(collate.iter_torch_batches(ds, batch_size=4))
-    # Ray's rows are read-only: planned once, concatenated once, without torch's warning.
-    assert type(collate._recipes[("ids",)]).__name__ == "Arrays"
+    # Read from Arrow's buffers as one flat tensor (no array per row, no read-only warning):
+    # planned once, as tensors.
+    assert type(collate._recipes[("ids",)]).__name__ == "PadRecipe"
     names = [name for batch in batches for name in batch["name"]]
     assert names == [f"sample {i}" for i in range(12)]
     first = batches[0]
@@ -148,6 +149,67 @@ def test_through_the_prefetcher_each_batch_is_one_pinned_copy_and_one_move(clust
     for batch, nbytes in zip(batches, copies, strict=True):
         assert type(batch) is pincollate.Batch and batch.buffer.device.type == "meta"
         assert nbytes == batch.layout.nbytes and all(t.device.type == "meta" for t in tensors(batch))
+
+
+def _arrow_items(n: int = 13) -> list[dict]:
+    rng = np.random.default_rng(1)
+    return [
+        {
+            "tokens": np.arange(i % 5 + 1, dtype=np.int64) + 10 * i,  # 1-D rows, one of them short
+            "patches": rng.random((i % 3 + 1, 4)).astype(np.float32),  # (n_i, 4): trailing dims shared
+            "crops": np.full((i % 2 + 1, i % 3 + 1), i, np.uint8),  # trailing dims differ: Ray's conversion
+            "image": rng.random((3, 2, 2)).astype(np.float32),  # fixed shape
+            "count": i,
+            "score": float(i) / 7,
+            "name": f"row {i}",
+        }
+        for i in range(n)
+    ]
+
+
+POLICIES = {
+    "none": {},
+    "pad": {"fields": {"tokens": pincollate.Pad(), "patches": pincollate.Pad(mask_key="patches_mask")}},
+    "concat": {"fields": {"tokens": pincollate.Concat(), "patches": pincollate.Concat()}},
+    "jagged": {"fields": {"tokens": pincollate.Jagged(), "patches": pincollate.Jagged()}},
+    "aslist": {"ragged": pincollate.AsList()},
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_an_arrow_table_collates_as_rays_numpy_batch_does(cluster, policy):
+    # Blocks of 4 rows, batches of 5: batches that span blocks (several chunks) and start
+    # inside one (sliced arrays, offsets that do not start at 0).
+    ds = ray.data.from_items(_arrow_items(), override_num_blocks=3).materialize()
+    tables = list(ds.iter_batches(batch_size=5, batch_format="pyarrow"))
+    arrays = list(ds.iter_batches(batch_size=5, batch_format="numpy"))
+    assert any(t.column("tokens").num_chunks > 1 for t in tables)
+    from_arrow = pincollate.ColumnCollate(**POLICIES[policy])
+    from_numpy = pincollate.ColumnCollate(**POLICIES[policy])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no read-only warning from torch, no new RaggedFieldWarning
+        warnings.filterwarnings("ignore", category=pincollate.RaggedFieldWarning)
+        for _ in range(2):  # the first batches plan, the second pass runs the settled plans
+            for table, array in zip(tables, arrays, strict=True):
+                ours = from_arrow(table)
+                assert_same(ours, from_numpy(array))
+                assert_one_buffer(ours)
+    # The ragged rows were read from Arrow's buffers, joined: no array per row.
+    from pincollate._integrations.arrow import arrow_columns
+    from pincollate._plan.padding import Joined
+
+    columns = arrow_columns(tables[1])
+    assert type(columns["tokens"]) is Joined and type(columns["patches"]) is Joined
+    assert columns["tokens"].lengths == [len(row) for row in arrays[1]["tokens"]]
+
+
+def test_an_arrow_column_arrow_cannot_hand_over_whole_is_converted_as_ray_converts_it(cluster):
+    # Lists of numbers with a None row, booleans (bit-packed): as Ray converts them to numpy.
+    items = [{"ids": None if i == 2 else list(range(i + 1)), "flag": bool(i % 2)} for i in range(4)]
+    table = next(iter(ray.data.from_items(items).iter_batches(batch_size=4, batch_format="pyarrow")))
+    array = next(iter(ray.data.from_items(items).iter_batches(batch_size=4, batch_format="numpy")))
+    settings = {"fields": {"ids": pincollate.Pad()}, "missing": "none"}
+    assert_same(pincollate.ColumnCollate(**settings)(table), pincollate.ColumnCollate(**settings)(array))
 
 
 def _column(values: list) -> np.ndarray:

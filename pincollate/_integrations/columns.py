@@ -22,7 +22,7 @@ process pins.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -35,12 +35,14 @@ from .._collate.collate import MMCollate
 from .._errors import CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
 from .._plan.fill import Fill, Node, Segment, TensorNode, Value
+from .._plan.padding import Joined
 from .._plan.patterns import ITEMS
 from .._plan.policies import Policy, Stack
 from .._plan.ragged import recipe_for
 from .._plan.recipe import Recipe
 from .._types.builtin import fill_numbers, torch_dtype
 from .._types.leaves import type_name
+from .arrow import arrow_columns, is_arrow_table
 
 __all__ = ["ColumnCollate"]
 
@@ -120,7 +122,13 @@ class ColumnCollate:
         self._columns: set[tuple[Hashable, ...]] = set()
 
     def __call__(self, batch: Mapping[str, Any]) -> Any:
-        """The batch's columns in one buffer, as a [Batch][pincollate.Batch]."""
+        """The batch's columns in one buffer, as a [Batch][pincollate.Batch].
+
+        ``batch`` maps column names to arrays; a ``pyarrow.Table`` is read from Arrow's
+        buffers (a ragged column's rows as one flat tensor, no array per row).
+        """
+        if is_arrow_table(batch):
+            batch = arrow_columns(batch)
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
         samples = self._samples
@@ -188,8 +196,9 @@ class ColumnCollate:
                 shape = tuple(column.shape)
                 # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
                 return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
-        # Rows as samples: variable shapes (object arrays), policies, strings, None.
-        values = list(column)
+        # Rows as samples: variable shapes (object arrays), policies, strings, None. Rows read
+        # from Arrow come joined already (one flat tensor): the policies copy from it whole.
+        values = column if type(column) is Joined else list(column)
         if not values:
             raise CollateError("empty column: there are no rows to collate", path=path)
         recipe = self._recipe(values, path, names)
@@ -202,7 +211,7 @@ class ColumnCollate:
         planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path)
         return planned
 
-    def _recipe(self, values: list[Any], path: tuple[Hashable, ...], names: frozenset[Hashable]) -> Recipe | None:
+    def _recipe(self, values: Sequence[Any], path: tuple[Hashable, ...], names: frozenset[Hashable]) -> Recipe | None:
         """The column's recipe, settled by the first batch that has the column (as a cached plan's part is)."""
         try:
             return self._recipes[path]
@@ -259,10 +268,12 @@ class ColumnCollate:
         return RayBatches(data, self, unpack, options)
 
     def for_ray(self, *, unpack: bool = False) -> Any:
-        """This collate as Ray Data's ``NumpyBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
+        """This collate as Ray Data's ``ArrowBatchCollateFn``, for ``iter_torch_batches(collate_fn=...)``.
 
-        Ray (2.47 and later) asks for a ``NumpyBatchCollateFn`` subclass rather than a
-        function. With ``unpack``, it unpacks batches ``pack`` made on the data side.
+        Ray (2.47 and later) asks for a ``CollateFn`` subclass rather than a function; as
+        an Arrow one it gets each batch's Arrow table, read from Arrow's buffers, not
+        converted to numpy row by row. With ``unpack``, it unpacks batches ``pack`` made
+        on the data side.
         Ray's finalize step rebuilds a batch whose columns are all tensors as a plain
         ``dict``, which this warns of once:
         [iter_torch_batches][pincollate.ColumnCollate.iter_torch_batches] keeps the batch

@@ -23,7 +23,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
-from ray.data.collate_fn import NumpyBatchCollateFn
+from ray.data.collate_fn import ArrowBatchCollateFn
+
+from .arrow import arrow_columns
 
 __all__ = ["RayBatches", "RayCollate", "Sealed"]
 
@@ -31,7 +33,7 @@ __all__ = ["RayBatches", "RayCollate", "Sealed"]
 class Columnar(Protocol):
     """What ``RayCollate`` calls: a :class:`~pincollate.ColumnCollate`."""
 
-    def __call__(self, batch: dict[str, Any]) -> Any: ...
+    def __call__(self, batch: Any) -> Any: ...
 
     def unpack(self, batch: dict[str, Any]) -> Any: ...
 
@@ -61,8 +63,12 @@ def rebuilt_by_ray(batch: Any) -> bool:
     return False
 
 
-class RayCollate(NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
+class RayCollate(ArrowBatchCollateFn):  # type: ignore[misc,unused-ignore]
     """``ColumnCollate`` for ``iter_torch_batches``: collates (or, with ``unpack``, unpacks) each batch.
+
+    An ``ArrowBatchCollateFn``: Ray hands it each batch as its Arrow table, which the
+    collate reads from Arrow's buffers (:mod:`pincollate._integrations.arrow`), not
+    converted to numpy row by row first.
 
     With ``sealed`` each batch goes out in a :class:`Sealed`, for :class:`RayBatches` to open.
     Without it the batch goes out as it is, and a batch that Ray's finalize step would turn
@@ -75,8 +81,8 @@ class RayCollate(NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
         self.sealed = sealed
         self._warned = False
 
-    def __call__(self, batch: dict[str, Any]) -> Any:
-        out = self.collate.unpack(batch) if self.unpack else self.collate(batch)
+    def __call__(self, batch: Any) -> Any:
+        out = self.collate.unpack(arrow_columns(batch)) if self.unpack else self.collate(batch)
         if self.sealed:
             return Sealed(out)
         if not self._warned and rebuilt_by_ray(out):

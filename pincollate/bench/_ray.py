@@ -14,7 +14,9 @@ iterated with Ray's ``iter_torch_batches`` three ways, in alternating rounds of 
   trainer's share of the work, one copy of each batch's bytes.
 
 The ragged row is token ids of 16 to 512 per sample, padded with their lengths, as the
-main benchmark's ragged scenario: the same outputs from both collates.
+main benchmark's ragged scenario: the same outputs from both collates. Ray hands the hand
+collate a numpy batch (one array per ragged row), and ``ColumnCollate`` its Arrow table,
+read from Arrow's buffers. The dataset is in blocks of about 512 rows, as files give them.
 
 Reported: batches per second (higher is better) and each method's ratio to Ray's own.
 Both the dataset's reads and the iteration run in this process's local cluster; the
@@ -123,26 +125,36 @@ def _methods(scenario: str, dataset: Any, packed: Any, collate: ColumnCollate, b
     }
 
 
-def run_ray(quick: bool, progress: bool = True) -> dict[str, Any]:
-    """Batches per second of each method, per scenario, on a local cluster (started and stopped here if none runs)."""
+def run_ray(
+    quick: bool,
+    progress: bool = True,
+    scenarios: tuple[str, ...] = SCENARIOS_RAY,
+    batches: int | None = None,
+    rounds: int | None = None,
+) -> dict[str, Any]:
+    """Batches per second of each method, per scenario, on a local cluster (started and stopped here if none runs).
+
+    ``batches`` (a pass's) and ``rounds`` override the ``quick`` or full settings.
+    """
     import ray
     from tqdm.auto import tqdm
 
     load = load_average()  # before the cluster and the rounds add to it
-    rounds = 2 if quick else 5
-    batches = 8 if quick else 48
+    rounds = rounds or (2 if quick else 7)
+    batches = batches or (8 if quick else 96)
     started = not ray.is_initialized()  # a cluster already running (a test's) is used as it is
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: dict[str, Any] = {}
     try:
-        bar = tqdm(
-            total=len(SCENARIOS_RAY) * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False
-        )
-        for scenario in SCENARIOS_RAY:
+        bar = tqdm(total=len(scenarios) * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False)
+        for scenario in scenarios:
             _, batch_size = SCENARIOS[scenario]
-            dataset = ray.data.from_items(_rows(scenario, batch_size * batches)).materialize()
+            # Blocks of hundreds of rows, as files give them: from_items' default makes blocks of a
+            # few rows, whose slicing and joining then dominate every method's time alike.
+            rows = _rows(scenario, batch_size * batches)
+            dataset = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // 512)).materialize()
             collate = _collate(scenario)
             packed = dataset.map_batches(collate.pack, batch_size=batch_size).materialize()
             methods = _methods(scenario, dataset, packed, collate, batch_size)
