@@ -279,9 +279,9 @@ class ColumnCollate:
         [iter_torch_batches][pincollate.ColumnCollate.iter_torch_batches] keeps the batch
         whole. Needs ``ray`` (``pip install "pincollate[ray]"``).
         """
-        from .ray import RayCollate
+        from .ray import ray_collate
 
-        return RayCollate(self, unpack=unpack)
+        return ray_collate(self, unpack=unpack)
 
     # --- collating on the data side --------------------------------------------------------
 

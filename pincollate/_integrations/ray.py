@@ -23,11 +23,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
-from ray.data.collate_fn import ArrowBatchCollateFn
+from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn
 
-from .arrow import arrow_columns
-
-__all__ = ["RayBatches", "RayCollate", "Sealed"]
+__all__ = ["RayBatches", "RayCollate", "RayUnpack", "Sealed", "ray_collate"]
 
 
 class Columnar(Protocol):
@@ -63,26 +61,26 @@ def rebuilt_by_ray(batch: Any) -> bool:
     return False
 
 
-class RayCollate(ArrowBatchCollateFn):  # type: ignore[misc,unused-ignore]
-    """``ColumnCollate`` for ``iter_torch_batches``: collates (or, with ``unpack``, unpacks) each batch.
-
-    An ``ArrowBatchCollateFn``: Ray hands it each batch as its Arrow table, which the
-    collate reads from Arrow's buffers (:mod:`pincollate._integrations.arrow`), not
-    converted to numpy row by row first.
+class _Handing:
+    """What both of Ray's collate classes do with a batch once it is collated or unpacked.
 
     With ``sealed`` each batch goes out in a :class:`Sealed`, for :class:`RayBatches` to open.
     Without it the batch goes out as it is, and a batch that Ray's finalize step would turn
     into a plain ``dict`` is warned of once.
     """
 
-    def __init__(self, collate: Columnar, unpack: bool = False, sealed: bool = False):
+    unpack = False
+
+    def __init__(self, collate: Columnar, sealed: bool = False):
         self.collate = collate
-        self.unpack = unpack
         self.sealed = sealed
         self._warned = False
 
+    def take(self, batch: Any) -> Any:
+        raise NotImplementedError
+
     def __call__(self, batch: Any) -> Any:
-        out = self.collate.unpack(arrow_columns(batch)) if self.unpack else self.collate(batch)
+        out = self.take(batch)
         if self.sealed:
             return Sealed(out)
         if not self._warned and rebuilt_by_ray(out):
@@ -97,7 +95,36 @@ class RayCollate(ArrowBatchCollateFn):  # type: ignore[misc,unused-ignore]
         return out
 
     def __repr__(self) -> str:
-        return f"RayCollate({self.collate!r}, unpack={self.unpack!r}, sealed={self.sealed!r})"
+        return f"{type(self).__name__}({self.collate!r}, sealed={self.sealed!r})"
+
+
+class RayCollate(_Handing, ArrowBatchCollateFn):  # type: ignore[misc,unused-ignore]
+    """``ColumnCollate`` for ``iter_torch_batches``, as an ``ArrowBatchCollateFn``.
+
+    Ray hands it each batch as its Arrow table, which the collate reads from Arrow's
+    buffers (:mod:`pincollate._integrations.arrow`), not converted to numpy row by row.
+    """
+
+    def take(self, batch: Any) -> Any:
+        return self.collate(batch)
+
+
+class RayUnpack(_Handing, NumpyBatchCollateFn):  # type: ignore[misc,unused-ignore]
+    """``ColumnCollate.unpack`` for ``iter_torch_batches``: each row a batch ``pack`` made.
+
+    A packed row is one ``uint8`` array and a pickled layout, which Ray's numpy
+    conversion hands over whole.
+    """
+
+    unpack = True
+
+    def take(self, batch: Any) -> Any:
+        return self.collate.unpack(batch)
+
+
+def ray_collate(collate: Columnar, unpack: bool = False, sealed: bool = False) -> RayCollate | RayUnpack:
+    """Ray's collate class for ``collate``: collating Arrow tables, or (``unpack``) unpacking packed rows."""
+    return (RayUnpack if unpack else RayCollate)(collate, sealed)
 
 
 class RayBatches:
@@ -115,7 +142,7 @@ class RayBatches:
         self.options = options
 
     def __iter__(self) -> Iterator[Any]:
-        collate_fn = RayCollate(self.collate, unpack=self.unpack, sealed=True)
+        collate_fn = ray_collate(self.collate, unpack=self.unpack, sealed=True)
         batches = iter(self.data.iter_torch_batches(collate_fn=collate_fn, device="cpu", **self.options))
         try:
             for sealed in batches:
