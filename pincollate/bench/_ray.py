@@ -140,8 +140,8 @@ def run_ray(
     from tqdm.auto import tqdm
 
     load = load_average()  # before the cluster and the rounds add to it
-    rounds = rounds or (2 if quick else 7)
-    batches = batches or (8 if quick else 96)
+    rounds = rounds or (2 if quick else 9)
+    batches = batches or (8 if quick else 192)
     started = not ray.is_initialized()  # a cluster already running (a test's) is used as it is
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
