@@ -33,12 +33,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def fresh_mm_collate():
-    """Each test finds ``pincollate.mm_collate`` as a new process does: no cached plans, and
-    its warnings (once per field, per collate) not yet given, so a test's warnings are its own.
+    """Each test finds ``pincollate.mm_collate`` as a new process does: no cached plans, its
+    warnings (once per field, per collate) not yet given, so a test's warnings are its own, and
+    no buffer kind settled.
     """
     from pincollate import mm_collate
+    from pincollate._memory import arena
 
     mm_collate.__setstate__(mm_collate.__getstate__())
+    # The buffer kinds this process settled: a test may stand in for another process (a worker).
+    arena._settled.clear()
 
 
 @pytest.fixture

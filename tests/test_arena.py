@@ -85,6 +85,33 @@ def test_auto_pins_only_in_a_process_that_started_the_accelerator(monkeypatch):
     assert arena.resolve_kind("auto") == "pinned"
 
 
+def test_the_buffer_kind_is_settled_once_per_process_where_it_cannot_change(monkeypatch):
+    asked = []
+    real = arena._resolve_kind
+    monkeypatch.setattr(arena, "_resolve_kind", lambda pin: asked.append(pin) or real(pin))
+    monkeypatch.setattr(arena, "get_worker_info", lambda: object())
+    assert [arena.resolve_kind("auto") for _ in range(3)] == ["shared"] * 3
+    assert asked == ["auto"]  # a worker's kind, read from the table after the first batch
+    monkeypatch.setattr(arena.os, "getpid", lambda: -1)  # another process (a fork) asks again
+    assert arena.resolve_kind("auto") == "shared" and asked == ["auto", "auto"]
+
+
+def test_auto_is_asked_again_until_the_accelerator_starts(monkeypatch):
+    asked = []
+    real = arena._resolve_kind
+    monkeypatch.setattr(arena, "_resolve_kind", lambda pin: asked.append(pin) or real(pin))
+    monkeypatch.setattr(arena, "_accelerator_available", lambda: True)
+    monkeypatch.setattr(arena, "_accelerator_started", lambda: False)
+    assert [arena.resolve_kind("auto") for _ in range(2)] == ["plain"] * 2 and len(asked) == 2
+    monkeypatch.setattr(arena, "_accelerator_started", lambda: True)  # the loop moved a model to the GPU
+    assert [arena.resolve_kind("auto") for _ in range(2)] == ["pinned"] * 2 and len(asked) == 3
+
+
+def test_a_stand_in_allocator_settles_nothing(fake_pinned):
+    assert arena.resolve_kind("auto") == "pinned"
+    assert not arena._settled  # the stand-in goes with the test: the process's kind is not decided by it
+
+
 def test_the_accelerator_answer_is_per_process(monkeypatch):
     calls = []
     monkeypatch.setattr(arena, "_probe_accelerator", lambda: calls.append(1) or False)

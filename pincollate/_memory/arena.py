@@ -71,6 +71,7 @@ def set_pinned_allocator(
     """
     global _pinned_allocator, _is_pinned
     previous = (_pinned_allocator, _is_pinned)
+    _settled.clear()  # the kinds settled under the previous allocator
     _pinned_allocator = allocator if allocator is not None else _torch_pinned
     _is_pinned = is_pinned if is_pinned is not None else _torch_is_pinned
     return previous
@@ -168,8 +169,30 @@ def accelerator_can_pin() -> bool:
     return _accelerator_available()
 
 
+#: Each process's buffer kind by ``pin_memory`` setting, once it can no longer change there:
+#: keyed by the process id, since a forked worker inherits the parent's answers.
+_settled: dict[tuple[int, PinMode], Kind] = {}
+
+
 def resolve_kind(pin_memory: PinMode) -> Kind:
-    """Pick the buffer kind for this call from the ``pin_memory`` setting."""
+    """The buffer kind for ``pin_memory`` in this process: settled once, where it cannot change.
+
+    A worker's (shared), ``pin_memory=False``'s (plain) and a pinning process's (pinned)
+    kinds never change in a process, nor does ``"auto"`` where no accelerator can pin:
+    those are read from a table. ``"auto"`` in a process that can pin but has not started
+    the accelerator is asked again for each batch (it pins once the accelerator starts),
+    and so is every setting while a stand-in pinned allocator is set.
+    """
+    key = (os.getpid(), pin_memory)
+    kind = _settled.get(key)
+    if kind is None:
+        kind = _resolve_kind(pin_memory)
+        if _pinned_allocator is _torch_pinned and (kind != "plain" or pin_memory is False or not accelerator_can_pin()):
+            _settled[key] = kind
+    return kind
+
+
+def _resolve_kind(pin_memory: PinMode) -> Kind:
     if get_worker_info() is not None:
         return "shared"
     if pin_memory is False:
