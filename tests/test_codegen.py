@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import pincollate
 from pincollate import CollateError, MMCollate, RaggedFieldWarning
 from pincollate._plan.fill import Mismatch
 from pincollate._plan.tree_ops import CarefulOp
@@ -89,6 +90,30 @@ def test_a_warm_batch_runs_the_generated_function_and_no_node_interprets_it():
     # The nodes hold data and copy kernels; none of them runs (interprets) the batch.
     nodes = {os.path.join("_plan", "ops.py"), os.path.join("_plan", "tree_ops.py")}
     assert not [name for filename, name in called if name == "run" and any(filename.endswith(n) for n in nodes)]
+
+
+def test_many_fields_planned_per_batch_run_as_one_loop_and_name_their_field():
+    from pincollate._plan.codegen import PARTS_LOOP
+
+    fields = 5 * PARTS_LOOP
+
+    def make(bad: bool = False) -> list[dict]:
+        samples = [{f"r{j}": torch.arange(i + 1 + j % 3) for j in range(fields)} | {"label": i} for i in range(4)]
+        if bad:
+            samples[2]["r13"] = torch.zeros(2).to_sparse()  # refused, naming its sample and field
+        return samples
+
+    settings = {"pin_memory": False, "ragged": pincollate.AsList()}
+    compiled = MMCollate(**settings)
+    for _ in range(3):
+        _same_or_same_error(make, MMCollate(**settings, compile=False), compiled)
+    source = compiled._plans.last.compiled.source
+    # One loop line for the ragged fields, not a group of lines each: the source stays short.
+    assert source.count(".run(") == 1 and len(source.splitlines()) < fields
+    assert f"# {fields} fields planned for each batch, ['r0'] to ['r{fields - 1}']" in source
+    _same_or_same_error(lambda: make(bad=True), MMCollate(**settings, compile=False), compiled)
+    with pytest.raises(CollateError, match=r"sample 2 at \['r13'\]"):
+        compiled(make(bad=True))
 
 
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():

@@ -134,14 +134,48 @@ def _value(w: Writer, op: ValueOp, column: str, depth: int) -> None:
     w.line(depth, f"fill.values[{op.index}] = {column}")
 
 
+#: Consecutive fields planned for each batch from which on they run as one loop over a table.
+PARTS_LOOP = 8
+
+
 def _fields(w: Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
-    """A container's fields: single nodes by column, blocks by columns."""
-    for index, child, as_list in op.singles:
+    """A container's fields: single nodes by column, blocks by columns.
+
+    A run of :data:`PARTS_LOOP` or more consecutive fields planned for each batch (each one
+    call into the careful planner or its recipe anyway) is one loop over a table of them:
+    a line each would make a structure of many ragged fields compile for longer than its
+    first batch takes to collate.
+    """
+    singles = op.singles
+    i = 0
+    while i < len(singles):
+        end = i
+        while end < len(singles) and type(singles[end][1]) is CarefulOp and singles[end][2] == singles[i][2]:
+            end += 1
+        if end - i >= PARTS_LOOP:
+            _parts_loop(w, singles[i:end], columns, depth)
+            i = end
+            continue
+        index, child, as_list = singles[i]
         name = w.local("c")
         w.line(depth, f"{name} = list({columns}[{index}])" if as_list else f"{name} = {columns}[{index}]")
         _emit(w, child, name, depth)
+        i += 1
     for block in op.blocks:
         _block(w, block, [f"{columns}[{index}]" for index in block.index], depth)
+
+
+def _parts_loop(w: Writer, singles: Any, columns: str, depth: int) -> None:
+    paths = [child.path for _, child, _ in singles]
+    w.line(
+        depth,
+        f"# {len(paths)} fields planned for each batch, {text(format_path(paths[0]))} to {text(format_path(paths[-1]))}",
+    )
+    at, part = w.local("i"), w.local("part")
+    table = w.const(tuple((index, child) for index, child, _ in singles))
+    column = f"list({columns}[{at}])" if singles[0][2] else f"{columns}[{at}]"
+    w.line(depth, f"for {at}, {part} in {table}:")
+    w.line(depth + 1, f"{part}.run({column}, fill)  # a part's errors name its field")
 
 
 def _block(w: Writer, op: BlockOp, columns: list[str], depth: int) -> None:
