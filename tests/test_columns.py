@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import pincollate
 from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad, RaggedFieldWarning
 from samples import assert_one_buffer
 
@@ -241,3 +242,20 @@ def test_a_none_row_names_missing_none():
             ColumnCollate(pin_memory=False, fields=fields)({"ids": ids})
     batch = ColumnCollate(pin_memory=False, fields={"ids": Pad()}, missing="none")({"ids": ids})
     assert batch["ids_lengths"].tolist() == [3, 0, 2]
+
+
+def test_a_plain_arrow_table_without_ray_is_read_as_arrow_converts_it(monkeypatch):
+    # A Hugging Face ``datasets`` table in arrow format, say: no Ray in the process.
+    pa = pytest.importorskip("pyarrow")
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray.data.block", None)  # import fails as without Ray
+    table = pa.table(
+        {"label": [1, 2, 3], "flag": [True, False, True], "ids": [[1, 2], [3], [4, 5, 6]], "name": list("abc")}
+    )
+    collate = pincollate.ColumnCollate(fields={"ids": pincollate.Pad()})
+    batch = collate(table)
+    assert batch["label"].tolist() == [1, 2, 3] and batch["flag"].tolist() == [True, False, True]
+    assert batch["ids"].tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 6]] and batch["ids_lengths"].tolist() == [2, 1, 3]
+    assert batch["name"] == ["a", "b", "c"]
+    assert_one_buffer(batch)

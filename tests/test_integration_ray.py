@@ -203,6 +203,26 @@ def test_an_arrow_table_collates_as_rays_numpy_batch_does(cluster, policy):
     assert columns["tokens"].lengths == [len(row) for row in arrays[1]["tokens"]]
 
 
+@pytest.mark.parametrize(
+    ("rows", "policy"),
+    [
+        ([np.arange(3) + i for i in range(4)], pincollate.Stack()),  # ragged in type, not in this batch
+        ([np.arange(i + 1) for i in range(1)], pincollate.Stack()),  # one row
+        ([np.zeros((i + 1, 0), np.float32) for i in range(3)], None),  # a zero trailing dim
+        ([np.zeros((i + 1, 0), np.float32) for i in range(3)], pincollate.Pad()),
+    ],
+    ids=["stack-agreeing", "stack-one-row", "zero-trailing", "zero-trailing-pad"],
+)
+def test_edge_columns_from_arrow_collate_as_their_numpy_batch(cluster, rows, policy):
+    ds = ray.data.from_items([{"x": row} for row in rows] + [{"x": np.ones((5, *rows[0].shape[1:]), rows[0].dtype)}])
+    table = next(iter(ds.iter_batches(batch_size=len(rows), batch_format="pyarrow")))
+    array = next(iter(ds.iter_batches(batch_size=len(rows), batch_format="numpy")))
+    settings = {} if policy is None else {"fields": {"x": policy}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pincollate.RaggedFieldWarning)
+        assert_same(pincollate.ColumnCollate(**settings)(table), pincollate.ColumnCollate(**settings)(array))
+
+
 def test_an_arrow_column_arrow_cannot_hand_over_whole_is_converted_as_ray_converts_it(cluster):
     # Lists of numbers with a None row, booleans (bit-packed): as Ray converts them to numpy.
     items = [{"ids": None if i == 2 else list(range(i + 1)), "flag": bool(i % 2)} for i in range(4)]

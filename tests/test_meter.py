@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, default_collate
@@ -364,6 +365,75 @@ def test_a_reader_waits_for_a_batch_half_written():
     sums.seq += 1
     reader.join(60)
     assert [(s.batches, s.samples) for s in read] == [(3, 6)]
+
+
+def test_a_snapshot_that_overlapped_a_write_is_taken_again():
+    # The reader copies the sums field by field; a batch written while it copies (here, as
+    # it reads ``batches``) moves the sequence number, and the copy is taken again, whole.
+    from pincollate._transfer.meter import _Sums
+
+    class Overlapped(_Sums):
+        __slots__ = ("writes",)
+
+        @property  # type: ignore[override]
+        def batches(self) -> int:
+            value = _Sums.batches.__get__(self)  # type: ignore[attr-defined]
+            if self.writes:
+                self.writes -= 1
+                self.seq += 1  # a whole batch written between two of the reader's reads
+                _Sums.batches.__set__(self, value + 1)  # type: ignore[attr-defined]
+                self.batch_bytes += 10
+                self.seq += 1
+                return value + 1  # read after the write: the copy's batch_bytes was read before it
+            return value
+
+        @batches.setter
+        def batches(self, value: int) -> None:
+            _Sums.batches.__set__(self, value)  # type: ignore[attr-defined]
+
+    sums = Overlapped()
+    sums.writes = 1
+    copy = sums.snapshot()
+    assert (copy.batches, copy.batch_bytes) == (1, 10)  # without the check: (1, 0), torn
+
+
+def test_a_writer_that_fails_leaves_no_reader_waiting():
+    # A figure that is not a number raises in the writer; the sequence number still ends even.
+    timeline = Timeline()
+    timeline.begin()
+    with pytest.raises(TypeError):
+        timeline.arrived(batches=None)  # type: ignore[arg-type]
+    assert timeline.clock._current.seq % 2 == 0
+    reader = threading.Thread(target=lambda: timeline.epoch)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive()
+
+
+def test_a_samples_callable_that_returns_no_int_is_named():
+    meter = InputMeter([{"x": torch.zeros(2)}], samples=lambda batch: None)
+    with pytest.raises(CollateError, match=r"samples=\.\.\.\) must return an int for a batch, got NoneType"):
+        next(iter(meter))
+    assert meter.epoch.batches == 0  # nothing half counted
+    assert InputMeter([[1, 2]], samples=lambda batch: np.int64(len(batch))) is not None
+
+
+def test_closing_a_metered_iterator_closes_its_source():
+    closed = []
+
+    def batches():
+        try:
+            yield {"x": torch.zeros(2)}
+            yield {"x": torch.zeros(2)}
+        finally:
+            closed.append(True)
+
+    iterator = iter(InputMeter(batches()))
+    next(iterator)
+    iterator.close()
+    assert closed == [True]
+    prefetched = iter(pincollate.Prefetcher([{"x": torch.zeros(2)}], device="cpu"))
+    prefetched.close()  # stats on, on the CPU: the metered iterator closes as the unmetered one does
 
 
 def test_alternating_layouts_are_counted_exactly():

@@ -45,12 +45,24 @@ def test_bfloat16_has_no_numpy_dtype_and_is_carved_as_a_stand_in():
     assert holder(t.untyped_storage()) is not None and t.untyped_storage().nbytes() == 8
 
 
-def test_a_per_sample_list_of_bfloat16_tensors_each_has_a_storage_over_its_own_bytes():
-    values = [torch.randn(n, 3).to(torch.bfloat16) for n in (2, 5, 1)]
-    out = MMCollate(pin_memory=False, fields={"x": AsList()})([{"x": v} for v in values])["x"]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_per_sample_lists_items_share_a_storage_over_their_columns_bytes(dtype):
+    values = [torch.randn(n, 3).to(dtype) for n in (2, 5, 0, 1)]
+    batch = MMCollate(pin_memory=False, fields={"x": AsList()})([{"x": v, "y": torch.ones(4096)} for v in values])
+    out = batch["x"]
+    storages = {got.untyped_storage().data_ptr() for got in out}
+    assert len(storages) == 1  # one storage for the column: each item a view of it
+    storage = out[0].untyped_storage()
+    assert holder(storage) is not None  # it holds the buffer, as a field's storage does
+    # Over the column's bytes (the items, each starting aligned), not the batch's buffer.
+    assert sum(v.nbytes for v in values) <= storage.nbytes() < batch.buffer.numel()
+    assert batch["y"].untyped_storage().data_ptr() not in storages  # a top-level field keeps its own
     for got, value in zip(out, values, strict=True):
-        assert got.dtype == torch.bfloat16 and torch.equal(got, value)
-        assert got.untyped_storage().nbytes() == got.nbytes
+        assert got.dtype == dtype and torch.equal(got, value) and got.is_contiguous()
+    stream = io.BytesIO()
+    torch.save(out[1], stream)  # one item saves its column's bytes, never the whole buffer
+    assert len(stream.getvalue()) < batch.buffer.numel()
+    assert torch.equal(torch.load(io.BytesIO(stream.getvalue())), values[1])
 
 
 def test_a_tensor_with_no_elements_has_an_empty_storage_of_its_own():

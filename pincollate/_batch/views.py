@@ -1,8 +1,10 @@
 """Making a batch's tensors over its one buffer: alignment, and a storage of its own per tensor.
 
-Every tensor starts on a 64-byte boundary of the buffer. On the CPU each gets a
+Every tensor starts on a 64-byte boundary of the buffer. On the CPU each field gets a
 storage of its own over exactly its bytes (:func:`carve`), so one field saves or
-pickles alone; on an accelerator they are views of the buffer's one storage.
+pickles alone (the items of a per-sample list are views of their column's, see
+:class:`~pincollate._batch.list_specs.SplitSpec`); on an accelerator they are views of the
+buffer's one storage.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _standins() -> dict[torch.dtype, np.dtype[Any]]:
     """Dtypes numpy lacks (bfloat16, float8), each with numpy's unsigned integer of its size.
 
     A tensor of one is carved as that integer and viewed back: the same storage of its own,
-    and a per-sample list of them is made in one pass (:func:`carve_many`) instead of one
+    and a layout's fields of them are made in one pass (:func:`carve_many`) instead of one
     ``torch.frombuffer`` each.
     """
     found: dict[torch.dtype, np.dtype[Any]] = {}
@@ -116,7 +118,7 @@ def carve_many(
     shapes: Iterable[tuple[int, ...]],
     offsets: Iterable[int],
 ) -> list[torch.Tensor]:
-    """:func:`carve` for many tensors (a batch's fields, a per-sample list), each with a storage of its own.
+    """:func:`carve` for many tensors (a layout's fixed fields), each with a storage of its own.
 
     Made by ``map`` at C speed, about a third cheaper per tensor than :func:`carve` one
     by one. An empty one should be replaced by ``torch.empty``'s (see :meth:`Views.tensor`).

@@ -139,14 +139,18 @@ def _ragged(column: Any) -> Joined | None:
     if sizes.size != rows * column.type.ndim:
         return None  # rows of several ranks
     sizes = sizes.reshape(rows, -1)
-    if (sizes[:, 1:] != sizes[0, 1:]).any():
-        return None
+    if (sizes[:, 1:] != sizes[0, 1:]).any() or not sizes[0, 1:].all():
+        return None  # trailing dims that differ, or a zero one (no flat length to read rows from)
     trailing = tuple(int(n) for n in sizes[0, 1:])
     return Joined(flat.view(-1, *trailing), sizes[:, 0].tolist())
 
 
-def _as_ray_converts(table: Any) -> dict[str, np.ndarray]:
-    from ray.data.block import BlockAccessor
-
-    converted: dict[str, np.ndarray] = BlockAccessor.for_block(table).to_batch_format("numpy")
+def _as_ray_converts(table: Any) -> dict[str, Any]:
+    """The columns as Ray converts them for a ``NumpyBatchCollateFn``; without Ray (a table
+    of Hugging Face ``datasets``, say), as Arrow converts them to numpy."""
+    try:
+        from ray.data.block import BlockAccessor
+    except ImportError:
+        return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    converted: dict[str, Any] = BlockAccessor.for_block(table).to_batch_format("numpy")
     return converted

@@ -208,6 +208,8 @@ class ColumnCollate:
             if recipe.run(values, fill, index):
                 return PartSpec(index)
             fill.parts.pop()
+        if type(values) is Joined:  # the careful planner takes the rows one by one
+            values = list(values.views())
         planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path)
         return planned
 

@@ -30,6 +30,7 @@ Design choices, in short:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 import threading
 from collections import deque
@@ -286,7 +287,13 @@ class Counter:
     def __call__(self, batch: Any) -> tuple[int, int]:
         carried = getattr(batch, "_pincollate", None)
         if self.samples is not None:
-            return self.samples(batch), count_batch(batch)[1]
+            samples = self.samples(batch)
+            try:
+                return operator.index(samples), count_batch(batch)[1]
+            except TypeError:
+                raise CollateError(
+                    f"InputMeter(samples=...) must return an int for a batch, got {type(samples).__name__}"
+                ) from None
         if carried is None:
             return count_batch(batch)
         layout = carried[0]
@@ -473,27 +480,31 @@ class Clock:
     ) -> None:
         """One Prefetcher batch asked for at ``asked`` and handed over at ``got``, with its staging figures."""
         sums.seq += 1
-        sums.batches += 1
-        sums.waited += got - asked
-        sums.samples += count[0]
-        sums.batch_bytes += count[1]
-        sums.last = got
-        sums.loader += loader
-        sums.staging += staging
-        sums.h2d_bytes += h2d
-        sums.seq += 1
+        try:
+            sums.batches += 1
+            sums.waited += got - asked
+            sums.samples += count[0]
+            sums.batch_bytes += count[1]
+            sums.last = got
+            sums.loader += loader
+            sums.staging += staging
+            sums.h2d_bytes += h2d
+        finally:  # even where a figure is not a number: readers never wait forever
+            sums.seq += 1
         if self._bar is not None:
             self._tick(got)
 
     def arrive(self, sums: _Sums, at: float, batches: int, count: tuple[int, int]) -> None:
         """A framework's hook: a step received its batch at ``at``; since the last mark it waited."""
         sums.seq += 1
-        sums.batches += batches
-        sums.waited += at - sums.last
-        sums.samples += count[0]
-        sums.batch_bytes += count[1]
-        sums.last = at
-        sums.seq += 1
+        try:
+            sums.batches += batches
+            sums.waited += at - sums.last
+            sums.samples += count[0]
+            sums.batch_bytes += count[1]
+            sums.last = at
+        finally:  # even where a figure is not a number: readers never wait forever
+            sums.seq += 1
 
     def _tick(self, got: float) -> None:
         self._bar.update(1)
@@ -504,9 +515,11 @@ class Clock:
     def add(self, sums: _Sums, **figures: float) -> None:
         """Any of a batch's sums by name (the framework callbacks' slower path), on the consumer's thread."""
         sums.seq += 1
-        for name, value in figures.items():
-            setattr(sums, name, getattr(sums, name) + value)
-        sums.seq += 1
+        try:
+            for name, value in figures.items():
+                setattr(sums, name, getattr(sums, name) + value)
+        finally:  # even where a figure is not a number: readers never wait forever
+            sums.seq += 1
 
     def mark(self, sums: _Sums, at: float) -> None:
         """The loop's line reaches ``at``: the time since the last mark that was not waiting was work."""
@@ -696,15 +709,26 @@ class Metered(Iterator[T]):
                 self._layout = carried[0]
         sums = self._sums
         sums.seq += 1
-        sums.batches += 1
-        sums.waited += got - asked
-        sums.samples += samples
-        sums.batch_bytes += nbytes
-        sums.last = got
-        sums.seq += 1
+        try:
+            sums.batches += 1
+            sums.waited += got - asked
+            sums.samples += samples
+            sums.batch_bytes += nbytes
+            sums.last = got
+        finally:  # even where a figure is not a number: readers never wait forever
+            sums.seq += 1
         if self._clock._bar is not None:
             self._clock._tick(got)
         return batch
+
+    def close(self) -> None:
+        """Close the source (a Prefetcher's pin thread, a generator) where it can be closed."""
+        close = getattr(getattr(self, "_source", None), "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 # --- told by a framework's hooks --------------------------------------------------------
