@@ -185,6 +185,15 @@ class MMCollate:
         return self._through_plans(_samples(batch), lambda plan, samples: self._collate(plan, samples, kind))
 
     def _collate(self, plan: Plan, samples: list[Any], kind: Kind) -> Any:
+        if plan.layout is not None:  # no parts: its generated function makes the whole batch
+            carrier = kind == "shared" and plan.carrier
+            return plan.compiled.run(
+                samples,
+                kind,
+                self.worker_slots if carrier else 0,
+                self.pin_slots,
+                self.pin_memory if carrier else None,
+            )
         layout, fill = plan.run(samples, self._planner)
         # Only a carrier crosses as a slot index; any other output would cross tensor
         # by tensor, and its slot could not be reused.

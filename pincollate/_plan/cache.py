@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._batch.batch import carries
 from .._batch.layout import Layout, Spec, bulk_of
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
-from .codegen import CompiledPlan, compile_plan
+from .codegen import CompiledPlan, compile_plan, compile_whole
 from .fill import Fill, Mismatch
 from .items import MAX_DEPTH
 from .ops import Op
@@ -53,7 +54,19 @@ class Plan:
     ``size`` is its batch size: the ops check each sample, not how many there are.
     """
 
-    __slots__ = ("bulk", "compiled", "key", "layout", "nbytes", "nparts", "nvalues", "op", "size", "template")
+    __slots__ = (
+        "bulk",
+        "carrier",
+        "compiled",
+        "key",
+        "layout",
+        "nbytes",
+        "nparts",
+        "nvalues",
+        "op",
+        "size",
+        "template",
+    )
 
     def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
         self.size: int = size
@@ -65,19 +78,29 @@ class Plan:
         self.bulk = bulk_of(template)
         self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
-        #: The plan's one runner: the generated function of its node tree.
-        self.compiled: CompiledPlan = compile_plan(op, _describe(op, size))
+        #: The plan's one runner, the generated function of its node tree: without parts it
+        #: makes the whole batch (:func:`compile_whole`), with parts it queues the copies.
+        description = _describe(op, size)
+        if self.layout is not None:
+            self.compiled: CompiledPlan = compile_whole(op, self.layout, size, nvalues, description)
+            self.carrier = carries(self.layout)
+        else:
+            self.compiled = compile_plan(op, description)
+            self.carrier = False
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
-        """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet."""
+        """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet.
+
+        A plan without parts only checks: its fill is empty (:meth:`collate` copies).
+        """
+        if self.layout is not None:
+            self.compiled.run(samples, None, 0, False, None)
+            return self.layout, Fill(planner, self.nvalues, 0, self.nbytes, self.bulk)
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
         self.compiled.run(samples, fill)
-        layout = self.layout
-        if layout is None:
-            layout = Layout(self.template, fill.offset, fill.parts, self.bulk)
-        return layout, fill
+        return Layout(self.template, fill.offset, fill.parts, self.bulk), fill
 
 
 class Plans:

@@ -22,14 +22,20 @@ import itertools
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import torch
+
+from .._batch.batch import make_batch
+from .._batch.layout import Layout, TensorSpec
+from .._batch.views import Bulk, Views
 from .._errors import format_path
 from .._generate import Writer, text
+from .._memory.arena import allocate
 from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE
-from .fill import Fill, Mismatch
+from .fill import Mismatch
 from .ops import HAS_TORCH_FUNCTION, PLAIN, BlockOp, NumbersOp, Op, StackOp, ValueOp, fill_block, fill_one_field
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
-__all__ = ["CompiledPlan", "compile_plan"]
+__all__ = ["CompiledPlan", "compile_plan", "compile_whole"]
 
 Path = tuple[Hashable, ...]
 
@@ -47,45 +53,140 @@ _GLOBALS: dict[str, Any] = {
 }
 
 
+#: What a whole batch's function names besides those.
+_WHOLE: dict[str, Any] = {
+    "allocate": allocate,
+    "Views": Views,
+    "make_batch": make_batch,
+    "is_grad_enabled": torch.is_grad_enabled,
+    "set_grad_enabled": torch._C._set_grad_enabled,
+}
+
+
 class CompiledPlan:
     """A plan's generated function and the source it was compiled from.
 
-    ``run(samples, fill)`` gathers and checks ``samples`` against the plan and queues
-    their copies in ``fill``; it raises :class:`~pincollate._plan.fill.Mismatch` where the
-    batch does not fit.
+    :func:`compile_plan`'s ``run(samples, fill)`` gathers and checks ``samples`` against the
+    plan and queues their copies in ``fill``; :func:`compile_whole`'s makes the whole batch.
+    Both raise :class:`~pincollate._plan.fill.Mismatch` where the batch does not fit.
     """
 
     __slots__ = ("filename", "run", "source")
 
-    def __init__(self, run: Callable[[Any, Fill], None], source: str, filename: str):
-        self.run: Callable[[Any, Fill], None] = run
+    def __init__(self, run: Callable[..., Any], source: str, filename: str):
+        self.run: Callable[..., Any] = run
         self.source: str = source
         self.filename: str = filename
+
+
+class _PlanWriter(Writer):
+    """A plan's lines. ``copies`` is ``None`` where they queue the copies in a
+    :class:`~pincollate._plan.fill.Fill` (a plan with parts); a list where the function makes
+    the whole batch itself (``(fill, spec, payload local, owner)``, in order)."""
+
+    def __init__(self, whole: bool) -> None:
+        super().__init__()
+        self.copies: list[tuple[Any, TensorSpec, str, Op]] | None = [] if whole else None
+
+    def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
+        if self.copies is None:
+            self.line(depth, f"append(({self.const(fill)}, {self.const(spec)}, {payload}, {self.const(owner)}))")
+        else:
+            self.copies.append((fill, spec, payload, owner))
+
+    def value(self, depth: int, index: int, column: str) -> None:
+        self.line(depth, f"{'values' if self.copies is not None else 'fill.values'}[{index}] = {column}")
 
 
 def compile_plan(op: Op, description: str = "plan") -> CompiledPlan:
     """Generate, compile and register the function that runs the plan whose root node is ``op``.
 
+    ``run(samples, fill)`` checks the samples and queues their copies in ``fill``.
     ``description`` goes into the generated file name (``<pincollate plan 3: description>``).
     """
-    writer = Writer()
+    writer = _PlanWriter(whole=False)
     _emit(writer, op, "samples", 1)
     head = ("    append = fill.tasks.append",) if any("append((" in line for line in writer.lines) else ()
     run, source, filename = writer.compile("samples, fill", "plan", description, _GLOBALS, head)
     return CompiledPlan(run, source, filename)
 
 
-def _comment(w: Writer, depth: int, path: Path) -> None:
+def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: str = "plan") -> CompiledPlan:
+    """The function that makes a whole batch of a plan without parts, ``layout``'s, from its samples.
+
+    ``run(samples, kind, slots, pin_slots, pin)`` checks the samples (a batch of ``size``),
+    then takes the buffer (:func:`~pincollate._memory.arena.allocate` with the other
+    arguments), makes every region at once, runs each copy as a call of its own and builds
+    the batch: no task list, no per-task lookups. With ``kind`` ``None`` it only checks and
+    returns ``None``. A copy that fails raises :class:`~pincollate._plan.fill.Mismatch` naming
+    what its node blames, as a queued copy's does.
+    """
+    w = _PlanWriter(whole=True)
+    w.line(1, f"if len(samples) != {size}:")
+    w.line(2, "raise Mismatch()  # another batch size (an epoch's last batch): another plan")
+    w.line(1, f"values = [None] * {nvalues}" if nvalues else "values = []")
+    _emit(w, op, "samples", 1)
+    copies = w.copies
+    assert copies is not None
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return None")
+    w.line(1, f"buffer = allocate({layout.nbytes}, kind, slots, pin_slots, pin)")
+    # The regions of the copies with the layout's own tensors: made at once where they can be.
+    regions = [spec for _, spec, _, _ in copies]
+    bulk = _with_regions(layout.bulk(), regions)
+    w.line(1, f"views = Views(buffer, values, (), {w.const(bulk)})")
+    if copies:
+        _copies(w, copies)
+    w.line(1, f"return make_batch({w.const(layout)}, buffer, values, views)")
+    names = {**_GLOBALS, **_WHOLE}
+    run, source, filename = w.compile("samples, kind, slots, pin_slots, pin", "batch", description, names)
+    return CompiledPlan(run, source, filename)
+
+
+def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]]) -> None:
+    """Each copy as a call of its own into its region, under one guard that names what failed."""
+    w.line(1, "made = views.made")
+    w.line(1, "grad = is_grad_enabled()")
+    w.line(1, "set_grad_enabled(False)  # copies into the buffer are never part of a graph")
+    w.line(1, "try:")
+    for at, (fill, spec, payload, owner) in enumerate(copies):
+        w.line(2, f"at = {at}  # " + text(format_path(owner.path)))
+        key = w.const(id(spec))  # the spec's key in the regions made at once
+        region = f"made[{key}] if {key} in made else {w.const(spec)}.region(views)"
+        w.line(2, f"{w.const(fill)}({region}, {payload})")
+    w.line(1, "except Exception as exc:")
+    payloads = ", ".join(payload for _, _, payload, _ in copies)
+    owners = w.const(tuple(owner for _, _, _, owner in copies))
+    w.line(2, f"raise Mismatch(*{owners}[at].blame(({payloads},)[at])) from exc")
+    w.line(1, "finally:")
+    w.line(2, "set_grad_enabled(grad)")
+
+
+def _with_regions(bulk: Bulk, regions: list[TensorSpec]) -> Bulk:
+    """``bulk`` and the copies' regions that are not among its tensors (a block's, say), made at once too."""
+    ids, dtypes, shapes, offsets = list(bulk[0]), list(bulk[1]), list(bulk[2]), list(bulk[3])
+    known = set(ids)
+    for spec in regions:
+        if id(spec) not in known and spec._numpy is not None:
+            known.add(id(spec))
+            ids.append(id(spec))
+            dtypes.append(spec._numpy)
+            shapes.append(spec.shape)
+            offsets.append(spec.offset)
+    return tuple(ids), tuple(dtypes), tuple(shapes), tuple(offsets)
+
+
+def _comment(w: _PlanWriter, depth: int, path: Path) -> None:
     w.line(depth, "# " + text(format_path(path)))
 
 
-def _mismatch(w: Writer, depth: int, *paths: Path) -> None:
+def _mismatch(w: _PlanWriter, depth: int, *paths: Path) -> None:
     # The key path beside the raise: a traceback shows the field on the line that failed.
     where = text(", ".join(format_path(path) for path in paths))
     w.line(depth, f"raise Mismatch(*{w.const(tuple(paths))})  # {where}")
 
 
-def _emit(w: Writer, op: Op, column: str, depth: int) -> None:
+def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     """The lines that run node ``op`` over the expression ``column`` (a local name)."""
     kind = type(op)
     if kind is MappingOp:
@@ -107,12 +208,12 @@ def _emit(w: Writer, op: Op, column: str, depth: int) -> None:
         raise TypeError(f"no code for a plan node of type {kind.__name__}")
 
 
-def _types(w: Writer, op: Op, column: str, depth: int) -> None:
+def _types(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     w.line(depth, f"if set(map(type, {column})) != {w.const(op.types)}:")  # type: ignore[attr-defined]
     _mismatch(w, depth + 1, op.path)
 
 
-def _stack(w: Writer, op: StackOp, column: str, depth: int) -> None:
+def _stack(w: _PlanWriter, op: StackOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     guards = [f"set(map(type, {column})) != {w.const(op.types)}"]
     if op.key is not None:
@@ -125,20 +226,20 @@ def _stack(w: Writer, op: StackOp, column: str, depth: int) -> None:
     # The dtype getter on something that is not a tensor; a nested tensor's shape.
     w.line(depth, "except (TypeError, AttributeError, RuntimeError):")
     w.line(depth + 1, f"raise Mismatch(*{w.const((op.path,))}) from None")
-    w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.spec)}, {column}, {w.const(op)}))")
+    w.copy(depth, op.fill, op.spec, column, op)
 
 
-def _value(w: Writer, op: ValueOp, column: str, depth: int) -> None:
+def _value(w: _PlanWriter, op: ValueOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     _types(w, op, column, depth)
-    w.line(depth, f"fill.values[{op.index}] = {column}")
+    w.value(depth, op.index, column)
 
 
 #: Consecutive fields planned for each batch from which on they run as one loop over a table.
 PARTS_LOOP = 8
 
 
-def _fields(w: Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
+def _fields(w: _PlanWriter, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
     """A container's fields: single nodes by column, blocks by columns.
 
     A run of :data:`PARTS_LOOP` or more consecutive fields planned for each batch (each one
@@ -165,7 +266,7 @@ def _fields(w: Writer, op: MappingOp | SequenceOp, columns: str, depth: int) -> 
         _block(w, block, [f"{columns}[{index}]" for index in block.index], depth)
 
 
-def _parts_loop(w: Writer, singles: Any, columns: str, depth: int) -> None:
+def _parts_loop(w: _PlanWriter, singles: Any, columns: str, depth: int) -> None:
     paths = [child.path for _, child, _ in singles]
     w.line(
         depth,
@@ -178,7 +279,7 @@ def _parts_loop(w: Writer, singles: Any, columns: str, depth: int) -> None:
     w.line(depth + 1, f"{part}.run({column}, fill)  # a part's errors name its field")
 
 
-def _block(w: Writer, op: BlockOp, columns: list[str], depth: int) -> None:
+def _block(w: _PlanWriter, op: BlockOp, columns: list[str], depth: int) -> None:
     _comment(w, depth, op.path)
     w.line(depth, "# a block of " + text(", ".join(format_path(path) for path in op.paths)))
     values = w.local("v")
@@ -205,10 +306,10 @@ def _block(w: Writer, op: BlockOp, columns: list[str], depth: int) -> None:
     w.line(depth + 1, f"{ok} = False")
     w.line(depth, f"if not {ok}:")
     w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({values}))")
-    w.line(depth, f"append(({w.const(op.fill)}, {w.const(op.block)}, {values}, {w.const(op)}))")
+    w.copy(depth, op.fill, op.block, values, op)
 
 
-def _numbers(w: Writer, op: NumbersOp, column: str, depth: int) -> None:
+def _numbers(w: _PlanWriter, op: NumbersOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     w.line(depth, "# numbers at " + text(", ".join(repr(key) for key in op.keys)))
     rows = w.local("r")
@@ -219,14 +320,14 @@ def _numbers(w: Writer, op: NumbersOp, column: str, depth: int) -> None:
     if len(op.keys) == 1:
         w.line(depth, f"if set(map(type, {rows})) != {w.const(op.types)}:")
         _mismatch(w, depth + 1, op.path + op.keys)
-        w.line(depth, f"append((fill_one_field, {w.const(op.block)}, {rows}, {w.const(op)}))")
+        w.copy(depth, fill_one_field, op.block, rows, op)
         return
     w.line(depth, f"if set(map(type, chain({rows}))) != {w.const(op.types)}:")
     w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({rows}))")
-    w.line(depth, f"append((fill_block, {w.const(op.block)}, {rows}, {w.const(op)}))")
+    w.copy(depth, fill_block, op.block, rows, op)
 
 
-def _mapping(w: Writer, op: MappingOp, column: str, depth: int) -> None:
+def _mapping(w: _PlanWriter, op: MappingOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     _types(w, op, column, depth)
     first, columns = w.local("first"), w.local("cols")
@@ -258,7 +359,7 @@ def _mapping(w: Writer, op: MappingOp, column: str, depth: int) -> None:
         _numbers(w, numbers, column, depth)
 
 
-def _sequence(w: Writer, op: SequenceOp, column: str, depth: int) -> None:
+def _sequence(w: _PlanWriter, op: SequenceOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     w.line(
         depth,
@@ -271,7 +372,7 @@ def _sequence(w: Writer, op: SequenceOp, column: str, depth: int) -> None:
     _fields(w, op, columns, depth)
 
 
-def _dataclass(w: Writer, op: DataclassOp, column: str, depth: int) -> None:
+def _dataclass(w: _PlanWriter, op: DataclassOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     _types(w, op, column, depth)
     for get, child in op.children:
@@ -280,7 +381,7 @@ def _dataclass(w: Writer, op: DataclassOp, column: str, depth: int) -> None:
         _emit(w, child, name, depth)
 
 
-def _registered(w: Writer, op: RegisteredOp, column: str, depth: int) -> None:
+def _registered(w: _PlanWriter, op: RegisteredOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     _types(w, op, column, depth)
     rows = w.local("rows")

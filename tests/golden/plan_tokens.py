@@ -27,4 +27,4 @@ def run(samples, fill):
         raise Mismatch(*k9) from None
     if set(map(type, r3)) != k10:
         raise Mismatch(*k11)  # ['label']
-    append((fill_one_field, k12, r3, k13))
+    append((k12, k13, r3, k14))
