@@ -251,12 +251,16 @@ class Layout:
             views.parts = self.parts
         if self.parts:
             return self.root.build(views)
+        return self.builder()(views)
+
+    def builder(self) -> Callable[[Views], Any]:
+        """The generated build of a layout without parts (made once): the output tree from its views."""
         builder = self._builder
         if builder is None:
             from .compiled import compile_build  # it builds on the specs, which build on this module
 
             builder = self._builder = compile_build(self.root, self.bulk()[0])
-        return builder(views)
+        return builder
 
     def tensors(self) -> list[TensorSpec]:
         """Every tensor spec, in buffer order."""

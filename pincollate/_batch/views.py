@@ -185,13 +185,19 @@ class Views:
     __slots__ = ("buffer", "made", "parts", "source", "typed", "values")
 
     def __init__(
-        self, buffer: torch.Tensor, values: Sequence[Any], parts: tuple[Any, ...] = (), bulk: Bulk | None = None
+        self,
+        buffer: torch.Tensor,
+        values: Sequence[Any],
+        parts: tuple[Any, ...] = (),
+        bulk: Bulk | None = None,
+        pageable: bool = False,
     ):
         self.buffer: torch.Tensor = buffer
         self.values: Sequence[Any] = values
         self.parts: tuple[Any, ...] = parts  # the layout's Parts
         self.typed: dict[torch.dtype, torch.Tensor] = {}
-        source = self.source = _source(buffer)
+        # ``pageable``: the caller knows the buffer is plain host memory (no pin to ask about).
+        source = self.source = buffer.detach().numpy() if pageable else _source(buffer)
         if bulk is not None and source is not None and bulk[0]:
             ids, dtypes, shapes, offsets = bulk
             self.made: dict[int, torch.Tensor] = dict(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._batch.batch import carries, make_batch
@@ -177,14 +177,18 @@ class MMCollate:
 
     def plan(self, batch: Sequence[Any]) -> Layout:
         """The [Layout][pincollate.Layout] ``batch`` would have, without copying anything."""
-        return self._through_plans(_samples(batch), lambda plan, samples: plan.run(samples, self._planner)[0])  # type: ignore[no-any-return]
+        return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
-        kind = resolve_kind(self.pin_memory)
-        return self._through_plans(_samples(batch), lambda plan, samples: self._collate(plan, samples, kind))
+        return self._through_plans(
+            batch if type(batch) is list and batch else _samples(batch), resolve_kind(self.pin_memory)
+        )
 
-    def _collate(self, plan: Plan, samples: list[Any], kind: Kind) -> Any:
+    def _use(self, plan: Plan, samples: list[Any], kind: Kind | None) -> Any:
+        """The batch of ``samples`` by ``plan`` (``kind`` ``None``: its layout only, nothing copied)."""
+        if kind is None:
+            return plan.run(samples, self._planner)[0]
         if plan.layout is not None:  # no parts: its generated function makes the whole batch
             carrier = kind == "shared" and plan.carrier
             return plan.compiled.run(
@@ -209,8 +213,8 @@ class MMCollate:
         )
         return make_batch(layout, buffer, fill.values, fill.execute(buffer))
 
-    def _through_plans(self, samples: list[Any], use: Callable[[Plan, list[Any]], Any]) -> Any:
-        """``use(plan, samples)`` with the plan that fits: the last one, a cached one, or a new one.
+    def _through_plans(self, samples: list[Any], kind: Kind | None) -> Any:
+        """:meth:`_use` with the plan that fits: the last one, a cached one, or a new one.
 
         The last plan used checks the batch completely as it runs, so a run of batches of
         one structure never computes a signature. A batch that does not fit is looked up
@@ -222,7 +226,10 @@ class MMCollate:
         learned: tuple[Path, ...] = ()
         if tried is not None:
             try:
-                return use(tried, samples)
+                if tried.layout is not None and kind is not None and kind != "shared":
+                    # A run of batches of one structure without parts: straight to its function.
+                    return tried.compiled.run(samples, kind, 0, self.pin_slots, None)
+                return self._use(tried, samples, kind)
             except Mismatch as mismatch:
                 learned = mismatch.paths
         key = plans.signature(samples)
@@ -231,14 +238,14 @@ class MMCollate:
             found = plans.get(key)
             if found is not None:
                 try:
-                    out = use(found, samples)
+                    out = self._use(found, samples, kind)
                     plans.last = found
                     return out
                 except Mismatch as mismatch:
                     learned = mismatch.paths
         plan, commit = plans.make(samples, learned)
         try:
-            out = use(plan, samples)
+            out = self._use(plan, samples, kind)
         except Mismatch as mismatch:
             # A fresh plan checked every value it relies on; samples changed under us.
             raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch

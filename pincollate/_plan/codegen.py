@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 
-from .._batch.batch import make_batch
+from .._batch.batch import Batch, make_batch
 from .._batch.layout import Layout, TensorSpec
+from .._batch.specs import MappingSpec
 from .._batch.views import Bulk, Views
 from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
-from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE
+from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, stack_tensors
 from .fill import Mismatch
 from .ops import HAS_TORCH_FUNCTION, PLAIN, BlockOp, NumbersOp, Op, StackOp, ValueOp, fill_block, fill_one_field
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -58,6 +59,11 @@ _WHOLE: dict[str, Any] = {
     "allocate": allocate,
     "Views": Views,
     "make_batch": make_batch,
+    "Batch": Batch,
+    "set_attribute": object.__setattr__,
+    "CARRIED": "_pincollate",  # the attribute a batch carries its layout, buffer and values in
+    "PAGEABLE": "plain",  # the buffer kind of plain host memory
+    "stack": torch.stack,
     "is_grad_enabled": torch.is_grad_enabled,
     "set_grad_enabled": torch._C._set_grad_enabled,
 }
@@ -134,16 +140,22 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     # The regions of the copies with the layout's own tensors: made at once where they can be.
     regions = [spec for _, spec, _, _ in copies]
     bulk = _with_regions(layout.bulk(), regions)
-    w.line(1, f"views = Views(buffer, values, (), {w.const(bulk)})")
+    # A plain buffer is pageable host memory: its tensors are carved without asking about pins.
+    w.line(1, f"views = Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
     if copies:
-        _copies(w, copies)
-    w.line(1, f"return make_batch({w.const(layout)}, buffer, values, views)")
+        _copies(w, copies, size)
+    if type(layout.root) is MappingSpec and layout.root.cls is None:  # a dict: a Batch, built here
+        w.line(1, f"batch = Batch({w.const(layout.builder())}(views))")
+        w.line(1, f"set_attribute(batch, CARRIED, ({w.const(layout)}, buffer, values))")
+        w.line(1, "return batch")
+    else:
+        w.line(1, f"return make_batch({w.const(layout)}, buffer, values, views)")
     names = {**_GLOBALS, **_WHOLE}
     run, source, filename = w.compile("samples, kind, slots, pin_slots, pin", "batch", description, names)
     return CompiledPlan(run, source, filename)
 
 
-def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]]) -> None:
+def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]], size: int) -> None:
     """Each copy as a call of its own into its region, under one guard that names what failed."""
     w.line(1, "made = views.made")
     w.line(1, "grad = is_grad_enabled()")
@@ -152,8 +164,13 @@ def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]]) -> No
     for at, (fill, spec, payload, owner) in enumerate(copies):
         w.line(2, f"at = {at}  # " + text(format_path(owner.path)))
         key = w.const(id(spec))  # the spec's key in the regions made at once
-        region = f"made[{key}] if {key} in made else {w.const(spec)}.region(views)"
-        w.line(2, f"{w.const(fill)}({region}, {payload})")
+        region = f"(made[{key}] if {key} in made else {w.const(spec)}.region(views))"
+        if fill is stack_tensors:  # the common copies, as the calls their fill would make
+            w.line(2, f"stack({payload}, out={region})")
+        elif fill is fill_one_field:
+            w.line(2, f"{region}.numpy()[:{size}] = {payload}")
+        else:
+            w.line(2, f"{w.const(fill)}({region}, {payload})")
     w.line(1, "except Exception as exc:")
     payloads = ", ".join(payload for _, _, payload, _ in copies)
     owners = w.const(tuple(owner for _, _, _, owner in copies))

@@ -71,23 +71,25 @@ def run(samples, kind, slots, pin_slots, pin):
     if kind is None:  # checked only
         return None
     buffer = allocate(419072, kind, slots, pin_slots, pin)
-    views = Views(buffer, values, (), k29)
+    views = Views(buffer, values, (), k29, kind == PAGEABLE)
     made = views.made
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['image']
-        k32(made[k30] if k30 in made else k31.region(views), c2)
+        stack(c2, out=(made[k30] if k30 in made else k31.region(views)))
         at = 1  # root
-        k35(made[k33] if k33 in made else k34.region(views), v4)
+        k34((made[k32] if k32 in made else k33.region(views)), v4)
         at = 2  # root
-        k38(made[k36] if k36 in made else k37.region(views), v7)
+        k37((made[k35] if k35 in made else k36.region(views)), v7)
         at = 3  # root
-        k41(made[k39] if k39 in made else k40.region(views), r10)
+        k40((made[k38] if k38 in made else k39.region(views)), r10)
         at = 4  # root
-        k41(made[k42] if k42 in made else k43.region(views), r11)
+        k40((made[k41] if k41 in made else k42.region(views)), r11)
     except Exception as exc:
-        raise Mismatch(*k44[at].blame((c2, v4, v7, r10, r11,)[at])) from exc
+        raise Mismatch(*k43[at].blame((c2, v4, v7, r10, r11,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    return make_batch(k45, buffer, values, views)
+    batch = Batch(k44(views))
+    set_attribute(batch, CARRIED, (k45, buffer, values))
+    return batch

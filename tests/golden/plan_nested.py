@@ -83,23 +83,25 @@ def run(samples, kind, slots, pin_slots, pin):
     if kind is None:  # checked only
         return None
     buffer = allocate(618752, kind, slots, pin_slots, pin)
-    views = Views(buffer, values, (), k38)
+    views = Views(buffer, values, (), k38, kind == PAGEABLE)
     made = views.made
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['image']
-        k41(made[k39] if k39 in made else k40.region(views), c2)
+        stack(c2, out=(made[k39] if k39 in made else k40.region(views)))
         at = 1  # ['feats']
-        k44(made[k42] if k42 in made else k43.region(views), v6)
+        k43((made[k41] if k41 in made else k42.region(views)), v6)
         at = 2  # ['crops']
-        k47(made[k45] if k45 in made else k46.region(views), v11)
+        k46((made[k44] if k44 in made else k45.region(views)), v11)
         at = 3  # ['ids']
-        k41(made[k48] if k48 in made else k49.region(views), c14)
+        stack(c14, out=(made[k47] if k47 in made else k48.region(views)))
         at = 4  # root
-        k52(made[k50] if k50 in made else k51.region(views), r15)
+        (made[k49] if k49 in made else k50.region(views)).numpy()[:32] = r15
     except Exception as exc:
-        raise Mismatch(*k53[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
+        raise Mismatch(*k51[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    return make_batch(k54, buffer, values, views)
+    batch = Batch(k52(views))
+    set_attribute(batch, CARRIED, (k53, buffer, values))
+    return batch

@@ -43,19 +43,21 @@ def run(samples, kind, slots, pin_slots, pin):
     if kind is None:  # checked only
         return None
     buffer = allocate(22937664, kind, slots, pin_slots, pin)
-    views = Views(buffer, values, (), k22)
+    views = Views(buffer, values, (), k22, kind == PAGEABLE)
     made = views.made
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['video']
-        k25(made[k23] if k23 in made else k24.region(views), c2)
+        stack(c2, out=(made[k23] if k23 in made else k24.region(views)))
         at = 1  # ['flow']
-        k25(made[k26] if k26 in made else k27.region(views), c3)
+        stack(c3, out=(made[k25] if k25 in made else k26.region(views)))
         at = 2  # root
-        k30(made[k28] if k28 in made else k29.region(views), r4)
+        (made[k27] if k27 in made else k28.region(views)).numpy()[:8] = r4
     except Exception as exc:
-        raise Mismatch(*k31[at].blame((c2, c3, r4,)[at])) from exc
+        raise Mismatch(*k29[at].blame((c2, c3, r4,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    return make_batch(k32, buffer, values, views)
+    batch = Batch(k30(views))
+    set_attribute(batch, CARRIED, (k31, buffer, values))
+    return batch
