@@ -92,6 +92,41 @@ def test_a_warm_batch_runs_the_generated_function_and_no_node_interprets_it():
     assert not [name for filename, name in called if name == "run" and any(filename.endswith(n) for n in nodes)]
 
 
+def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
+    # Straight from the collate to the generated function: no dispatch through _use, no
+    # task list (Fill), no pin asked about for a plain buffer, no make_batch for a dict.
+    collate = MMCollate(pin_memory=False)
+    samples = [{"image": torch.full((3, 4, 4), float(i)), "ids": torch.arange(5) + i, "label": i} for i in range(4)]
+    collate(samples)
+    plan = collate._plans.last
+    assert plan.layout is not None
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = collate(samples)
+    finally:
+        sys.setprofile(None)
+    assert not {"_use", "execute", "_source", "is_pinned", "make_batch"} & set(called), called
+    assert len(called) <= 15, called
+    assert type(out) is pincollate.Batch and out.layout is plan.layout and out["label"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_plan_without_parts_in_pinned_memory_makes_views_of_one_storage(fake_pinned):
+    collate = MMCollate(pin_memory=True)
+    samples = [{"image": torch.full((3, 4, 4), float(i)), "ids": torch.arange(5) + i, "label": i} for i in range(4)]
+    for _ in range(3):  # planned, then made by the generated function
+        out = collate(samples)
+    assert collate._plans.last.layout is not None
+    assert_identical(out, MMCollate(pin_memory=False, compile=False)(samples))
+    storages = {t.untyped_storage().data_ptr() for t in (out["image"], out["ids"], out["label"])}
+    assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
+
+
 def test_many_fields_planned_per_batch_run_as_one_loop_and_name_their_field():
     from pincollate._plan.codegen import PARTS_LOOP
 
@@ -123,7 +158,7 @@ def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():
     plan = collate._plans.last
     changed = [{"image": torch.zeros(3, 2, 2, dtype=torch.float64), "label": i} for i in range(2)]
     with pytest.raises(Mismatch) as info:
-        plan.run(changed, collate._planner)
+        plan.check(changed)
     text = "".join(traceback.format_exception(info.value))
     assert plan.compiled.filename in text and "raise Mismatch" in text and "# ['image']" in text
     assert info.value.paths == (("image",),)

@@ -125,3 +125,17 @@ def test_batch_buffer_is_a_tensor_of_its_own_in_pageable_memory():
     assert proxy.data_ptr() == batch._pincollate[1].data_ptr()
     proxy.share_memory_()  # moves the proxy's storage only
     assert batch.layout is not None and torch.equal(batch["x"][0], torch.ones(3))
+
+
+def test_changing_one_item_in_place_leaves_another_saved_for_backward_alone():
+    # The items share their column's storage, but each has a version counter of its own:
+    # an in-place change of one box does not invalidate another saved for backward.
+    values = [torch.randn(n, 4) for n in (2, 3, 1)]
+    boxes = MMCollate(pin_memory=False, fields={"boxes": AsList()})([{"boxes": v} for v in values])["boxes"]
+    weight = torch.ones(4, requires_grad=True)
+    loss = (weight * boxes[0]).sum()
+    boxes[1].mul_(2)
+    boxes[2].mul_(weight.detach())
+    loss.backward()
+    assert torch.equal(weight.grad, values[0].sum(0))
+    assert torch.equal(boxes[1], values[1] * 2) and torch.equal(boxes[0], values[0])

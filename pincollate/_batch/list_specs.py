@@ -67,7 +67,9 @@ class SplitSpec(Spec):
             # batch makes two such lists, a tensor per image: a storage each cost a
             # microsecond per item. Saving one item writes its column's bytes.
             column = views.tensor(dtype, region.shape, region.offset)
-            pieces = column.split_with_sizes(self.sizes)[0::2]
+            # Not autograd views: each item has a version counter of its own, so an in-place
+            # change of one item never invalidates another saved for backward.
+            pieces = column.unsafe_split_with_sizes(self.sizes)[0::2]
             out = list(pieces) if self.shapes is None else list(map(torch.Tensor.view, pieces, self.shapes))
         if self.wraps is not None:
             out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]

@@ -188,7 +188,7 @@ class MMCollate:
     def _use(self, plan: Plan, samples: list[Any], kind: Kind | None) -> Any:
         """The batch of ``samples`` by ``plan`` (``kind`` ``None``: its layout only, nothing copied)."""
         if kind is None:
-            return plan.run(samples, self._planner)[0]
+            return plan.check(samples) if plan.layout is not None else plan.run(samples, self._planner)[0]
         if plan.layout is not None:  # no parts: its generated function makes the whole batch
             carrier = kind == "shared" and plan.carrier
             return plan.compiled.run(

@@ -88,14 +88,18 @@ class Plan:
             self.compiled = compile_plan(op, description)
             self.carrier = False
 
-    def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
-        """Gather and check ``samples`` against the plan; plan the parts. Copies nothing yet.
+    def check(self, samples: Sequence[Any]) -> Layout:
+        """A plan without parts: check ``samples`` against it (nothing copied); its one layout."""
+        assert self.layout is not None, "a plan with parts is checked by planning its parts (run)"
+        self.compiled.run(samples, None, 0, False, None)
+        return self.layout
 
-        A plan without parts only checks: its fill is empty (:meth:`collate` copies).
+    def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
+        """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet).
+
+        A plan without parts makes its whole batch by its generated function (``compiled.run``).
         """
-        if self.layout is not None:
-            self.compiled.run(samples, None, 0, False, None)
-            return self.layout, Fill(planner, self.nvalues, 0, self.nbytes, self.bulk)
+        assert self.layout is None, "a plan without parts makes its batch by compiled.run"
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)

@@ -136,7 +136,8 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     assert copies is not None
     w.line(1, "if kind is None:  # checked only")
     w.line(2, "return None")
-    w.line(1, f"buffer = allocate({layout.nbytes}, kind, slots, pin_slots, pin)")
+    # ``into``: a buffer of the caller's (the bench's reused one, a ring slot).
+    w.line(1, f"buffer = allocate({layout.nbytes}, kind, slots, pin_slots, pin) if into is None else into")
     # The regions of the copies with the layout's own tensors: made at once where they can be.
     regions = [spec for _, spec, _, _ in copies]
     bulk = _with_regions(layout.bulk(), regions)
@@ -151,20 +152,25 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     else:
         w.line(1, f"return make_batch({w.const(layout)}, buffer, values, views)")
     names = {**_GLOBALS, **_WHOLE}
-    run, source, filename = w.compile("samples, kind, slots, pin_slots, pin", "batch", description, names)
+    run, source, filename = w.compile("samples, kind, slots, pin_slots, pin, into=None", "batch", description, names)
     return CompiledPlan(run, source, filename)
 
 
 def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]], size: int) -> None:
     """Each copy as a call of its own into its region, under one guard that names what failed."""
     w.line(1, "made = views.made")
+    # The regions first: only the copies are guarded, so that nothing but a copy that fails
+    # reads as a batch that does not fit.
+    regions = []
+    for _, spec, _, _ in copies:
+        key, name = w.const(id(spec)), w.local("region")
+        w.line(1, f"{name} = made[{key}] if {key} in made else {w.const(spec)}.region(views)")
+        regions.append(name)
     w.line(1, "grad = is_grad_enabled()")
     w.line(1, "set_grad_enabled(False)  # copies into the buffer are never part of a graph")
     w.line(1, "try:")
-    for at, (fill, spec, payload, owner) in enumerate(copies):
+    for at, ((fill, _, payload, owner), region) in enumerate(zip(copies, regions, strict=True)):
         w.line(2, f"at = {at}  # " + text(format_path(owner.path)))
-        key = w.const(id(spec))  # the spec's key in the regions made at once
-        region = f"(made[{key}] if {key} in made else {w.const(spec)}.region(views))"
         if fill is stack_tensors:  # the common copies, as the calls their fill would make
             w.line(2, f"stack({payload}, out={region})")
         elif fill is fill_one_field:

@@ -32,7 +32,6 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
 
     import torch.multiprocessing
 
-    from .._batch.batch import make_batch
     from .._memory.arena import allocate
 
     cls, batch_size = SCENARIOS[scenario]
@@ -54,9 +53,9 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
         return statistics.median(times) * 1e3
 
     def shared_batch(i: int, buffer: torch.Tensor | None = None) -> Any:
-        layout, fill = plan.run(batches[i % n], collate._planner)
-        buffer = allocate(layout.nbytes, "shared") if buffer is None else buffer
-        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+        # The plan's generated function, into a fresh shared buffer or the one given.
+        into = allocate(plan.nbytes, "shared") if buffer is None else buffer
+        return plan.compiled.run(batches[i % n], "shared", 0, False, None, into)
 
     reused = allocate(plan.nbytes, "shared")
     made = [shared_batch(i) for i in range(repeat)]
@@ -122,7 +121,6 @@ def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], rep
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from .._batch.batch import make_batch
     from .._memory import receiver as _receiver
     from .._memory import ring as _ring
 
@@ -137,8 +135,7 @@ def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], rep
             start = time.perf_counter()
             buffer = ring.take(plan.nbytes)
             assert buffer is not None, "the parent did not free the slot"
-            layout, fill = plan.run(batches[i % len(batches)], collate._planner)
-            batch = make_batch(layout, buffer, fill.values, fill.execute(buffer))
+            batch = plan.compiled.run(batches[i % len(batches)], "shared", 0, False, None, buffer)
             filled = time.perf_counter()
             data = bytes(ForkingPickler.dumps(batch))
             fills.append(filled - start)

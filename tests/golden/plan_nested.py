@@ -2,7 +2,7 @@
 
 # ruff: noqa: F821
 
-def run(samples, kind, slots, pin_slots, pin):
+def run(samples, kind, slots, pin_slots, pin, into=None):
     if len(samples) != 32:
         raise Mismatch()  # another batch size (an epoch's last batch): another plan
     values = []
@@ -82,22 +82,27 @@ def run(samples, kind, slots, pin_slots, pin):
         raise Mismatch(*k37)  # ['label']
     if kind is None:  # checked only
         return None
-    buffer = allocate(618752, kind, slots, pin_slots, pin)
+    buffer = allocate(618752, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, (), k38, kind == PAGEABLE)
     made = views.made
+    region16 = made[k39] if k39 in made else k40.region(views)
+    region17 = made[k41] if k41 in made else k42.region(views)
+    region18 = made[k43] if k43 in made else k44.region(views)
+    region19 = made[k45] if k45 in made else k46.region(views)
+    region20 = made[k47] if k47 in made else k48.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['image']
-        stack(c2, out=(made[k39] if k39 in made else k40.region(views)))
+        stack(c2, out=region16)
         at = 1  # ['feats']
-        k43((made[k41] if k41 in made else k42.region(views)), v6)
+        k49(region17, v6)
         at = 2  # ['crops']
-        k46((made[k44] if k44 in made else k45.region(views)), v11)
+        k50(region18, v11)
         at = 3  # ['ids']
-        stack(c14, out=(made[k47] if k47 in made else k48.region(views)))
+        stack(c14, out=region19)
         at = 4  # root
-        (made[k49] if k49 in made else k50.region(views)).numpy()[:32] = r15
+        region20.numpy()[:32] = r15
     except Exception as exc:
         raise Mismatch(*k51[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
     finally:
