@@ -13,7 +13,7 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,9 +74,9 @@ def _numpy_dtypes() -> dict[torch.dtype, np.dtype[Any]]:
 _NUMPY = _numpy_dtypes()
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any] | None:
-    """The numpy dtype ``torch.from_numpy`` turns into ``dtype``, where there is one."""
-    return _NUMPY.get(dtype)
+#: The numpy dtype ``torch.from_numpy`` turns into a torch dtype, where there is one (``None``
+#: else): the table's own lookup, a C call, since every tensor spec asks it.
+numpy_dtype: Callable[[torch.dtype], np.dtype[Any] | None] = _NUMPY.get
 
 
 def _standins() -> dict[torch.dtype, np.dtype[Any]]:

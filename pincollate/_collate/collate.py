@@ -211,7 +211,7 @@ class MMCollate:
             self.pin_slots,
             self.pin_memory if carrier else None,
         )
-        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
     def _through_plans(self, samples: list[Any], kind: Kind | None) -> Any:
         """:meth:`_use` with the plan that fits: the last one, a cached one, or a new one.

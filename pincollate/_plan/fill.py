@@ -212,13 +212,15 @@ class Fill:
             return ValueSpec(len(self.values) - 1)
         return node.make([self.place(child) for child in node.children])  # type: ignore[union-attr]
 
-    def execute(self, buffer: torch.Tensor) -> Views:
+    def execute(self, buffer: torch.Tensor, pageable: bool = False) -> Views:
         """Run every queued copy into ``buffer``; returns the views it made, for building.
+
+        ``pageable``: the caller knows ``buffer`` is plain host memory (a ``"plain"`` kind's).
 
         Raises:
             Mismatch: a cached plan's copy failed (a shape that differs, say).
         """
-        views = Views(buffer, self.values, bulk=self.bulk)
+        views = Views(buffer, self.values, bulk=self.bulk, pageable=pageable)
         # Copies into the buffer are never part of a graph (``out=`` refuses one). The
         # switch itself, not torch.no_grad(): a context manager object per batch costs
         # more than a small batch's copy.
