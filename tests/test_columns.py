@@ -10,7 +10,7 @@ import torch
 
 import pincollate
 from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad, RaggedFieldWarning
-from samples import assert_one_buffer
+from samples import assert_one_buffer, assert_same
 
 
 def _objects(*values):
@@ -259,3 +259,37 @@ def test_a_plain_arrow_table_without_ray_is_read_as_arrow_converts_it(monkeypatc
     assert batch["ids"].tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 6]] and batch["ids_lengths"].tolist() == [2, 1, 3]
     assert batch["name"] == ["a", "b", "c"]
     assert_one_buffer(batch)
+
+
+@pytest.mark.parametrize("policy", ["none", "pad", "concat", "jagged", "aslist"])
+def test_lists_of_numbers_in_an_arrow_table_collate_as_their_numpy_conversion(policy):
+    # Token ids as Hugging Face datasets keep them (list<int64>), read from Arrow's buffers in
+    # one piece: the same batch as Arrow's numpy conversion (an array per row) gives.
+    pa = pytest.importorskip("pyarrow")
+    from pincollate._integrations.arrow import arrow_columns
+    from pincollate._plan.padding import Joined
+
+    ids = [[1, 2, 3], [], [4], [5, 6], [7, 8, 9, 10]]
+    first = pa.table({"ids": ids[:2], "score": [[0.5], [1.5, 2.5]], "label": [0, 1]})
+    second = pa.table({"ids": ids[2:], "score": [[3.5], [], [4.5, 5.5]], "label": [2, 3, 4]})
+    table = pa.concat_tables([first, second])  # two chunks
+    settings = {
+        "none": {"ragged": None},
+        "pad": {"ragged": Pad()},
+        "concat": {"ragged": Concat()},
+        "jagged": {"ragged": Jagged()},
+        "aslist": {"ragged": AsList()},
+    }[policy]
+    for batch in (table, table.slice(1, 3), table.slice(2, 3)):  # whole, across chunks, inside one
+        assert type(arrow_columns(batch)["ids"]) is Joined
+        numpy = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.column_names}
+        with contextlib.ExitStack() as stack:
+            if policy == "none":
+                stack.enter_context(pytest.warns(RaggedFieldWarning))
+            ours = ColumnCollate(**settings)(batch)
+        with contextlib.ExitStack() as stack:
+            if policy == "none":
+                stack.enter_context(pytest.warns(RaggedFieldWarning))
+            theirs = ColumnCollate(**settings)(numpy)
+        assert_same(ours, theirs)
+        assert_one_buffer(ours)

@@ -84,6 +84,26 @@ def test_datasets_python_lists_torch_format_and_iterable():
     assert plain[0]["attention_mask"].sum(1).tolist() == first
 
 
+def test_datasets_arrow_format_batches_collate_from_arrows_buffers():
+    # A datasets table in arrow format, read a batch of rows at a time (a batch sampler, no
+    # per-sample collate): ColumnCollate reads the token id lists from Arrow in one piece.
+    datasets = pytest.importorskip("datasets")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    import pincollate
+
+    ids = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [11]]
+    ds = datasets.Dataset.from_dict({"input_ids": ids, "label": [0, 1, 0, 1, 1]}).with_format("arrow")
+    collate = pincollate.ColumnCollate(fields={"input_ids": Pad(mask_key="attention_mask")})
+    sampler = BatchSampler(SequentialSampler(range(len(ds))), batch_size=2, drop_last=False)
+    batches = list(DataLoader(ds, batch_size=None, sampler=sampler, collate_fn=collate))
+    assert [type(b) for b in batches] == [Batch] * 3
+    assert batches[1]["input_ids"].tolist() == [[5, 6, 0, 0], [7, 8, 9, 10]]
+    assert batches[1]["attention_mask"].sum(1).tolist() == [2, 4] and batches[2]["label"].tolist() == [1]
+    for batch in batches:
+        assert_one_buffer(batch)
+
+
 def test_datasets_image_features_come_back_as_pil_and_stack():
     datasets = pytest.importorskip("datasets")
     from PIL import Image

@@ -8,7 +8,8 @@ column from Arrow's memory instead:
 * a ragged tensor column (Ray's variable-shaped tensor type: a struct of the rows' flat
   values and their shapes) becomes :class:`~pincollate._plan.padding.Joined`: the values of
   every row as one flat tensor over Arrow's buffer (``torch.from_dlpack``, no copy) and the
-  rows' leading sizes, which the policies copy from in one piece;
+  rows' leading sizes, which the policies copy from in one piece; so does a column of lists
+  of numbers (token ids in a Hugging Face ``datasets`` table);
 * a fixed-shape tensor column and a column of numbers become one numpy array;
 * a string column becomes a list of ``str``.
 
@@ -93,6 +94,12 @@ def _reader(kind: Any) -> Reader | None:
         return _numbers
     if extension is None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         return _strings
+    if (
+        extension is None
+        and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        and (pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type))
+    ):
+        return _lists
     return None
 
 
@@ -111,6 +118,21 @@ def _strings(column: Any) -> list[str]:
 
 def _fixed(column: Any) -> np.ndarray:
     return _whole(column).to_numpy()  # type: ignore[no-any-return]
+
+
+def _lists(column: Any) -> Joined | None:
+    """A column of lists of numbers (token ids, as Hugging Face ``datasets`` and Ray keep them)
+    as their values in one flat tensor and the lists' lengths."""
+    array = _whole(column)
+    values = array.flatten()  # the slice's own values
+    if values.null_count:
+        return None
+    try:
+        flat = torch.utils.dlpack.from_dlpack(values)
+    except (TypeError, ValueError, RuntimeError, BufferError):  # a type dlpack lacks
+        return None
+    offsets = array.offsets.to_numpy()  # the slice's, from wherever its first list starts
+    return Joined(flat, (offsets[1:] - offsets[:-1]).tolist())
 
 
 def _ragged(column: Any) -> Joined | None:
