@@ -116,6 +116,27 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
     assert type(out) is pincollate.Batch and out.layout is plan.layout and out["label"].tolist() == [0, 1, 2, 3]
 
 
+def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
+    # A plain buffer is pageable host memory: its tensors are carved without asking.
+    collate = MMCollate(pin_memory=False, fields={"ids": pincollate.Pad()})
+    samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]
+    collate(samples)
+    assert collate._plans.last.layout is None  # a plan with a part
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        out = collate(samples)
+    finally:
+        sys.setprofile(None)
+    assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
+    assert out["ids"].tolist()[3] == [0, 1, 2, 3] and out["ids"].untyped_storage().nbytes() == out["ids"].nbytes
+
+
 def test_a_plan_without_parts_in_pinned_memory_makes_views_of_one_storage(fake_pinned):
     collate = MMCollate(pin_memory=True)
     samples = [{"image": torch.full((3, 4, 4), float(i)), "ids": torch.arange(5) + i, "label": i} for i in range(4)]

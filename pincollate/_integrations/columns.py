@@ -163,8 +163,9 @@ class ColumnCollate:
             if samples._rules or samples._renames:
                 samples._report_unmatched()
         layout = Layout(MappingSpec(None, keys, specs), fill.offset, fill.parts)
-        buffer = allocate(layout.nbytes, resolve_kind(samples.pin_memory))
-        return make_batch(layout, buffer, fill.values, fill.execute(buffer))
+        kind = resolve_kind(samples.pin_memory)
+        buffer = allocate(layout.nbytes, kind)
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
     def _plan_column(
         self, column: Any, path: tuple[Hashable, ...], fill: Fill, names: frozenset[Hashable]

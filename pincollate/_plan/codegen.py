@@ -120,9 +120,10 @@ def compile_plan(op: Op, description: str = "plan") -> CompiledPlan:
 def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: str = "plan") -> CompiledPlan:
     """The function that makes a whole batch of a plan without parts, ``layout``'s, from its samples.
 
-    ``run(samples, kind, slots, pin_slots, pin)`` checks the samples (a batch of ``size``),
-    then takes the buffer (:func:`~pincollate._memory.arena.allocate` with the other
-    arguments), makes every region at once, runs each copy as a call of its own and builds
+    ``run(samples, kind, slots, pin_slots, pin, into=None)`` checks the samples (a batch of
+    ``size``), then takes the buffer (:func:`~pincollate._memory.arena.allocate` with the
+    other arguments; ``into``, a buffer of the caller's, where given: nothing is allocated),
+    makes every region at once, runs each copy as a call of its own and builds
     the batch: no task list, no per-task lookups. With ``kind`` ``None`` it only checks and
     returns ``None``. A copy that fails raises :class:`~pincollate._plan.fill.Mismatch` naming
     what its node blames, as a queued copy's does.

@@ -93,7 +93,7 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
     finally:
         ours.send(None)
         process.join(timeout=60)
-    stages.update(_ring_breakdown(plan, collate, batches, repeat))
+    stages.update(_ring_breakdown(plan, batches, repeat))
     stages["lease: made and ended (once per batch, each side)"] = _lease_ms(reused)
     return {"scenario": scenario, "batch_bytes": plan.nbytes, "stages_ms": stages}
 
@@ -114,7 +114,7 @@ def _lease_ms(buffer: torch.Tensor, count: int = 2000) -> float:
     return statistics.median(times) * 1e3
 
 
-def _ring_breakdown(plan: Any, collate: MMCollate, batches: list[list[Any]], repeat: int) -> dict[str, float]:
+def _ring_breakdown(plan: Any, batches: list[list[Any]], repeat: int) -> dict[str, float]:
     """The same trip through a worker's ring of slots: a forked child fills a slot and sends
     its index; this process leases the batch, reads it once and drops it (freeing the slot)."""
     import multiprocessing
