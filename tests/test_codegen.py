@@ -47,6 +47,22 @@ def _same_or_same_error(make, *collates):
             assert_identical(other, first)
 
 
+def _calls(collate, samples) -> tuple[list[tuple[str, str]], object]:
+    """The Python functions (file, name) that ``collate(samples)`` calls, and its result."""
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.append((frame.f_code.co_filename, frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        out = collate(samples)
+    finally:
+        sys.setprofile(None)
+    return called, out
+
+
 @pytest.mark.parametrize("name", sorted(PARITY) + sorted(RAGGED))
 def test_the_compiled_plan_gives_what_the_careful_walk_gives(name):
     make = PARITY.get(name) or RAGGED[name]
@@ -73,18 +89,7 @@ def test_a_warm_batch_runs_the_generated_function_and_no_node_interprets_it():
     batch = PARITY["multimodal-dict"]
     collate(batch())
     plan = collate._plans.last
-    called = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            called.append((frame.f_code.co_filename, frame.f_code.co_name))
-
-    samples = batch()
-    sys.setprofile(profile)
-    try:
-        collate(samples)
-    finally:
-        sys.setprofile(None)
+    called, _ = _calls(collate, batch())
     assert collate._plans.last is plan
     assert called.count((plan.compiled.filename, "run")) == 1
     # The nodes hold data and copy kernels; none of them runs (interprets) the batch.
@@ -100,17 +105,8 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
     collate(samples)
     plan = collate._plans.last
     assert plan.layout is not None
-    called = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            called.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        out = collate(samples)
-    finally:
-        sys.setprofile(None)
+    calls, out = _calls(collate, samples)
+    called = [name for _, name in calls]
     assert not {"_use", "execute", "_source", "is_pinned", "make_batch"} & set(called), called
     assert len(called) <= 15, called
     assert type(out) is pincollate.Batch and out.layout is plan.layout and out["label"].tolist() == [0, 1, 2, 3]
@@ -122,17 +118,8 @@ def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]
     collate(samples)
     assert collate._plans.last.layout is None  # a plan with a part
-    called = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            called.append(frame.f_code.co_name)
-
-    sys.setprofile(profile)
-    try:
-        out = collate(samples)
-    finally:
-        sys.setprofile(None)
+    calls, out = _calls(collate, samples)
+    called = [name for _, name in calls]
     assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
     assert out["ids"].tolist()[3] == [0, 1, 2, 3] and out["ids"].untyped_storage().nbytes() == out["ids"].nbytes
 

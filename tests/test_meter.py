@@ -436,6 +436,19 @@ def test_closing_a_metered_iterator_closes_its_source():
     prefetched.close()  # stats on, on the CPU: the metered iterator closes as the unmetered one does
 
 
+def test_batches_of_the_layout_seen_last_are_counted_without_the_counter(monkeypatch):
+    # The metered iterator keeps the last layout's counts: a run of batches of one layout
+    # asks the counter (its table lookup) once.
+    collate = MMCollate(pin_memory=False)
+    batches = [collate([{"x": torch.zeros(3)}] * 4) for _ in range(5)]
+    meter = InputMeter(batches)
+    asked = []
+    real = type(meter._count).__call__
+    monkeypatch.setattr(type(meter._count), "__call__", lambda self, batch: asked.append(1) or real(self, batch))
+    assert _drain(meter) == 5 and len(asked) == 1
+    assert (meter.epoch.samples, meter.epoch.batch_bytes) == (20, 5 * batches[0].layout.nbytes)
+
+
 def test_alternating_layouts_are_counted_exactly():
     # Two layouts in turn (two workers' batches): the inline check of the last layout misses
     # every time, and the counter's table answers.

@@ -120,16 +120,25 @@ def _fixed(column: Any) -> np.ndarray:
     return _whole(column).to_numpy()  # type: ignore[no-any-return]
 
 
+def _flat(lists: Any) -> torch.Tensor | None:
+    """The values of a list array's rows as one tensor over Arrow's memory (``flatten`` follows
+    a slice's offsets); ``None`` where a value is null or dlpack lacks the type (bit-packed
+    booleans)."""
+    values = lists.flatten()
+    if values.null_count:
+        return None
+    try:
+        return torch.utils.dlpack.from_dlpack(values)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        return None
+
+
 def _lists(column: Any) -> Joined | None:
     """A column of lists of numbers (token ids, as Hugging Face ``datasets`` and Ray keep them)
     as their values in one flat tensor and the lists' lengths."""
     array = _whole(column)
-    values = array.flatten()  # the slice's own values
-    if values.null_count:
-        return None
-    try:
-        flat = torch.utils.dlpack.from_dlpack(values)
-    except (TypeError, ValueError, RuntimeError, BufferError):  # a type dlpack lacks
+    flat = _flat(array)
+    if flat is None:
         return None
     offsets = array.offsets.to_numpy()  # the slice's, from wherever its first list starts
     return Joined(flat, (offsets[1:] - offsets[:-1]).tolist())
@@ -144,12 +153,8 @@ def _ragged(column: Any) -> Joined | None:
     storage = _whole(column).storage
     data = storage.field("data")
     rows = len(data)
-    if not rows or data.null_count:
-        return None
-    try:
-        # The slice's own values (``flatten`` follows its offsets), over Arrow's memory.
-        flat = torch.utils.dlpack.from_dlpack(data.flatten())
-    except (TypeError, ValueError, RuntimeError, BufferError):  # bit-packed booleans, a type dlpack lacks
+    flat = _flat(data) if rows and not data.null_count else None
+    if flat is None:
         return None
     if column.type.ndim == 1:
         offsets = data.offsets.to_numpy()
