@@ -114,14 +114,28 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
 
 def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     # A plain buffer is pageable host memory: its tensors are carved without asking.
-    collate = MMCollate(pin_memory=False, fields={"ids": pincollate.Pad()})
-    samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]
+    collate = MMCollate(pin_memory=False, fields={"ids": pincollate.AsList()})
+    samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]  # a per-sample list
     collate(samples)
-    assert collate._plans.last.layout is None  # a plan with a part
+    assert not collate._plans.last.whole  # a plan with a part its recipe places for each batch
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]
     assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
+    assert out["ids"][3].tolist() == [0, 1, 2, 3]
+
+
+def test_a_warm_padded_batch_is_made_by_its_sized_function_without_asking_about_pins():
+    collate = MMCollate(pin_memory=False, fields={"ids": pincollate.Pad()})
+    samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]
+    collate(samples)
+    plan = collate._plans.last
+    assert plan.whole and plan.sized is not None  # every part padded: one function makes the batch
+    calls, out = _calls(collate, samples)
+    called = [name for _, name in calls]
+    assert calls.count((plan.compiled.filename, "run")) == 1
+    assert not {"execute", "_source", "is_pinned", "filled", "_use", "make_batch"} & set(called), called
     assert out["ids"].tolist()[3] == [0, 1, 2, 3] and out["ids"].untyped_storage().nbytes() == out["ids"].nbytes
+    assert_identical(out, MMCollate(pin_memory=False, fields={"ids": pincollate.Pad()}, compile=False)(samples))
 
 
 def test_a_plan_without_parts_in_pinned_memory_makes_views_of_one_storage(fake_pinned):

@@ -15,15 +15,18 @@ from typing import Any
 
 from .._generate import Writer, text
 from .._types.build import make_mapping, make_sequence
-from .layout import Spec, TensorSpec, ValueSpec
+from .layout import PartSpec, Spec, TensorSpec, ValueSpec
 from .specs import MappingSpec, NamedTupleSpec, SequenceSpec
 from .views import Views
 
-__all__ = ["compile_build"]
+__all__ = ["compile_build", "expression"]
 
 #: Deeper than this, a node is built by its spec: a generated expression stays well within
 #: the parser's nesting limit.
 _MOST_DEPTH = 32
+
+#: The expressions of a layout's parts, by index: the node's, and each extra output's name and expression.
+Parts = dict[int, tuple[str, tuple[tuple[str, str], ...]]]
 
 
 def compile_build(root: Spec, bulk_ids: tuple[int, ...]) -> Callable[[Views], Any]:
@@ -37,34 +40,42 @@ def compile_build(root: Spec, bulk_ids: tuple[int, ...]) -> Callable[[Views], An
     w.line(2, f"return {w.const(root)}.build(views)")
     w.line(1, "made = views.made")
     w.line(1, "values = views.values")
-    w.line(1, f"return {_expression(w, root, bulk, 0)}")
+    w.line(1, f"return {expression(w, root, bulk)}")
     names = {"make_mapping": make_mapping, "make_sequence": make_sequence}
     run, _, _ = w.compile("views", "build", text(type(root).__name__), names)
     return run
 
 
-def _expression(w: Writer, spec: Spec, bulk: frozenset[int], depth: int) -> str:
+def expression(w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None = None, depth: int = 0) -> str:
+    """The expression that builds ``spec`` from ``made`` (the tensors made at once) and ``values``.
+
+    ``parts``: the expressions of the layout's parts (by index: the node's, then each extra
+    output's name and expression), where the code that runs it has them as locals.
+    """
     kind = type(spec)
     if kind is TensorSpec and id(spec) in bulk:
-        tensor = f"made[{id(spec)}]"
+        tensor = f"made[{w.const(id(spec))}]"
         wrap = spec.wrap  # type: ignore[attr-defined]
         return tensor if wrap is None else f"{w.const(wrap)}({tensor})"
     if kind is ValueSpec:
         return f"values[{spec.index}]"  # type: ignore[attr-defined]
+    if kind is PartSpec and parts is not None:
+        return parts[spec.index][0]  # type: ignore[attr-defined]
     if depth < _MOST_DEPTH and kind is MappingSpec:
-        pairs = ", ".join(
-            f"{w.const(key)}: {_expression(w, child, bulk, depth + 1)}"
-            for key, child in zip(spec.keys, spec.children, strict=True)  # type: ignore[attr-defined]
-        )
+        pairs = []
+        for key, child in zip(spec.keys, spec.children, strict=True):  # type: ignore[attr-defined]
+            pairs.append(f"{w.const(key)}: {expression(w, child, bulk, parts, depth + 1)}")
+            if type(child) is PartSpec and parts is not None:  # its extras right after its key
+                pairs.extend(f"{w.const(name)}: {extra}" for name, extra in parts[child.index][1])
         cls = spec.cls  # type: ignore[attr-defined]
-        return f"{{{pairs}}}" if cls is None else f"make_mapping({w.const(cls)}, {{{pairs}}})"
+        return f"{{{', '.join(pairs)}}}" if cls is None else f"make_mapping({w.const(cls)}, {{{', '.join(pairs)}}})"
     if depth < _MOST_DEPTH and kind is SequenceSpec:
-        items = ", ".join(_expression(w, child, bulk, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
+        items = ", ".join(expression(w, child, bulk, parts, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
         cls = spec.cls  # type: ignore[attr-defined]
         return f"[{items}]" if cls is None else f"make_sequence({w.const(cls)}, [{items}])"
     if depth < _MOST_DEPTH and kind is NamedTupleSpec:
-        items = ", ".join(_expression(w, child, bulk, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
+        items = ", ".join(expression(w, child, bulk, parts, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
         return f"{w.const(spec.cls)}({items})"  # type: ignore[attr-defined]
     # Every other node (a tensor made on its own, a dataclass, a registered class, lists of
-    # per-sample values) builds itself.
+    # per-sample values, a subtree too deep for one expression) builds itself.
     return f"{w.const(spec)}.build(views)"

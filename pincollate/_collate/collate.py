@@ -12,11 +12,10 @@ import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Literal
 
-from .._batch.batch import carries, make_batch
 from .._batch.layout import Layout
 from .._errors import CollateError
 from .._memory import ring as _ring
-from .._memory.arena import Kind, PinMode, allocate, resolve_kind
+from .._memory.arena import Kind, PinMode, resolve_kind
 from .._plan.cache import Plan, Plans
 from .._plan.careful import Planner
 from .._plan.fallback import Fallbacks
@@ -160,7 +159,7 @@ class MMCollate:
             compiled=compile,
         )
         self._planner = Planner(settings)
-        self._plans = Plans(settings)
+        self._plans = Plans(settings, self._planner)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _SETTINGS}
@@ -188,30 +187,16 @@ class MMCollate:
     def _use(self, plan: Plan, samples: list[Any], kind: Kind | None) -> Any:
         """The batch of ``samples`` by ``plan`` (``kind`` ``None``: its layout only, nothing copied)."""
         if kind is None:
-            return plan.check(samples) if plan.layout is not None else plan.run(samples, self._planner)[0]
-        if plan.layout is not None:  # no parts: its generated function makes the whole batch
-            carrier = kind == "shared" and plan.carrier
-            return plan.compiled.run(
-                samples,
-                kind,
-                self.worker_slots if carrier else 0,
-                self.pin_slots,
-                self.pin_memory if carrier else None,
-            )
-        layout, fill = plan.run(samples, self._planner)
-        # Only a carrier crosses as a slot index; any other output would cross tensor
-        # by tensor, and its slot could not be reused.
-        carrier = kind == "shared" and carries(layout)
-        # A failed fill drops its buffer; a recycled one comes back when nothing reads it.
-        # A carrier can also cross as its bytes, where /dev/shm has no room (see _shm).
-        buffer = allocate(
-            layout.nbytes,
-            kind,
-            self.worker_slots if carrier else 0,
-            self.pin_slots,
-            self.pin_memory if carrier else None,
-        )
-        return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
+            return plan.check(samples)
+        # Only a carrier crosses as a slot index (a batch of a user's mapping type would
+        # cross tensor by tensor, and its slot could not be reused). A carrier can also
+        # cross as its bytes, where /dev/shm has no room (see _shm).
+        carrier = kind == "shared" and plan.carrier
+        slots = self.worker_slots if carrier else 0
+        pin = self.pin_memory if carrier else None
+        if plan.whole:  # its generated function makes the whole batch
+            return plan.compiled.run(samples, kind, slots, self.pin_slots, pin)
+        return plan.filled(samples, kind, self.worker_slots if kind == "shared" else 0, self.pin_slots, self.pin_memory)
 
     def _through_plans(self, samples: list[Any], kind: Kind | None) -> Any:
         """:meth:`_use` with the plan that fits: the last one, a cached one, or a new one.
@@ -226,8 +211,8 @@ class MMCollate:
         learned: tuple[Path, ...] = ()
         if tried is not None:
             try:
-                if tried.layout is not None and kind is not None and kind != "shared":
-                    # A run of batches of one structure without parts: straight to its function.
+                if tried.whole and kind is not None and kind != "shared":
+                    # A run of batches of one structure: straight to its function.
                     return tried.compiled.run(samples, kind, 0, self.pin_slots, None)
                 return self._use(tried, samples, kind)
             except Mismatch as mismatch:

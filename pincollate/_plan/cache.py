@@ -18,23 +18,26 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._batch.batch import carries
-from .._batch.layout import Layout, Spec, bulk_of
+from .._batch.batch import carries, make_batch
+from .._batch.layout import Layout, PartSpec, Spec, bulk_of
+from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
-from .codegen import CompiledPlan, compile_plan, compile_whole
+from .codegen import PARTS_LOOP, CompiledPlan, compile_plan, compile_sized, compile_whole, is_sized
 from .fill import Fill, Mismatch
 from .items import MAX_DEPTH
 from .ops import Op
 from .patterns import Renames, Settings
+from .sized import SizedLayouts
 from .template import Template
+from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 if TYPE_CHECKING:
     from .patterns import FieldRules
@@ -48,10 +51,13 @@ _CAREFUL = object()
 
 
 class Plan:
-    """A cached plan: the Layout template, its ops, and how many values and parts it has.
+    """A cached plan: the Layout template, its node tree's generated functions, and how many values and parts it has.
 
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
-    ``size`` is its batch size: the ops check each sample, not how many there are.
+    ``size`` is its batch size: the generated code checks each sample, not how many there are.
+    ``whole``: ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
+    (:func:`~pincollate._plan.codegen.compile_whole`; with padded parts only,
+    :func:`~pincollate._plan.codegen.compile_sized`); otherwise :meth:`run` queues its copies.
     """
 
     __slots__ = (
@@ -64,47 +70,88 @@ class Plan:
         "nparts",
         "nvalues",
         "op",
+        "planner",
+        "queued",
         "size",
+        "sized",
         "template",
+        "whole",
     )
 
-    def __init__(self, template: Spec, op: Op, nbytes: int, nvalues: int, nparts: int, size: int):
+    def __init__(
+        self,
+        template: Spec,
+        op: Op,
+        nbytes: int,
+        nvalues: int,
+        nparts: int,
+        size: int,
+        planner: Planner | None = None,
+    ):
         self.size: int = size
         self.template: Spec = template
         self.op: Op = op
         self.nbytes: int = nbytes
         self.nvalues: int = nvalues
         self.nparts: int = nparts
+        self.planner = planner
         self.bulk = bulk_of(template)
         self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
-        #: The plan's one runner, the generated function of its node tree: without parts it
-        #: makes the whole batch (:func:`compile_whole`), with parts it queues the copies.
+        self.sized: SizedLayouts | None = None
         description = _describe(op, size)
+        #: The function that queues a plan with parts' copies in a Fill (:meth:`run`).
+        self.queued: CompiledPlan | None = None
         if self.layout is not None:
             self.compiled: CompiledPlan = compile_whole(op, self.layout, size, nvalues, description)
             self.carrier = carries(self.layout)
-        else:
-            self.compiled = compile_plan(op, description)
-            self.carrier = False
+            self.whole = True
+            return
+        self.queued = self.compiled = compile_plan(op, description)
+        self.carrier = False
+        self.whole = False
+        if planner is not None and type(template) is not PartSpec and _all_padded(op, nparts):
+            # Every part padded: one generated function makes the whole batch, its layout by the sizes.
+            self.compiled, self.sized = compile_sized(
+                op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
+            )
+            self.carrier = carries(Layout(template, nbytes))
+            self.whole = True
 
     def check(self, samples: Sequence[Any]) -> Layout:
-        """A plan without parts: check ``samples`` against it (nothing copied); its one layout."""
-        assert self.layout is not None, "a plan with parts is checked by planning its parts (run)"
-        self.compiled.run(samples, None, 0, False, None)
-        return self.layout
+        """The layout of ``samples``'s batch, nothing copied (their parts planned where the plan has parts)."""
+        if self.whole:
+            return self.compiled.run(samples, None, 0, False, None)  # type: ignore[no-any-return]
+        assert self.planner is not None, "a plan with parts needs its planner"
+        return self.run(samples, self.planner)[0]
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
-        """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet).
-
-        A plan without parts makes its whole batch by its generated function (``compiled.run``).
-        """
-        assert self.layout is None, "a plan without parts makes its batch by compiled.run"
+        """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet)."""
+        assert self.queued is not None, "a plan without parts makes its batch by compiled.run"
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
-        self.compiled.run(samples, fill)
+        self.queued.run(samples, fill)
         return Layout(self.template, fill.offset, fill.parts, self.bulk), fill
+
+    def filled(
+        self, samples: Sequence[Any], kind: Kind | None, slots: int, pin_slots: bool, pin: PinMode | None
+    ) -> Any:
+        """A plan with parts: the batch by :meth:`run` and its queued copies (``kind`` ``None``: its layout).
+
+        ``slots`` and ``pin`` are for a carrier (the caller asked ``carrier``); any other
+        batch crosses tensor by tensor, and takes a buffer of its own.
+        """
+        assert self.planner is not None, "a plan with parts needs its planner"
+        layout, fill = self.run(samples, self.planner)
+        if kind is None:
+            return layout
+        # Only a carrier crosses as a slot index; any other output would cross tensor by
+        # tensor, and its slot could not be reused. A failed fill drops its buffer; a
+        # recycled one comes back when nothing reads it.
+        carrier = carries(layout)
+        buffer = allocate(layout.nbytes, kind, slots if carrier else 0, pin_slots, pin if carrier else None)
+        return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
 
 class Plans:
@@ -114,8 +161,9 @@ class Plans:
     ``planned`` counts the plans made, so tests can tell the cache is used.
     """
 
-    def __init__(self, settings: Settings, capacity: int = 64):
+    def __init__(self, settings: Settings, planner: Planner, capacity: int = 64):
         self.settings: Settings = settings
+        self.planner = planner
         self.rules: FieldRules = settings.rules
         self.renames: Renames = settings.renames
         self.default: Policy | None = settings.default
@@ -150,7 +198,7 @@ class Plans:
             careful.add(())
         template = Template(self.settings, careful)
         spec, op = template.plan(samples, (), None)
-        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples))
+        plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples), self.planner)
 
         def commit() -> None:
             with self._lock:
@@ -220,6 +268,32 @@ def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0)
     found = any(_refers_to_itself(child, open_, depth + 1) for child in children)
     open_.discard(id(value))
     return found
+
+
+def _all_padded(op: Op, nparts: int) -> bool:
+    """Whether every part of a plan is one a sized plan reads inline (a padded field).
+
+    A plan of :data:`~pincollate._plan.codegen.PARTS_LOOP` parts or more keeps its loop over them.
+    """
+    found = [node for node in _nodes(op) if type(node) is CarefulOp]
+    return 0 < len(found) == nparts < PARTS_LOOP and all(map(is_sized, found))
+
+
+def _nodes(op: Op) -> Iterator[Op]:
+    yield op
+    for child in _children(op):
+        yield from _nodes(child)
+
+
+def _children(op: Op) -> tuple[Op, ...]:
+    kind = type(op)
+    if kind is MappingOp or kind is SequenceOp:
+        return (*(child for _, child, _ in op.singles), *op.blocks)  # type: ignore[attr-defined]
+    if kind is DataclassOp:
+        return tuple(child for _, child in op.children)  # type: ignore[attr-defined]
+    if kind is RegisteredOp:
+        return op.children  # type: ignore[attr-defined,no-any-return]
+    return ()
 
 
 def _describe(op: Op, size: int) -> str:

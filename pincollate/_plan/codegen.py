@@ -25,15 +25,31 @@ from typing import Any
 import torch
 
 from .._batch.batch import Batch, make_batch
-from .._batch.layout import Layout, TensorSpec
+from .._batch.compiled import Parts, expression
+from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.specs import MappingSpec
 from .._batch.views import Bulk, Views
 from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
-from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, stack_tensors
+from .._types.build import make_mapping, make_sequence
+from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, fill_numbers, stack_tensors
 from .fill import Mismatch
-from .ops import HAS_TORCH_FUNCTION, PLAIN, BlockOp, NumbersOp, Op, StackOp, ValueOp, fill_block, fill_one_field
+from .ops import (
+    FIRST,
+    HAS_TORCH_FUNCTION,
+    PLAIN,
+    BlockOp,
+    NumbersOp,
+    Op,
+    StackOp,
+    ValueOp,
+    fill_block,
+    fill_one_field,
+)
+from .padding import pad_1d, valid_1d
+from .ragged import PadRecipe
+from .sized import SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 __all__ = ["CompiledPlan", "compile_plan", "compile_whole"]
@@ -51,6 +67,7 @@ _GLOBALS: dict[str, Any] = {
     "fill_block": fill_block,
     "fill_one_field": fill_one_field,
     "chain": itertools.chain.from_iterable,
+    "FIRST": FIRST,
 }
 
 
@@ -92,7 +109,10 @@ class _PlanWriter(Writer):
 
     def __init__(self, whole: bool) -> None:
         super().__init__()
-        self.copies: list[tuple[Any, TensorSpec, str, Op]] | None = [] if whole else None
+        #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
+        self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
+        #: The padded parts read so far (a sized plan's): the node, its column, lengths, padded dimension and key.
+        self.padded: list[tuple[CarefulOp, str, str, str, str]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -125,45 +145,147 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     other arguments; ``into``, a buffer of the caller's, where given: nothing is allocated),
     makes every region at once, runs each copy as a call of its own and builds
     the batch: no task list, no per-task lookups. With ``kind`` ``None`` it only checks and
-    returns ``None``. A copy that fails raises :class:`~pincollate._plan.fill.Mismatch` naming
+    returns the layout. A copy that fails raises :class:`~pincollate._plan.fill.Mismatch` naming
     what its node blames, as a queued copy's does.
     """
     w = _PlanWriter(whole=True)
+    _checks(w, op, size, nvalues)
+    copies = w.copies
+    assert copies is not None
+    bulk = with_regions(layout.bulk(), [spec for _, spec, _, _ in copies])
+    w.line(1, f"layout = {w.const(layout)}")
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return layout")
+    # A plain buffer is pageable host memory: its tensors are carved without asking about pins.
+    _buffer(w, f"{layout.nbytes}", f"Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
+    if copies:
+        _copies(w, copies, size, None)
+    if type(layout.root) is MappingSpec and layout.root.cls is None:  # a dict: a Batch, built here
+        w.line(1, f"batch = Batch({w.const(layout.builder())}(views))")
+        w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
+        w.line(1, "return batch")
+    else:
+        w.line(1, "return make_batch(layout, buffer, values, views)")
+    return _compiled(w, description, {})
+
+
+def compile_sized(
+    op: Op,
+    template: Spec,
+    nbytes: int,
+    nparts: int,
+    size: int,
+    nvalues: int,
+    bulk: Bulk,
+    slow: Callable[..., Any],
+    description: str = "plan",
+) -> tuple[CompiledPlan, SizedLayouts]:
+    """The function that makes a whole batch of a plan whose parts are all padded fields.
+
+    As :func:`compile_whole`'s, with the padded parts read inline: each part's guards (one
+    class, dtype and rank for the column, at C speed), then its lengths and padded size by
+    the policy's size rule; the sizes pick the batch's layout from the returned
+    :class:`~pincollate._plan.sized.SizedLayouts`, and the function copies and builds as for a
+    plan without parts. A padded column its guards do not describe (a missing value, another
+    dtype, a value longer than ``max_length``) is no mismatch of the plan: the batch goes to
+    ``slow(samples, kind, slots, pin_slots, pin)`` (the plan's queued fill, whose recipes and
+    careful walk take it, or name the sample).
+    """
+    w = _PlanWriter(whole=True)
+    _checks(w, op, size, nvalues)
+    copies = w.copies
+    assert copies is not None
+    fixed = len(copies)
+    parts = [(part.index, part.recipe) for part, *_ in w.padded]
+    sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)  # type: ignore[arg-type]
+    keys = ", ".join(key for *_, key in w.padded)
+    # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
+    w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
+    w.line(1, "if sized is None:")
+    w.line(2, f"sized = {w.const(sized)}.get(({keys},))")
+    w.line(1, "layout, bulk, specs, ids = sized")
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return layout")
+    _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
+    w.line(1, "made = views.made")
+    # Each part's tensors, in the sized layout's order: the values, the lengths, the mask.
+    expressions: Parts = {}
+    at = 0
+    for part, column, lengths, dim, _ in w.padded:
+        recipe = part.recipe
+        assert type(recipe) is PadRecipe
+        names = [w.local("p")]
+        extras = []
+        for name in (recipe.lengths_name, recipe.mask_name):
+            if name is not None:
+                names.append(w.local("p"))
+                extras.append((name, names[-1]))
+        for j, local in enumerate(names):
+            w.line(1, f"{local} = made[ids[{at + j}]] if ids[{at + j}] in made else specs[{at + j}].region(views)")
+        at += len(names)
+        expressions[part.index] = (names[0], tuple(extras))
+        if recipe.lengths_name is not None:
+            copies.append((fill_numbers, names[1], lengths, part))
+        # Padding's one kernel, called as its fill would call it (the mask, where asked for, first).
+        value, left = w.const(recipe.policy.value), w.const(recipe.left)
+        valid = "None"
+        if recipe.mask_name is not None:
+            valid = f"valid_1d({lengths}, {names[-1]}.shape[1], {left}, {names[-1]}.numpy())"
+        copies.append((pad_1d, names[0], f"{column}, {lengths}, {dim}, {value}, {left}, {valid}", part))
+    _copies(w, copies, size, fixed)
+    if type(template) is MappingSpec and template.cls is None:  # a dict: a Batch, built here
+        w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
+        w.line(2, "return make_batch(layout, buffer, values, views)")
+        w.line(1, f"batch = Batch({expression(w, template, frozenset(bulk[0]), expressions)})")
+        w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
+        w.line(1, "return batch")
+    else:
+        w.line(1, "return make_batch(layout, buffer, values, views)")
+    kernels = {
+        "slow": slow,
+        "make_mapping": make_mapping,
+        "make_sequence": make_sequence,
+        "pad_1d": pad_1d,
+        "valid_1d": valid_1d,
+    }
+    return _compiled(w, description, kernels), sized
+
+
+def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
+    """A whole batch's function up to its buffer: the batch size, then every field's guards in tree order."""
     w.line(1, f"if len(samples) != {size}:")
     w.line(2, "raise Mismatch()  # another batch size (an epoch's last batch): another plan")
     w.line(1, f"values = [None] * {nvalues}" if nvalues else "values = []")
     _emit(w, op, "samples", 1)
-    copies = w.copies
-    assert copies is not None
-    w.line(1, "if kind is None:  # checked only")
-    w.line(2, "return None")
+
+
+def _buffer(w: _PlanWriter, nbytes: str, views: str) -> None:
     # ``into``: a buffer of the caller's (the bench's reused one, a ring slot).
-    w.line(1, f"buffer = allocate({layout.nbytes}, kind, slots, pin_slots, pin) if into is None else into")
-    # The regions of the copies with the layout's own tensors: made at once where they can be.
-    regions = [spec for _, spec, _, _ in copies]
-    bulk = _with_regions(layout.bulk(), regions)
-    # A plain buffer is pageable host memory: its tensors are carved without asking about pins.
-    w.line(1, f"views = Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
-    if copies:
-        _copies(w, copies, size)
-    if type(layout.root) is MappingSpec and layout.root.cls is None:  # a dict: a Batch, built here
-        w.line(1, f"batch = Batch({w.const(layout.builder())}(views))")
-        w.line(1, f"set_attribute(batch, CARRIED, ({w.const(layout)}, buffer, values))")
-        w.line(1, "return batch")
-    else:
-        w.line(1, f"return make_batch({w.const(layout)}, buffer, values, views)")
-    names = {**_GLOBALS, **_WHOLE}
+    w.line(1, f"buffer = allocate({nbytes}, kind, slots, pin_slots, pin) if into is None else into")
+    w.line(1, f"views = {views}")
+
+
+def _compiled(w: _PlanWriter, description: str, names: dict[str, Any]) -> CompiledPlan:
+    names = {**_GLOBALS, **_WHOLE, **names}
     run, source, filename = w.compile("samples, kind, slots, pin_slots, pin, into=None", "batch", description, names)
     return CompiledPlan(run, source, filename)
 
 
-def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]], size: int) -> None:
-    """Each copy as a call of its own into its region, under one guard that names what failed."""
-    w.line(1, "made = views.made")
+def _copies(w: _PlanWriter, copies: list[tuple[Any, Any, str, Op]], size: int, locals_from: int | None) -> None:
+    """Each copy as a call of its own into its region, under one guard that names what failed.
+
+    The regions of copies from ``locals_from`` on are locals already (a sized plan's parts,
+    which read ``made`` first); the others are specs (``None``: none are locals).
+    """
+    if locals_from is None:
+        w.line(1, "made = views.made")
     # The regions first: only the copies are guarded, so that nothing but a copy that fails
     # reads as a batch that does not fit.
     regions = []
-    for _, spec, _, _ in copies:
+    for at, (_, spec, _, _) in enumerate(copies):
+        if locals_from is not None and at >= locals_from:
+            regions.append(spec)
+            continue
         key, name = w.const(id(spec)), w.local("region")
         w.line(1, f"{name} = made[{key}] if {key} in made else {w.const(spec)}.region(views)")
         regions.append(name)
@@ -176,28 +298,19 @@ def _copies(w: _PlanWriter, copies: list[tuple[Any, TensorSpec, str, Op]], size:
             w.line(2, f"stack({payload}, out={region})")
         elif fill is fill_one_field:
             w.line(2, f"{region}.numpy()[:{size}] = {payload}")
+        elif fill is fill_numbers:
+            w.line(2, f"{region}.numpy()[...] = {payload}")
+        elif fill is pad_1d:
+            w.line(2, f"pad_1d({region}, {payload})")
         else:
             w.line(2, f"{w.const(fill)}({region}, {payload})")
     w.line(1, "except Exception as exc:")
-    payloads = ", ".join(payload for _, _, payload, _ in copies)
+    # What each copy blames is read from its payload: the first argument of a call's.
+    payloads = ", ".join(payload.split(",")[0] if fill is pad_1d else payload for fill, _, payload, _ in copies)
     owners = w.const(tuple(owner for _, _, _, owner in copies))
     w.line(2, f"raise Mismatch(*{owners}[at].blame(({payloads},)[at])) from exc")
     w.line(1, "finally:")
     w.line(2, "set_grad_enabled(grad)")
-
-
-def _with_regions(bulk: Bulk, regions: list[TensorSpec]) -> Bulk:
-    """``bulk`` and the copies' regions that are not among its tensors (a block's, say), made at once too."""
-    ids, dtypes, shapes, offsets = list(bulk[0]), list(bulk[1]), list(bulk[2]), list(bulk[3])
-    known = set(ids)
-    for spec in regions:
-        if id(spec) not in known and spec._numpy is not None:
-            known.add(id(spec))
-            ids.append(id(spec))
-            dtypes.append(spec._numpy)
-            shapes.append(spec.shape)
-            offsets.append(spec.offset)
-    return tuple(ids), tuple(dtypes), tuple(shapes), tuple(offsets)
 
 
 def _comment(w: _PlanWriter, depth: int, path: Path) -> None:
@@ -225,11 +338,61 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
         _dataclass(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
+    elif kind is CarefulOp and w.copies is not None:
+        _padded(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp:
         _comment(w, depth, op.path)
         w.line(depth, f"{w.const(op)}.run({column}, fill)")
     else:
         raise TypeError(f"no code for a plan node of type {kind.__name__}")
+
+
+def is_sized(op: Op) -> bool:
+    """Whether a part node is one a sized plan reads inline: ``Pad`` over plain tensors."""
+    return type(op) is CarefulOp and type(op.recipe) is PadRecipe
+
+
+def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """A padded part of a sized plan: its guards, lengths and key (the padded sizes), by the recipe's size rule."""
+    recipe = op.recipe
+    assert type(recipe) is PadRecipe
+    _comment(w, depth, op.path)
+    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+    shapes, lengths, key = w.local("s"), w.local("l"), w.local("m")
+    w.line(depth, "try:")
+    w.line(
+        depth + 1,
+        f"if set(map(type, {column})) != {w.const(recipe.types)}"
+        f" or set(map(TENSOR_DTYPE, {column})) != {w.const(recipe.dtypes)}:",
+    )
+    w.line(depth + 2, slow)
+    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {column}))")
+    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
+    w.line(depth + 1, slow)
+    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
+    w.line(depth + 1, slow)
+    policy = recipe.policy
+    if recipe.ndim == 1:
+        # The size rule of 1-D values, inline: the longest, then max_length or multiple_of.
+        w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")
+        w.line(depth, f"{key} = max({lengths})")
+        if policy.max_length is not None:
+            most = w.const(policy.max_length)
+            w.line(depth, f"if {key} > {most}:")
+            w.line(depth + 1, slow)
+            w.line(depth, f"{key} = {most}")
+        elif policy.multiple_of is not None:
+            step = w.const(policy.multiple_of)
+            w.line(depth, f"{key} = -(-{key} // {step}) * {step}")
+        dim = "0"
+    else:
+        measured, dim, sizes = w.local("measured"), w.local("d"), w.local("z")
+        w.line(depth, f"{measured} = {w.const(recipe)}.measure({shapes})")
+        w.line(depth, f"if {measured} is None:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
+        w.line(depth, f"{key} = ({dim}, {sizes})")
+    w.padded.append((op, column, lengths, dim, key))
 
 
 def _types(w: _PlanWriter, op: Op, column: str, depth: int) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "fill_padded_1d",
     "fill_padded_and_mask_1d",
     "nonempty",
+    "pad_1d",
     "valid_1d",
 ]
 
@@ -124,7 +125,7 @@ def fill_padded_1d(
 ) -> None:
     """Values padded along one dimension ``dim`` (``payload``: values, their lengths, ``dim``)."""
     values, lengths, dim = payload
-    _padded_1d(region, values, lengths, dim, value, left, None)
+    pad_1d(region, values, lengths, dim, value, left, None)
 
 
 def fill_padded_and_mask_1d(
@@ -138,10 +139,10 @@ def fill_padded_and_mask_1d(
     region, mask = regions
     values, lengths, dim = payload
     valid = valid_1d(lengths, mask.shape[1], left, out=mask.numpy())
-    _padded_1d(region, values, lengths, dim, value, left, valid)
+    pad_1d(region, values, lengths, dim, value, left, valid)
 
 
-def _padded_1d(
+def pad_1d(
     region: torch.Tensor,
     values: Sequence[torch.Tensor],
     lengths: list[int],
@@ -150,6 +151,11 @@ def _padded_1d(
     left: bool,
     valid: np.ndarray[Any, Any] | None,
 ) -> None:
+    """Padding's one copy kernel along one dimension: ``values`` (of ``lengths`` along ``dim``) into ``region``.
+
+    ``valid`` is the mask of where the values go, where the caller has it (it wrote the
+    field's mask); it is computed here where the copy needs it.
+    """
     size = region.shape[dim + 1]
     nbytes = region.numel() * region.element_size()
     if (

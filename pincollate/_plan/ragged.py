@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._batch.layout import Part, TensorSpec
+from .._batch.views import align
 from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
 from .fallback import FieldFallback
@@ -84,8 +85,14 @@ class PadRecipe(Recipe):
             column = [empty if value is None else value for value in column]
         return super().run(column, fill, index)
 
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
-        n = len(shapes)
+    def measure(self, shapes: Sequence[torch.Size]) -> tuple[list[int], int, tuple[int, ...]] | None:
+        """The size rule: the values' lengths, the padded dimension and the padded sizes of one value.
+
+        ``None`` where the recipe does not describe the batch (several dimensions differ, or
+        one that ``dims`` does not pad; a value longer than ``max_length``): the careful
+        planner pads, truncates or names the sample. The compiled plan reads 1-D values'
+        sizes inline, by this rule.
+        """
         if self.ndim == 1:
             dim = 0
             lengths = list(map(FIRST, shapes))
@@ -110,21 +117,45 @@ class PadRecipe(Recipe):
                 return None  # truncated, or an error naming the sample: carefully
             longest = policy.max_length
         sizes[dim] = policy._round(longest)
-        node = place(fill, next(iter(self.dtypes)), (n, *sizes))
+        return lengths, dim, tuple(sizes)
+
+    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
+        measured = self.measure(shapes)
+        if measured is None:
+            return None
+        lengths, dim, sizes = measured
+        part, specs, fill.offset = self.placed(fill.offset, len(shapes), dim, sizes)
         payload = (column, lengths, dim)
+        if self.lengths_name is not None:
+            fill.tasks.append((fill_numbers, specs[1], lengths, None))
+        if self.mask_name is None:
+            fill.tasks.append((self.fill_values, specs[0], payload, None))
+        else:
+            # One copy writes both: the mask says where the values go.
+            fill.tasks.append((self.fill_both, Regions(specs[0], specs[-1]), payload, None))
+        return part
+
+    def placed(self, offset: int, n: int, dim: int, sizes: tuple[int, ...]) -> tuple[Part, list[TensorSpec], int]:
+        """The placement rule: the part at byte ``offset`` for ``n`` values padded to ``sizes``.
+
+        Returns the part, its tensors in buffer order (the values, then the lengths and the
+        mask where the policy asks for them) and the offset after them.
+        """
+        node = TensorSpec(next(iter(self.dtypes)), (n, *sizes), offset)
+        offset = align(offset + node.nbytes)
+        specs = [node]
         extras: list[tuple[str, TensorSpec]] = []
         if self.lengths_name is not None:
-            lengths_spec = place(fill, torch.int64, (n,))
-            fill.tasks.append((fill_numbers, lengths_spec, lengths, None))
-            extras.append((self.lengths_name, lengths_spec))
-        if self.mask_name is None:
-            fill.tasks.append((self.fill_values, node, payload, None))
-        else:
-            mask = place(fill, torch.bool, (n, sizes[dim]))
-            # One copy writes both: the mask says where the values go.
-            fill.tasks.append((self.fill_both, Regions(node, mask), payload, None))
+            lengths = TensorSpec(torch.int64, (n,), offset)
+            offset = align(offset + lengths.nbytes)
+            specs.append(lengths)
+            extras.append((self.lengths_name, lengths))
+        if self.mask_name is not None:
+            mask = TensorSpec(torch.bool, (n, sizes[dim]), offset)
+            offset = align(offset + mask.nbytes)
+            specs.append(mask)
             extras.append((self.mask_name, mask))
-        return Part(node, tuple(extras))
+        return Part(node, tuple(extras)), specs, offset
 
 
 class MixedNumbers(Recipe):

@@ -68,33 +68,34 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k26) from None
     if set(map(type, chain(r11))) != k27:
         raise Mismatch(*k28.blame(r11))
+    layout = k29
     if kind is None:  # checked only
-        return None
+        return layout
     buffer = allocate(419072, kind, slots, pin_slots, pin) if into is None else into
-    views = Views(buffer, values, (), k29, kind == PAGEABLE)
+    views = Views(buffer, values, (), k30, kind == PAGEABLE)
     made = views.made
-    region12 = made[k30] if k30 in made else k31.region(views)
-    region13 = made[k32] if k32 in made else k33.region(views)
-    region14 = made[k34] if k34 in made else k35.region(views)
-    region15 = made[k36] if k36 in made else k37.region(views)
-    region16 = made[k38] if k38 in made else k39.region(views)
+    region12 = made[k31] if k31 in made else k32.region(views)
+    region13 = made[k33] if k33 in made else k34.region(views)
+    region14 = made[k35] if k35 in made else k36.region(views)
+    region15 = made[k37] if k37 in made else k38.region(views)
+    region16 = made[k39] if k39 in made else k40.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['image']
         stack(c2, out=region12)
         at = 1  # root
-        k40(region13, v4)
+        k41(region13, v4)
         at = 2  # root
-        k41(region14, v7)
+        k42(region14, v7)
         at = 3  # root
-        k42(region15, r10)
+        k43(region15, r10)
         at = 4  # root
-        k42(region16, r11)
+        k43(region16, r11)
     except Exception as exc:
-        raise Mismatch(*k43[at].blame((c2, v4, v7, r10, r11,)[at])) from exc
+        raise Mismatch(*k44[at].blame((c2, v4, v7, r10, r11,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k44(views))
-    set_attribute(batch, CARRIED, (k45, buffer, values))
+    batch = Batch(k45(views))
+    set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

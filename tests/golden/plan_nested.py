@@ -80,33 +80,34 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k35) from None
     if set(map(type, r15)) != k36:
         raise Mismatch(*k37)  # ['label']
+    layout = k38
     if kind is None:  # checked only
-        return None
+        return layout
     buffer = allocate(618752, kind, slots, pin_slots, pin) if into is None else into
-    views = Views(buffer, values, (), k38, kind == PAGEABLE)
+    views = Views(buffer, values, (), k39, kind == PAGEABLE)
     made = views.made
-    region16 = made[k39] if k39 in made else k40.region(views)
-    region17 = made[k41] if k41 in made else k42.region(views)
-    region18 = made[k43] if k43 in made else k44.region(views)
-    region19 = made[k45] if k45 in made else k46.region(views)
-    region20 = made[k47] if k47 in made else k48.region(views)
+    region16 = made[k40] if k40 in made else k41.region(views)
+    region17 = made[k42] if k42 in made else k43.region(views)
+    region18 = made[k44] if k44 in made else k45.region(views)
+    region19 = made[k46] if k46 in made else k47.region(views)
+    region20 = made[k48] if k48 in made else k49.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['image']
         stack(c2, out=region16)
         at = 1  # ['feats']
-        k49(region17, v6)
+        k50(region17, v6)
         at = 2  # ['crops']
-        k50(region18, v11)
+        k51(region18, v11)
         at = 3  # ['ids']
         stack(c14, out=region19)
         at = 4  # root
         region20.numpy()[:32] = r15
     except Exception as exc:
-        raise Mismatch(*k51[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
+        raise Mismatch(*k52[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k52(views))
-    set_attribute(batch, CARRIED, (k53, buffer, values))
+    batch = Batch(k53(views))
+    set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

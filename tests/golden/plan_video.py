@@ -40,14 +40,15 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k19) from None
     if set(map(type, r4)) != k20:
         raise Mismatch(*k21)  # ['label']
+    layout = k22
     if kind is None:  # checked only
-        return None
+        return layout
     buffer = allocate(22937664, kind, slots, pin_slots, pin) if into is None else into
-    views = Views(buffer, values, (), k22, kind == PAGEABLE)
+    views = Views(buffer, values, (), k23, kind == PAGEABLE)
     made = views.made
-    region5 = made[k23] if k23 in made else k24.region(views)
-    region6 = made[k25] if k25 in made else k26.region(views)
-    region7 = made[k27] if k27 in made else k28.region(views)
+    region5 = made[k24] if k24 in made else k25.region(views)
+    region6 = made[k26] if k26 in made else k27.region(views)
+    region7 = made[k28] if k28 in made else k29.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
@@ -58,9 +59,9 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 2  # root
         region7.numpy()[:8] = r4
     except Exception as exc:
-        raise Mismatch(*k29[at].blame((c2, c3, r4,)[at])) from exc
+        raise Mismatch(*k30[at].blame((c2, c3, r4,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k30(views))
-    set_attribute(batch, CARRIED, (k31, buffer, values))
+    batch = Batch(k31(views))
+    set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

@@ -1,0 +1,94 @@
+"""Sized layouts: a plan whose parts are padded fields has one layout per tuple of their sizes.
+
+A field padded by :class:`~pincollate.Pad` is placed anew for each batch, but all a batch
+changes of it is its padded sizes: with them known, the whole batch's layout is fixed.
+:class:`SizedLayouts` keeps, for each tuple of sizes seen, that layout and what a batch of
+it needs (every region made at once), so the compiled plan
+(:func:`~pincollate._plan.codegen.compile_sized`) reads the sizes, looks the layout up and
+copies, as it does for a plan without parts. A batch's lengths and masks are copied, never
+kept: the layouts hold only dtypes, shapes and offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from .._batch.layout import Layout, Part, Spec, TensorSpec
+from .._batch.views import Bulk
+from .ragged import PadRecipe
+
+__all__ = ["SizedLayouts", "with_regions"]
+
+#: The most layouts one plan keeps; past it they are made again as batches need them.
+MOST_LAYOUTS = 512
+
+
+def with_regions(bulk: Bulk, regions: Sequence[TensorSpec]) -> Bulk:
+    """``bulk`` and the copies' regions that are not among its tensors (a block's, say), made at once too."""
+    ids, dtypes, shapes, offsets = list(bulk[0]), list(bulk[1]), list(bulk[2]), list(bulk[3])
+    known = set(ids)
+    for spec in regions:
+        if id(spec) not in known and spec._numpy is not None:
+            known.add(id(spec))
+            ids.append(id(spec))
+            dtypes.append(spec._numpy)
+            shapes.append(spec.shape)
+            offsets.append(spec.offset)
+    return tuple(ids), tuple(dtypes), tuple(shapes), tuple(offsets)
+
+
+#: A batch's layout and what it needs: the layout, the tensors made at once (the plan's fixed
+#: ones, their copies' regions and the parts'), the parts' tensors in order and their ids.
+Sized = tuple[Layout, Bulk, tuple[TensorSpec, ...], tuple[int, ...]]
+
+
+class SizedLayouts:
+    """The layouts of one plan with padded parts, by the parts' sizes.
+
+    ``parts`` are the padded parts in the order the compiled plan reads them: each part's
+    index among the layout's parts and its recipe. A part's key is its padded length
+    (1-D values) or ``(dim, sizes)``; :meth:`get` takes one key per part.
+    """
+
+    __slots__ = ("bulk", "fixed", "kept", "nbytes", "nparts", "parts", "size", "template")
+
+    def __init__(
+        self,
+        template: Spec,
+        nbytes: int,
+        nparts: int,
+        size: int,
+        bulk: Bulk,
+        fixed: Sequence[TensorSpec],
+        parts: Sequence[tuple[int, PadRecipe]],
+    ):
+        self.template = template
+        self.nbytes = nbytes  # the fixed fields' bytes: the parts start here
+        self.nparts = nparts
+        self.size = size
+        self.bulk = bulk
+        self.fixed = tuple(fixed)  # the regions of the fixed fields' copies
+        self.parts = tuple(parts)
+        self.kept: dict[Hashable, Sized] = {}
+
+    def get(self, key: tuple[Any, ...]) -> Sized:
+        """The layout of a batch whose parts have these sizes (made on first sight)."""
+        found = self.kept.get(key)
+        if found is None:
+            found = self._make(key)
+            if len(self.kept) >= MOST_LAYOUTS:
+                self.kept.clear()  # a plan of ever new sizes: start over rather than grow
+            self.kept[key] = found
+        return found
+
+    def _make(self, key: tuple[Any, ...]) -> Sized:
+        offset = self.nbytes
+        parts: list[Part | None] = [None] * self.nparts
+        specs: list[TensorSpec] = []
+        for (index, recipe), sizes in zip(self.parts, key, strict=True):
+            dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
+            parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
+            specs.extend(placed)
+        layout = Layout(self.template, offset, parts, self.bulk)  # type: ignore[arg-type]
+        return layout, with_regions(self.bulk, [*self.fixed, *specs]), tuple(specs), tuple(map(id, specs))

@@ -1,0 +1,184 @@
+"""Sized plans: a plan whose parts are all padded fields makes its batches by one generated function."""
+
+import io
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import pincollate
+from pincollate import MMCollate, Pad
+from pincollate._errors import format_path
+from pincollate._plan import sized as _sized
+from samples import assert_identical
+
+POLICIES = {
+    "default": Pad(),
+    "left": Pad(side="left", value=-1),
+    "multiple_of": Pad(multiple_of=8, mask_key=None),
+    "max_length": Pad(max_length=12, lengths_key=None),
+    "truncate": Pad(max_length=5, truncate=True),
+    "no_extras": Pad(lengths_key=None, mask_key=None),
+    "dims_last": Pad(dims=[-1]),
+}
+
+
+def _sample(rng: random.Random, i: int, name: str, dtype: torch.dtype) -> dict:
+    n = rng.randint(0, 10)
+    ids = torch.arange(n * 2 if name == "dims_last" else n).to(dtype) + i
+    if name == "dims_last":
+        ids = ids.reshape(2, n)  # 2 channels, padded along the last dimension
+    return {
+        "image": torch.full((3, 2, 2), float(i)),
+        "ids": ids,
+        "label": i,
+        "name": f"s{i}",
+    }
+
+
+def _batches(name: str, dtype: torch.dtype = torch.int64, count: int = 12, size: int = 4) -> list[list[dict]]:
+    rng = random.Random(hash((name, str(dtype))) % 1000)
+    return [[_sample(rng, k * size + i, name, dtype) for i in range(size)] for k in range(count)]
+
+
+def _pair(policy: Pad, **settings) -> tuple[MMCollate, MMCollate]:
+    compiled = MMCollate(pin_memory=False, fields={"ids": policy}, **settings)
+    return compiled, MMCollate(pin_memory=False, fields={"ids": policy}, compile=False, **settings)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        (name, dtype)
+        for name in sorted(POLICIES)
+        for dtype in (torch.int64, torch.float16, torch.bfloat16, torch.bool)
+        if not (name == "left" and dtype == torch.bool)  # -1 does not fit bool: the policy's own error
+    ],
+)
+def test_a_long_lived_sized_plan_gives_what_the_careful_walk_gives(name, dtype):
+    compiled, careful = _pair(POLICIES[name])
+    kept = []
+    for batch in _batches(name, dtype):
+        out = compiled(batch)
+        assert_identical(out, careful(batch))
+        kept.append((out, careful(batch)))
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None, "every part padded: the sized function"
+    for out, expected in kept:  # earlier batches are their own: a later one wrote nothing of theirs
+        assert_identical(out, expected)
+
+
+def test_batches_of_the_same_sizes_share_one_layout_and_other_sizes_get_theirs():
+    compiled, _ = _pair(Pad())
+    lengths = [[1, 3], [2, 3], [3, 1], [1, 4]]
+    outs = [compiled([{"ids": torch.arange(n), "label": 0} for n in row]) for row in lengths]
+    assert outs[0].layout is outs[1].layout is outs[2].layout  # all padded to 3
+    assert outs[3].layout is not outs[0].layout and outs[3]["ids"].shape == (2, 4)
+    assert outs[0].layout == compiled.plan([{"ids": torch.arange(n), "label": 0} for n in lengths[0]])
+    assert len(compiled._plans.last.sized.kept) == 2
+
+
+def test_past_the_most_layouts_they_are_made_again(monkeypatch):
+    monkeypatch.setattr(_sized, "MOST_LAYOUTS", 3)
+    compiled, careful = _pair(Pad(mask_key=None))
+    for longest in [*range(1, 9), 2, 1]:
+        batch = [{"ids": torch.arange(longest), "label": 1}, {"ids": torch.arange(1), "label": 2}]
+        assert_identical(compiled(batch), careful(batch))
+        assert len(compiled._plans.last.sized.kept) <= 3
+
+
+def _ids(*values, **extra) -> list[dict]:
+    return [{"ids": value, "label": i, **extra} for i, value in enumerate(values)]
+
+
+ONE_FACT_OFF = {
+    "another dtype": _ids(torch.arange(3, dtype=torch.int32), torch.arange(2, dtype=torch.int32)),
+    "mixed dtypes": _ids(torch.arange(3), torch.arange(2, dtype=torch.int32)),
+    "another rank": _ids(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64)),
+    "a subclass": _ids(torch.nn.Parameter(torch.zeros(3), requires_grad=False), torch.zeros(1)),
+    "an array": _ids(np.arange(3), np.arange(5)),
+    "a list of ints": _ids([1, 2, 3], [4]),
+    "too long": _ids(torch.arange(40), torch.arange(2)),
+    "all empty": _ids(torch.arange(0), torch.arange(0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_FACT_OFF))
+@pytest.mark.parametrize("policy", [Pad(), Pad(max_length=16), Pad(max_length=16, truncate=True)], ids=repr)
+def test_a_batch_one_fact_off_gives_what_the_careful_walk_gives(case, policy):
+    compiled, careful = _pair(policy)
+    warm = _ids(torch.arange(3), torch.arange(1))
+    compiled(warm), compiled(warm)  # a sized plan, warm
+    assert compiled._plans.last.sized is not None
+    batch = ONE_FACT_OFF[case]
+    try:
+        expected = careful(batch)
+    except pincollate.CollateError as error:
+        with pytest.raises(pincollate.CollateError) as raised:
+            compiled(batch)
+        assert str(raised.value) == str(error)
+    else:
+        assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))  # and the plan still takes its own batches
+
+
+def test_a_missing_value_goes_to_the_recipe_and_the_next_batch_is_sized_again():
+    compiled, careful = _pair(Pad(), missing="none")
+    full = _ids(torch.arange(3), torch.arange(1))
+    compiled(full), compiled(full)
+    plan = compiled._plans.last
+    holes = _ids(torch.arange(2), None)
+    assert_identical(compiled(holes), careful(holes))  # an empty row, by the recipe
+    assert compiled._plans.last is plan and plan.sized is not None
+    assert_identical(compiled(full), careful(full))
+
+
+def test_a_sized_batch_saves_pickles_and_rebuilds_in_one_piece():
+    compiled, careful = _pair(Pad(mask_key="mask"))
+    batch = _ids(torch.arange(3), torch.arange(5))
+    compiled(batch)
+    out = compiled(batch)
+    again = pickle.loads(pickle.dumps(out))
+    assert_identical(again, careful(batch))
+    stream = io.BytesIO()
+    torch.save(out, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), careful(batch))
+    rebuilt = out.layout.build(out.buffer.clone())
+    assert rebuilt["ids"].tolist() == out["ids"].tolist() and rebuilt["mask"].tolist() == out["mask"].tolist()
+
+
+def test_a_sized_batch_in_pinned_memory_is_built_by_its_layout(fake_pinned):
+    compiled = MMCollate(pin_memory=True, fields={"ids": Pad()})
+    batch = _ids(torch.arange(3), torch.arange(5))
+    for _ in range(3):
+        out = compiled(batch)
+    assert compiled._plans.last.sized is not None
+    assert_identical(out, MMCollate(pin_memory=False, fields={"ids": Pad()}, compile=False)(batch))
+    storages = {t.untyped_storage().data_ptr() for t in (out["ids"], out["ids_mask"], out["label"])}
+    assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
+
+
+def test_two_padded_fields_and_a_nested_one_are_read_inline():
+    policies = {"a": Pad(), "inner.b": Pad(value=7, mask_key=None)}
+    compiled = MMCollate(pin_memory=False, fields=policies)
+    careful = MMCollate(pin_memory=False, fields=policies, compile=False)
+    rng = random.Random(3)
+    for _ in range(6):
+        batch = [
+            {"a": torch.rand(rng.randint(1, 6)), "inner": {"b": torch.arange(rng.randint(0, 4)), "c": 1.5}}
+            for _ in range(3)
+        ]
+        assert_identical(compiled(batch), careful(batch))
+    plan = compiled._plans.last
+    assert plan.sized is not None and len(plan.sized.parts) == 2
+    assert f"# {format_path(('inner', 'b'))}\n" in plan.compiled.source  # each part's lines start with its key path
+
+
+def test_a_plan_with_a_part_that_is_not_padded_keeps_its_queued_fill():
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
+    batch = [{"a": torch.arange(n), "b": torch.zeros(n)} for n in (1, 3)]
+    compiled(batch)
+    assert not compiled._plans.last.whole and compiled._plans.last.sized is None
