@@ -3,6 +3,7 @@
 import io
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -182,3 +183,70 @@ def test_a_plan_with_a_part_that_is_not_padded_keeps_its_queued_fill():
     batch = [{"a": torch.arange(n), "b": torch.zeros(n)} for n in (1, 3)]
     compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
+
+
+CONCATS = {
+    "tensors": (pincollate.Concat(), False),
+    "items": (pincollate.Concat(), True),
+    "items, offsets only": (pincollate.Concat(counts_key=None, item_offsets_key=None), True),
+    "no extras": (pincollate.Concat(offsets_key=None, counts_key=None, item_offsets_key=None), True),
+}
+
+
+def _patches(rng: random.Random, items: bool, trailing: tuple[int, ...]) -> object:
+    if not items:
+        return torch.rand(rng.randint(0, 5), *trailing)
+    return [torch.rand(rng.randint(0, 4), *trailing) for _ in range(rng.randint(0, 3))]
+
+
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 2)], ids=str)
+@pytest.mark.parametrize("name", sorted(CONCATS))
+def test_a_long_lived_concatenating_plan_gives_what_the_careful_walk_gives(name, trailing):
+    policy, items = CONCATS[name]
+    fields = {"x": policy, "ids": Pad()}  # beside a padded field, as a VLM's patches and token ids
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    rng = random.Random(7)
+    kept = []
+    for _ in range(12):
+        batch = [{"x": _patches(rng, items, trailing), "ids": torch.arange(rng.randint(1, 5))} for _ in range(4)]
+        batch[0]["x"] = _patches(random.Random(1), items, trailing) if items else torch.rand(2, *trailing)
+        try:
+            expected = careful(batch)
+        except pincollate.CollateError as error:  # every item list empty: the policy's own error
+            with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+                compiled(batch)
+            continue
+        out = compiled(batch)
+        assert_identical(out, expected)
+        kept.append((out, expected))
+    assert compiled._plans.last.sized is not None
+    for out, expected in kept:
+        assert_identical(out, expected)
+
+
+def test_concatenated_values_of_other_trailing_sizes_get_the_careful_walk_s_result():
+    compiled, careful = (
+        MMCollate(pin_memory=False, fields={"x": pincollate.Concat()}, compile=c) for c in (True, False)
+    )
+    warm = [{"x": torch.zeros(2, 3)}, {"x": torch.ones(1, 3)}]
+    compiled(warm), compiled(warm)
+    for batch in (
+        [{"x": torch.zeros(2, 4)}, {"x": torch.ones(1, 4)}],  # another trailing size, one for all: a new layout
+        [{"x": torch.zeros(2, 4)}, {"x": torch.ones(1, 3)}],  # two trailing sizes: the careful error
+        [{"x": torch.zeros(2, 3, dtype=torch.float64)}, {"x": torch.ones(1, 3)}],
+    ):
+        try:
+            expected = careful(batch)
+        except pincollate.CollateError as error:
+            with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+                compiled(batch)
+        else:
+            assert_identical(compiled(batch), expected)
+    assert compiled._plans.last.sized is not None
+
+
+def test_jagged_and_stacked_items_keep_their_queued_fill():
+    for policy in (pincollate.Jagged(), pincollate.Concat(items="stack")):
+        collate = MMCollate(pin_memory=False, fields={"x": policy})
+        collate([{"x": [torch.zeros(2, 3)]}, {"x": [torch.ones(2, 3), torch.ones(2, 3)]}])
+        assert collate._plans.last.sized is None

@@ -33,7 +33,7 @@ from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence
-from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, fill_numbers, stack_tensors
+from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .fill import Mismatch
 from .ops import (
     FIRST,
@@ -47,7 +47,9 @@ from .ops import (
     fill_block,
     fill_one_field,
 )
-from .padding import pad_1d, valid_1d
+from .packed import ConcatRecipe
+from .packing import INT32_MAX
+from .padding import nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
 from .sized import SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -111,8 +113,8 @@ class _PlanWriter(Writer):
         super().__init__()
         #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
-        #: The padded parts read so far (a sized plan's): the node, its column, lengths, padded dimension and key.
-        self.padded: list[tuple[CarefulOp, str, str, str, str]] = []
+        #: The sized parts read so far (a sized plan's): the node, its key and the locals its copies read.
+        self.padded: list[tuple[CarefulOp, str, dict[str, str]]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -196,9 +198,9 @@ def compile_sized(
     copies = w.copies
     assert copies is not None
     fixed = len(copies)
-    parts = [(part.index, part.recipe) for part, *_ in w.padded]
+    parts = [(part.index, part.recipe) for part, _, _ in w.padded]
     sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)  # type: ignore[arg-type]
-    keys = ", ".join(key for *_, key in w.padded)
+    keys = ", ".join(key for _, key, _ in w.padded)
     # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
     w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
     w.line(1, "if sized is None:")
@@ -211,27 +213,21 @@ def compile_sized(
     # Each part's tensors, in the sized layout's order: the values, the lengths, the mask.
     expressions: Parts = {}
     at = 0
-    for part, column, lengths, dim, _ in w.padded:
+    for part, _, found in w.padded:
         recipe = part.recipe
-        assert type(recipe) is PadRecipe
         names = [w.local("p")]
         extras = []
-        for name in (recipe.lengths_name, recipe.mask_name):
-            if name is not None:
-                names.append(w.local("p"))
-                extras.append((name, names[-1]))
+        for name in recipe.extras():  # type: ignore[union-attr]
+            names.append(w.local("p"))
+            extras.append((name, names[-1]))
         for j, local in enumerate(names):
             w.line(1, f"{local} = made[ids[{at + j}]] if ids[{at + j}] in made else specs[{at + j}].region(views)")
         at += len(names)
         expressions[part.index] = (names[0], tuple(extras))
-        if recipe.lengths_name is not None:
-            copies.append((fill_numbers, names[1], lengths, part))
-        # Padding's one kernel, called as its fill would call it (the mask, where asked for, first).
-        value, left = w.const(recipe.policy.value), w.const(recipe.left)
-        valid = "None"
-        if recipe.mask_name is not None:
-            valid = f"valid_1d({lengths}, {names[-1]}.shape[1], {left}, {names[-1]}.numpy())"
-        copies.append((pad_1d, names[0], f"{column}, {lengths}, {dim}, {value}, {left}, {valid}", part))
+        if type(recipe) is PadRecipe:
+            _pad_copies(w, part, recipe, names, found, copies)
+        else:
+            _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
     if type(template) is MappingSpec and template.cls is None:  # a dict: a Batch, built here
         w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
@@ -247,6 +243,9 @@ def compile_sized(
         "make_sequence": make_sequence,
         "pad_1d": pad_1d,
         "valid_1d": valid_1d,
+        "nonempty": nonempty,
+        "cat": torch.cat,
+        "INT32_MAX": INT32_MAX,
     }
     return _compiled(w, description, kernels), sized
 
@@ -302,11 +301,13 @@ def _copies(w: _PlanWriter, copies: list[tuple[Any, Any, str, Op]], size: int, l
             w.line(2, f"{region}.numpy()[...] = {payload}")
         elif fill is pad_1d:
             w.line(2, f"pad_1d({region}, {payload})")
+        elif fill is concat_tensors:
+            w.line(2, f"cat({payload}, out={region})")
         else:
             w.line(2, f"{w.const(fill)}({region}, {payload})")
     w.line(1, "except Exception as exc:")
-    # What each copy blames is read from its payload: the first argument of a call's.
-    payloads = ", ".join(payload.split(",")[0] if fill is pad_1d else payload for fill, _, payload, _ in copies)
+    # What each copy blames is read from its payload; a part blames its own path, whatever it copied.
+    payloads = ", ".join("None" if type(owner) is CarefulOp else payload for _, _, payload, owner in copies)
     owners = w.const(tuple(owner for _, _, _, owner in copies))
     w.line(2, f"raise Mismatch(*{owners}[at].blame(({payloads},)[at])) from exc")
     w.line(1, "finally:")
@@ -339,7 +340,10 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp and w.copies is not None:
-        _padded(w, op, column, depth)  # type: ignore[arg-type]
+        if type(op.recipe) is PadRecipe:  # type: ignore[attr-defined]
+            _padded(w, op, column, depth)  # type: ignore[arg-type]
+        else:
+            _concatenated(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp:
         _comment(w, depth, op.path)
         w.line(depth, f"{w.const(op)}.run({column}, fill)")
@@ -348,8 +352,88 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
 
 
 def is_sized(op: Op) -> bool:
-    """Whether a part node is one a sized plan reads inline: ``Pad`` over plain tensors."""
-    return type(op) is CarefulOp and type(op.recipe) is PadRecipe
+    """Whether a part node is one a sized plan reads inline: ``Pad``, or ``Concat``, over plain tensors."""
+    if type(op) is not CarefulOp:
+        return False
+    recipe = op.recipe
+    if type(recipe) is ConcatRecipe:  # Jagged's nested tensor and stacked items keep the queued fill
+        return not recipe.jagged and not recipe.stack
+    return type(recipe) is PadRecipe
+
+
+def _pad_copies(
+    w: _PlanWriter, part: CarefulOp, recipe: PadRecipe, names: list[str], found: dict[str, str], copies: list[Any]
+) -> None:
+    column, lengths = found["column"], found["lengths"]
+    if recipe.lengths_name is not None:
+        copies.append((fill_numbers, names[1], lengths, part))
+    # Padding's one kernel, called as its fill would call it (the mask, where asked for, first).
+    value, left = w.const(recipe.policy.value), w.const(recipe.left)
+    valid = "None"
+    if recipe.mask_name is not None:
+        valid = f"valid_1d({lengths}, {names[-1]}.shape[1], {left}, {names[-1]}.numpy())"
+    copies.append((pad_1d, names[0], f"{column}, {lengths}, {found['dim']}, {value}, {left}, {valid}", part))
+
+
+def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dict[str, str], copies: list[Any]) -> None:
+    recipe = part.recipe
+    assert type(recipe) is ConcatRecipe
+    values, rows, counts = found["values"], found["rows"], found.get("counts", "None")
+    copies.append((concat_tensors, names[0], f"nonempty({values}, {rows})", part))
+    outputs = iter(names[1:])
+    # An unused local starts with an underscore (the golden files are linted).
+    item_offsets, offsets = w.local("io" if recipe.item_offsets_name else "_io"), w.local("o")
+    w.line(1, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts})")
+    for name, numbers in (
+        (recipe.offsets_name, offsets),
+        (recipe.counts_name, counts),
+        (recipe.item_offsets_name, item_offsets),
+    ):
+        if name is not None:
+            copies.append((fill_numbers, next(outputs), numbers, part))
+
+
+def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """A concatenated part of a sized plan: its guards, rows and key (its values' total rows, trailing sizes and count)."""
+    recipe = op.recipe
+    assert type(recipe) is ConcatRecipe
+    _comment(w, depth, op.path)
+    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+    found = {"values": column}
+    if recipe.containers is not None:  # per-sample lists of items, chained
+        counts, values = w.local("n"), w.local("v")
+        w.line(depth, f"if set(map(type, {column})) - {w.const(recipe.containers - {type(None)})}:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{counts} = list(map(len, {column}))")
+        w.line(depth, f"{values} = list(chain({column}))")
+        found.update(values=values, counts=counts)
+    values = found["values"]
+    shapes, rows, key = w.local("s"), w.local("r"), w.local("m")
+    w.line(depth, "try:")
+    w.line(
+        depth + 1,
+        f"if not {values} or set(map(type, {values})) != {w.const(recipe.types)}"
+        f" or set(map(TENSOR_DTYPE, {values})) != {w.const(recipe.dtypes)}:",
+    )
+    w.line(depth + 2, slow)
+    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
+    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
+    w.line(depth + 1, slow)
+    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
+    w.line(depth + 1, slow)
+    trailing = "()"
+    if recipe.ndim > 1:
+        tail, trailing = w.local("t"), w.local("t")
+        w.line(depth, f"{tail} = {w.const(recipe.tail)}({shapes}[0])")
+        w.line(depth, f"if set(map({w.const(recipe.tail)}, {shapes})) != {{{tail}}}:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{trailing} = tuple({shapes}[0][1:])")
+    w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
+    w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
+    w.line(depth, f"if {key}[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error")
+    w.line(depth + 1, slow)
+    found["rows"] = rows
+    w.padded.append((op, key, found))
 
 
 def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
@@ -392,7 +476,7 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         w.line(depth + 1, slow)
         w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
         w.line(depth, f"{key} = ({dim}, {sizes})")
-    w.padded.append((op, column, lengths, dim, key))
+    w.padded.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
 
 
 def _types(w: _PlanWriter, op: Op, column: str, depth: int) -> None:

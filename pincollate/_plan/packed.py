@@ -18,6 +18,7 @@ import torch
 
 from .._batch.layout import Part, Spec, TensorSpec
 from .._batch.specs import JaggedSpec
+from .._batch.views import align
 from .._types.builtin import concat_tensors, fill_numbers, stack_tensors
 from .fill import Fill
 from .ops import FIRST
@@ -81,28 +82,69 @@ class ConcatRecipe(Recipe):
         total = sum(rows)
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
-        concatenated = place(fill, next(iter(self.dtypes)), (total, *trailing))
-        pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
-        fill.tasks.append((concat_tensors, concatenated, pieces, None))
-        node: Spec = concatenated
-        extras: list[tuple[str, TensorSpec]] = []
-        item_offsets = [0, *itertools.accumulate(rows)]
-        # Sample i's rows end where its last item's do.
-        offsets = (
-            item_offsets if counts is None else [item_offsets[end] for end in itertools.accumulate(counts, initial=0)]
-        )
+        item_offsets, offsets = self.offsets(rows, counts)
+        spread = (0, 0)
         if self.jagged:
-            spec = place(fill, torch.int64, (len(offsets),))
-            fill.tasks.append((fill_numbers, spec, offsets, None))
             per_sample = list(map(operator.sub, offsets[1:], offsets))
-            node = JaggedSpec(concatenated, spec, min(per_sample, default=0), max(per_sample, default=0))
-        self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
-        if counts is not None:
-            self._extra(fill, extras, self.counts_name, counts, torch.int64)
-            offsets_dtype = torch.int64 if self.jagged else torch.int32  # as the policy's own offsets
-            self._extra(fill, extras, self.item_offsets_name, item_offsets, offsets_dtype)
-        fill.parts[index] = Part(node, tuple(extras))
+            spread = (min(per_sample, default=0), max(per_sample, default=0))
+        key = (total, tuple(trailing), len(values))
+        part, specs, fill.offset = self.placed(fill.offset, len(column), key, spread)
+        pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
+        tasks = fill.tasks
+        tasks.append((concat_tensors, specs[0], pieces, None))
+        numbers = iter(specs[1:])
+        if self.jagged:
+            tasks.append((fill_numbers, next(numbers), offsets, None))
+        for name, found in (
+            (self.offsets_name, offsets),
+            (self.counts_name, counts),
+            (self.item_offsets_name, item_offsets),
+        ):
+            if name is not None:
+                tasks.append((fill_numbers, next(numbers), found, None))
+        fill.parts[index] = part
         return True
+
+    @staticmethod
+    def offsets(rows: list[int], counts: list[int] | None) -> tuple[list[int], list[int]]:
+        """The offsets rule: where each value's rows start (and the end), and where each sample's do."""
+        item_offsets = [0, *itertools.accumulate(rows)]
+        if counts is None:
+            return item_offsets, item_offsets
+        # Sample i's rows end where its last item's do.
+        return item_offsets, list(map(item_offsets.__getitem__, itertools.accumulate(counts, initial=0)))
+
+    def placed(
+        self, offset: int, n: int, key: tuple[int, tuple[int, ...], int], spread: tuple[int, int] = (0, 0)
+    ) -> tuple[Part, list[TensorSpec], int]:
+        """The placement rule: the part at byte ``offset`` for ``n`` samples whose values have ``total`` rows
+        of ``trailing`` sizes, ``nvalues`` of them (``key``).
+
+        Returns the part, its tensors in buffer order (the values; under ``Jagged`` its offsets;
+        then the offsets, counts and item offsets the policy asks for) and the offset after them.
+        ``spread``: under ``Jagged``, the fewest and most rows of a sample (its nested tensor's).
+        """
+        total, trailing, nvalues = key
+        dtype = next(iter(self.dtypes))
+        specs = [TensorSpec(dtype, (total, *trailing), offset)]
+        offset = align(offset + specs[0].nbytes)
+        node: Spec = specs[0]
+        if self.jagged:
+            specs.append(TensorSpec(torch.int64, (n + 1,), offset))
+            offset = align(offset + specs[-1].nbytes)
+        extras: list[tuple[str, TensorSpec]] = []
+        for name, dtype, size in (
+            (self.offsets_name, torch.int32, n + 1),
+            (self.counts_name, torch.int64, n),
+            (self.item_offsets_name, torch.int64 if self.jagged else torch.int32, nvalues + 1),
+        ):
+            if name is not None:
+                specs.append(TensorSpec(dtype, (size,), offset))
+                offset = align(offset + specs[-1].nbytes)
+                extras.append((name, specs[-1]))
+        if self.jagged:
+            node = JaggedSpec(specs[0], specs[1], *spread)
+        return Part(node, tuple(extras)), specs, offset
 
     def _stacked(
         self, values: Sequence[torch.Tensor], shapes: list[torch.Size], counts: list[int] | None, fill: Fill, index: int

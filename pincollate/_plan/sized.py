@@ -16,6 +16,7 @@ from typing import Any
 
 from .._batch.layout import Layout, Part, Spec, TensorSpec
 from .._batch.views import Bulk
+from .packed import ConcatRecipe
 from .ragged import PadRecipe
 
 __all__ = ["SizedLayouts", "with_regions"]
@@ -61,7 +62,7 @@ class SizedLayouts:
         size: int,
         bulk: Bulk,
         fixed: Sequence[TensorSpec],
-        parts: Sequence[tuple[int, PadRecipe]],
+        parts: Sequence[tuple[int, PadRecipe | ConcatRecipe]],
     ):
         self.template = template
         self.nbytes = nbytes  # the fixed fields' bytes: the parts start here
@@ -87,8 +88,11 @@ class SizedLayouts:
         parts: list[Part | None] = [None] * self.nparts
         specs: list[TensorSpec] = []
         for (index, recipe), sizes in zip(self.parts, key, strict=True):
-            dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
-            parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
+            if type(recipe) is PadRecipe:
+                dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
+                parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
+            else:  # Concat: its values' total rows, trailing sizes and count
+                parts[index], placed, offset = recipe.placed(offset, self.size, sizes)
             specs.extend(placed)
         layout = Layout(self.template, offset, parts, self.bulk)  # type: ignore[arg-type]
         return layout, with_regions(self.bulk, [*self.fixed, *specs]), tuple(specs), tuple(map(id, specs))

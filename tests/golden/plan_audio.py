@@ -63,7 +63,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 2  # ['audio']
         pad_1d(p10, c2, l4, d7, k17, k18, None)
     except Exception as exc:
-        raise Mismatch(*k21[at].blame((r9, l4, c2,)[at])) from exc
+        raise Mismatch(*k21[at].blame((r9, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout

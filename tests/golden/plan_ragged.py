@@ -60,7 +60,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 2  # ['tokens']
         pad_1d(p7, c2, l4, 0, k16, k17, None)
     except Exception as exc:
-        raise Mismatch(*k20[at].blame((r6, l4, c2,)[at])) from exc
+        raise Mismatch(*k20[at].blame((r6, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout
