@@ -88,7 +88,7 @@ class SizedLayouts:
         parts: list[Part | None] = [None] * self.nparts
         specs: list[TensorSpec] = []
         for (index, recipe), sizes in zip(self.parts, key, strict=True):
-            if type(recipe) is PadRecipe:
+            if isinstance(recipe, PadRecipe):
                 dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
                 parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
             else:  # Concat: its values' total rows, trailing sizes and count
