@@ -250,3 +250,129 @@ def test_jagged_and_stacked_items_keep_their_queued_fill():
         collate = MMCollate(pin_memory=False, fields={"x": policy})
         collate([{"x": [torch.zeros(2, 3)]}, {"x": [torch.ones(2, 3), torch.ones(2, 3)]}])
         assert collate._plans.last.sized is None
+
+
+def _targets(rng: random.Random, n: int, trailing: tuple[int, ...], dtype: torch.dtype) -> list[dict]:
+    values = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    return [
+        {
+            "image": torch.full((3, 4, 4), i, dtype=torch.uint8),
+            "boxes": (torch.rand(rng.randint(0, 4), *trailing, generator=values) * 10).to(dtype),
+            "labels": torch.arange(rng.randint(0, 3)),
+        }
+        for i in range(n)
+    ]
+
+
+LISTED = {"boxes": pincollate.AsList(), "labels": pincollate.AsList()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int16, torch.uint8], ids=str)
+@pytest.mark.parametrize("trailing", [(), (4,), (2, 3)], ids=str)
+def test_a_long_lived_listed_plan_gives_what_the_careful_walk_gives(trailing, dtype):
+    compiled, careful = (MMCollate(pin_memory=False, fields=LISTED, compile=c) for c in (True, False))
+    rng = random.Random(11)
+    kept = []
+    for _ in range(12):
+        batch = _targets(rng, 5, trailing, dtype)
+        batch[0]["boxes"] = (torch.rand(2, *trailing) * 10).to(dtype)  # a value with rows in every batch
+        out, expected = compiled(batch), careful(batch)
+        assert_identical(out, expected)
+        # The layout whose parts it makes when asked: the one the plan's queued fill places.
+        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        kept.append((out, expected))
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is None and "unsafe_split_with_sizes" in plan.compiled.source
+    for out, expected in kept:
+        assert_identical(out, expected)
+
+
+def test_a_listed_batch_makes_its_layout_s_parts_only_when_asked():
+    compiled, careful = (MMCollate(pin_memory=False, fields=LISTED, compile=c) for c in (True, False))
+    batch = _targets(random.Random(2), 4, (4,), torch.float32)
+    batch[0]["labels"] = torch.arange(2)
+    compiled(batch)
+    out = compiled(batch)
+    layout = out._pincollate[0]
+    assert layout._parts is None  # not made yet
+    again = pickle.loads(pickle.dumps(out))  # pickling asks
+    assert layout._parts is not None
+    assert_identical(again, careful(batch))
+    assert again.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+    stream = io.BytesIO()
+    torch.save(out, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), careful(batch))
+    # Items share their column's storage, each with a version counter of its own.
+    out["boxes"][0].add_(1)
+    assert out["boxes"][1]._version == 0
+    assert out["boxes"][0].untyped_storage().data_ptr() == out["boxes"][1].untyped_storage().data_ptr()
+    out["boxes"].append(torch.zeros(1, 4))  # changed by its user: moved leaf by leaf, not as its layout
+    assert pincollate.Batch.layout.fget(out) is None
+
+
+ONE_LIST_OFF = {
+    "a missing value": [torch.zeros(1, 4), None],
+    "a subclass": [torch.nn.Parameter(torch.zeros(1, 4), requires_grad=False), torch.zeros(2, 4)],
+    "other trailing sizes": [torch.zeros(1, 4), torch.zeros(2, 5)],
+    "another rank": [torch.zeros(1, 4, 1), torch.zeros(2, 4, 1)],
+    "another dtype": [torch.zeros(1, 4, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64)],
+    "all empty": [torch.zeros(0, 4), torch.zeros(0, 4)],
+    "no elements a row": [torch.zeros(2, 0), torch.zeros(1, 0)],
+    "an array": [np.zeros((1, 4), dtype=np.float32), np.zeros((2, 4), dtype=np.float32)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_LIST_OFF))
+def test_a_list_one_fact_off_gives_what_the_careful_walk_gives(case):
+    compiled, careful = (MMCollate(pin_memory=False, fields=LISTED, compile=c) for c in (True, False))
+    warm = [
+        {"boxes": torch.zeros(1, 4), "labels": torch.arange(1)},
+        {"boxes": torch.ones(3, 4), "labels": torch.arange(2)},
+    ]
+    compiled(warm), compiled(warm)
+    assert "unsafe_split_with_sizes" in compiled._plans.last.compiled.source
+    batch = [{"boxes": value, "labels": torch.arange(1)} for value in ONE_LIST_OFF[case]]
+    try:
+        expected = careful(batch)
+    except pincollate.CollateError as error:
+        with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+            compiled(batch)
+    else:
+        assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))
+
+
+def test_absent_values_keep_the_queued_fill():
+    fields = {"boxes": pincollate.AsList()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, missing="none", compile=c) for c in (True, False))
+    batch = [{"boxes": torch.zeros(1, 4)}, {"boxes": None}]
+    assert_identical(compiled(batch), careful(batch))
+    assert not compiled._plans.last.whole  # None in the list: placed by the recipe
+
+
+def test_lists_of_a_dtype_numpy_lacks_keep_the_queued_fill():
+    compiled = MMCollate(pin_memory=False, fields=LISTED)
+    batch = [{"boxes": torch.zeros(n, 4, dtype=torch.bfloat16), "labels": torch.arange(n)} for n in (1, 2)]
+    compiled(batch)
+    assert not compiled._plans.last.whole
+    assert_identical(compiled(batch), MMCollate(pin_memory=False, fields=LISTED, compile=False)(batch))
+
+
+@pytest.mark.slow
+def test_listed_batches_cross_from_workers_as_the_careful_walk_makes_them():
+    class Targets(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 24
+
+        def __getitem__(self, i: int) -> dict:
+            return _targets(random.Random(i), 1, (4,), torch.float32)[0]
+
+    careful = MMCollate(pin_memory=False, fields=LISTED, compile=False)
+    loader = torch.utils.data.DataLoader(
+        Targets(), batch_size=4, num_workers=2, collate_fn=MMCollate(pin_memory=False, fields=LISTED)
+    )
+    expected = [careful([Targets()[i] for i in range(k * 4, k * 4 + 4)]) for k in range(6)]
+    for out, reference in zip(loader, expected, strict=True):
+        assert_identical(out, reference)
+        assert out.layout is not None and len(out.layout.parts) == 2

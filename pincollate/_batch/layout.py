@@ -220,15 +220,36 @@ class Layout:
         (True, [1, 2])
     """
 
-    __slots__ = ("_builder", "_bulk", "nbytes", "parts", "root")
+    __slots__ = ("_builder", "_bulk", "_deferred", "_parts", "nbytes", "root")
 
-    def __init__(self, root: Spec, nbytes: int, parts: Sequence[Part] = (), bulk: Bulk | None = None):
+    def __init__(
+        self,
+        root: Spec,
+        nbytes: int,
+        parts: Sequence[Part] | None = (),
+        bulk: Bulk | None = None,
+        deferred: tuple[Callable[..., Sequence[Part]], tuple[Any, ...]] | None = None,
+    ):
         self.root: Spec = root
         self.nbytes: int = nbytes
-        self.parts: tuple[Part, ...] = tuple(parts)
+        self._parts: tuple[Part, ...] | None = None if parts is None else tuple(parts)
+        #: ``(make, arguments)``: the parts are ``make(*arguments)``, made when first asked for. A
+        #: compiled plan makes a batch without them; moving, pickling or checking it asks.
+        self._deferred = deferred
         self._bulk: Bulk | None = bulk  # the root's, where the caller has it (a cached plan)
         # A layout without parts (a cached plan's, shared by its batches) builds by generated code.
         self._builder: Callable[[Views], Any] | None = None
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """The parts that fill the root's placeholders (policy outputs placed anew for each batch)."""
+        parts = self._parts
+        if parts is None:
+            assert self._deferred is not None, "a layout without parts has no deferred ones"
+            make, arguments = self._deferred
+            # Kept after: a thread that asks at the same time makes equal parts from it.
+            parts = self._parts = tuple(make(*arguments))
+        return parts
 
     def bulk(self) -> Bulk:
         """The root's tensors a :class:`Views` makes at once (:func:`bulk_of`), found once."""

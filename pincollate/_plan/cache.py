@@ -25,12 +25,22 @@ import torch
 
 from .._batch.batch import carries, make_batch
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
+from .._batch.specs import MappingSpec
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
-from .codegen import PARTS_LOOP, CompiledPlan, compile_plan, compile_sized, compile_whole, is_sized
+from .codegen import (
+    PARTS_LOOP,
+    CompiledPlan,
+    compile_listed,
+    compile_plan,
+    compile_sized,
+    compile_whole,
+    is_listed,
+    is_sized,
+)
 from .fill import Fill, Mismatch
 from .items import MAX_DEPTH
 from .ops import Op
@@ -110,13 +120,24 @@ class Plan:
         self.queued = self.compiled = compile_plan(op, description)
         self.carrier = False
         self.whole = False
-        if planner is not None and type(template) is not PartSpec and _all_padded(op, nparts):
-            # Every part padded: one generated function makes the whole batch, its layout by the sizes.
+        parts = [node for node in _nodes(op) if type(node) is CarefulOp]
+        if planner is None or type(template) is PartSpec or not 0 < len(parts) == nparts < PARTS_LOOP:
+            return
+        if all(map(is_sized, parts)):
+            # Every part padded or concatenated: one generated function makes the whole batch,
+            # its layout picked by the parts' sizes.
             self.compiled, self.sized = compile_sized(
                 op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
             )
-            self.carrier = carries(Layout(template, nbytes))
-            self.whole = True
+        elif all(map(is_listed, parts)) and type(template) is MappingSpec and template.cls is None:
+            # Every part a per-sample list: one generated function places them and makes the batch.
+            self.compiled = compile_listed(
+                op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
+            )
+        else:
+            return
+        self.carrier = carries(Layout(template, nbytes))
+        self.whole = True
 
     def check(self, samples: Sequence[Any]) -> Layout:
         """The layout of ``samples``'s batch, nothing copied (their parts planned where the plan has parts)."""
@@ -268,15 +289,6 @@ def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0)
     found = any(_refers_to_itself(child, open_, depth + 1) for child in children)
     open_.discard(id(value))
     return found
-
-
-def _all_padded(op: Op, nparts: int) -> bool:
-    """Whether every part of a plan is one a sized plan reads inline (a padded field).
-
-    A plan of :data:`~pincollate._plan.codegen.PARTS_LOOP` parts or more keeps its loop over them.
-    """
-    found = [node for node in _nodes(op) if type(node) is CarefulOp]
-    return 0 < len(found) == nparts < PARTS_LOOP and all(map(is_sized, found))
 
 
 def _nodes(op: Op) -> Iterator[Op]:

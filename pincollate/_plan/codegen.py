@@ -19,6 +19,8 @@ the line that failed, and :attr:`CompiledPlan.source` keeps it for review.
 from __future__ import annotations
 
 import itertools
+import math
+import operator
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -28,13 +30,14 @@ from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.specs import MappingSpec
-from .._batch.views import Bulk, Views
+from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence
 from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .fill import Mismatch
+from .listed import ListRecipe, _zeros
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -51,7 +54,7 @@ from .packed import ConcatRecipe
 from .packing import INT32_MAX
 from .padding import nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
-from .sized import SizedLayouts, with_regions
+from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 __all__ = ["CompiledPlan", "compile_plan", "compile_whole"]
@@ -250,6 +253,148 @@ def compile_sized(
     return _compiled(w, description, kernels), sized
 
 
+def compile_listed(
+    op: Op,
+    template: MappingSpec,
+    nbytes: int,
+    nparts: int,
+    size: int,
+    nvalues: int,
+    bulk: Bulk,
+    slow: Callable[..., Any],
+    description: str = "plan",
+) -> CompiledPlan:
+    """The function that makes a whole batch of a plan whose parts are all per-sample lists (``AsList()``).
+
+    As :func:`compile_sized`'s, but each list is placed by the function itself (its values'
+    rows, each value starting aligned, then the next list), since every batch has its own
+    rows: the lists' regions are made at once with the plan's fixed tensors, one
+    ``torch.cat`` fills each, and each value is a view of its column (as
+    :class:`~pincollate._batch.list_specs.SplitSpec` builds it). The batch's layout makes its
+    parts only when asked (:class:`~pincollate._plan.sized.ListedParts`). A dict at the top only.
+    """
+    w = _PlanWriter(whole=True)
+    _checks(w, op, size, nvalues)
+    copies = w.copies
+    assert copies is not None
+    fixed = len(copies)
+    fixed_bulk = with_regions(bulk, [spec for _, spec, _, _ in copies])
+    listed = ListedParts(nparts, [(part.index, part.recipe.dtype) for part, _, _ in w.padded])  # type: ignore[union-attr]
+    # Each list after the one before it, each starting aligned.
+    end = w.const(nbytes)
+    geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
+    for j, (part, _, found) in enumerate(w.padded):
+        start, after = w.local("o"), w.local("e")
+        w.line(1, f"{start} = {end}")
+        w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
+        end = after
+        shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
+        geometry.append(f"{found['split']}, {found['trailing']}, {start}")
+        shapes.append(shape)
+        offsets.append(start)
+        dtypes.append(w.const(numpy_dtype(part.recipe.dtype)))  # type: ignore[union-attr]
+        ids.append(str(-1 - j))  # no object's id: the lists' regions in ``made``
+    w.line(
+        1,
+        f"layout = Layout({w.const(template)}, {end}, None, {w.const(bulk)}, ({w.const(listed.make)}, ({', '.join(geometry)},)))",
+    )
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return layout")
+    # The plan's fixed tensors and the lists' regions, made at once.
+    made_at_once = ", ".join(
+        f"(*{w.const(fixed)}, {', '.join(more)})"
+        for fixed, more in zip(fixed_bulk, (ids, dtypes, shapes, offsets), strict=True)
+    )
+    _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
+    w.line(1, "made = views.made")
+    expressions: Parts = {}
+    for j, (part, _, found) in enumerate(w.padded):
+        region, items = w.local("x"), w.local("items")
+        key = ids[j]
+        w.line(
+            1,
+            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(part.recipe.dtype)}, {shapes[j]}, {offsets[j]})",  # type: ignore[union-attr]
+        )
+        copies.append((concat_tensors, region, found["pieces"], part))
+        found["region"] = region
+        expressions[part.index] = (items, ())
+    _copies(w, copies, size, fixed)
+    for part, _, found in w.padded:
+        # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
+        w.line(
+            1, f"{expressions[part.index][0]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
+        )
+    w.line(1, f"batch = Batch({expression(w, template, frozenset(bulk[0]), expressions)})")
+    w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
+    w.line(1, "return batch")
+    kernels = {
+        "slow": slow,
+        "Layout": Layout,
+        "ALIGN": ALIGN,
+        "cat": torch.cat,
+        "pitch": pitch,
+        "prod": math.prod,
+        "make_mapping": make_mapping,
+        "make_sequence": make_sequence,
+    }
+    return _compiled(w, description, kernels)
+
+
+def _listed(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """A per-sample list of a listed plan: its guards, its values' rows and the gaps that align each."""
+    recipe = op.recipe
+    assert type(recipe) is ListRecipe
+    _comment(w, depth, op.path)
+    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+    shapes, rows, gaps, split, total, pieces = (w.local(stem) for stem in ("s", "r", "g", "split", "total", "pieces"))
+    w.line(depth, "try:")
+    w.line(
+        depth + 1,
+        f"if set(map(type, {column})) != PLAIN or set(map(TENSOR_DTYPE, {column})) != {w.const(recipe.dtypes)}:",
+    )
+    w.line(depth + 2, slow)
+    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {column}))")
+    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
+    w.line(depth + 1, slow)
+    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
+    w.line(depth + 1, slow)
+    itemsize = recipe.dtype.itemsize
+    if recipe.ndim == 1:
+        trailing, step, zeros, row = (
+            "()",
+            w.const(pitch(1, itemsize)),
+            w.const(_zeros(recipe.dtype, (), pitch(1, itemsize))),
+            w.const(itemsize),
+        )
+    else:
+        # Rows of one width: the values' trailing sizes agree (else the recipe lists them flat).
+        tail, trailing, step, zeros, row = (w.local(stem) for stem in ("t", "t", "step", "zeros", "row"))
+        getter = w.const(operator.itemgetter(*range(1, recipe.ndim)) if recipe.ndim > 2 else operator.itemgetter(1))
+        w.line(depth, f"{tail} = {getter}({shapes}[0])")
+        w.line(depth, f"if set(map({getter}, {shapes})) != {{{tail}}}:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{trailing} = tuple({shapes}[0][1:])")
+        w.line(depth, f"{row} = prod({trailing}) * {itemsize}")
+        w.line(depth, f"if not {row}:  # values without elements: listed flat by the recipe")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{step} = pitch(1, {row})")
+        w.line(depth, f"{zeros} = {w.const(_zeros)}({w.const(recipe.dtype)}, {trailing}, {step})")
+    w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
+    w.line(depth, f"{gaps} = [-count % {step} for count in {rows}]  # rows of zeros after each value")
+    w.line(depth, f"{split} = list(chain(zip({rows}, {gaps}, strict=True)))")
+    w.line(depth, f"{total} = sum({split})")
+    w.line(depth, f"if not {total}:  # every value empty: each its own empty tensor, by the recipe")
+    w.line(depth + 1, slow)
+    # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
+    w.line(
+        depth,
+        f"{pieces} = [piece for value, count, gap in zip({column}, {rows}, {gaps}, strict=True)"
+        f" for piece in ((value, {zeros}[gap]) if gap else (value,) if count else ())]",
+    )
+    found = {"split": split, "total": total, "trailing": trailing, "row": row, "pieces": pieces}
+    w.padded.append((op, "None", found))
+
+
 def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
     """A whole batch's function up to its buffer: the batch size, then every field's guards in tree order."""
     w.line(1, f"if len(samples) != {size}:")
@@ -342,6 +487,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     elif kind is CarefulOp and w.copies is not None:
         if type(op.recipe) is PadRecipe:  # type: ignore[attr-defined]
             _padded(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
+            _listed(w, op, column, depth)  # type: ignore[arg-type]
         else:
             _concatenated(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp:
@@ -359,6 +506,14 @@ def is_sized(op: Op) -> bool:
     if type(recipe) is ConcatRecipe:  # Jagged's nested tensor and stacked items keep the queued fill
         return not recipe.jagged and not recipe.stack
     return type(recipe) is PadRecipe
+
+
+def is_listed(op: Op) -> bool:
+    """Whether a part node is one a listed plan places inline: ``AsList()`` of plain tensors of a dtype numpy has."""
+    if type(op) is not CarefulOp or type(op.recipe) is not ListRecipe:
+        return False
+    recipe = op.recipe
+    return not (recipe.stacks or recipe.missing or recipe.subclass) and numpy_dtype(recipe.dtype) is not None
 
 
 def _pad_copies(

@@ -69,6 +69,11 @@ class Recipe:
         self.types = frozenset((cls,))
         self.subclass = cls is not torch.Tensor
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the values the recipe takes."""
+        return next(iter(self.dtypes))
+
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
         shapes = self.shapes(column)

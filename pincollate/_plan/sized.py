@@ -15,11 +15,12 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .._batch.layout import Layout, Part, Spec, TensorSpec
+from .._batch.list_specs import SplitSpec
 from .._batch.views import Bulk
 from .packed import ConcatRecipe
 from .ragged import PadRecipe
 
-__all__ = ["SizedLayouts", "with_regions"]
+__all__ = ["ListedParts", "SizedLayouts", "with_regions"]
 
 #: The most layouts one plan keeps; past it they are made again as batches need them.
 MOST_LAYOUTS = 512
@@ -96,3 +97,28 @@ class SizedLayouts:
             specs.extend(placed)
         layout = Layout(self.template, offset, parts, self.bulk)  # type: ignore[arg-type]
         return layout, with_regions(self.bulk, [*self.fixed, *specs]), tuple(specs), tuple(map(id, specs))
+
+
+class ListedParts:
+    """The parts of a plan whose parts are all per-sample lists (``AsList()`` of plain tensors).
+
+    Their layout changes with every batch (each sample's rows), so it is not kept: the
+    compiled plan places the lists itself and hands the layout these arguments, from which
+    it makes its parts only when asked (the batch moved, pickled or checked). ``parts`` are
+    each part's index and dtype, in the order the compiled plan reads them.
+    """
+
+    __slots__ = ("nparts", "parts")
+
+    def __init__(self, nparts: int, parts: Sequence[tuple[int, Any]]):
+        self.nparts = nparts
+        self.parts = tuple(parts)
+
+    def make(self, *geometry: Any) -> list[Part]:
+        """The parts, from each list's ``split`` (its values' rows and the gaps), trailing sizes and offset."""
+        parts: list[Part | None] = [None] * self.nparts
+        for j, (index, dtype) in enumerate(self.parts):
+            split, trailing, offset = geometry[3 * j : 3 * j + 3]
+            region = TensorSpec(dtype, (sum(split), *trailing), offset)
+            parts[index] = Part(SplitSpec(region, split))
+        return parts  # type: ignore[return-value]
