@@ -376,3 +376,37 @@ def test_listed_batches_cross_from_workers_as_the_careful_walk_makes_them():
     for out, reference in zip(loader, expected, strict=True):
         assert_identical(out, reference)
         assert out.layout is not None and len(out.layout.parts) == 2
+
+
+TOKEN_BATCHES = {
+    "ints": [[1, 2, 3], [4]],
+    "bools and ints": [[True, 2], [3, 4, 5]],
+    "floats": [[0.5, 1.5], [2.5]],
+    "an empty list": [[1, 2], []],
+    "all empty": [[], []],
+    "nested": [[[1, 2]], [[3]]],
+    "too large for int64": [[2**63], [1]],
+    "a tensor": [torch.arange(3), [1, 2]],
+    "too long": [list(range(40)), [1]],
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_BATCHES))
+@pytest.mark.parametrize(
+    "policy", [Pad(), Pad(mask_key="attention_mask", lengths_key=None), Pad(max_length=16)], ids=repr
+)
+def test_token_ids_as_lists_give_what_the_careful_walk_gives(case, policy):
+    fields = {"input_ids": policy}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    warm = [{"input_ids": [5, 6, 7], "label": 0}, {"input_ids": [8], "label": 1}]
+    compiled(warm), compiled(warm)
+    assert compiled._plans.last.sized is not None  # converted and padded inline
+    batch = [{"input_ids": ids, "label": i} for i, ids in enumerate(TOKEN_BATCHES[case])]
+    try:
+        expected = careful(batch)
+    except pincollate.CollateError as error:
+        with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+            compiled(batch)
+    else:
+        assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))

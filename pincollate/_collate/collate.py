@@ -180,9 +180,18 @@ class MMCollate:
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
-        return self._through_plans(
-            batch if type(batch) is list and batch else _samples(batch), resolve_kind(self.pin_memory)
-        )
+        kind = resolve_kind(self.pin_memory)
+        if type(batch) is not list or not batch:
+            return self._through_plans(_samples(batch), kind)
+        last = self._plans.last
+        if last is not None and last.whole and kind != "shared":
+            # A run of batches of one structure: straight to the last plan's function, which
+            # checks the batch completely as it runs.
+            try:
+                return last.compiled.run(batch, kind, 0, self.pin_slots, None)
+            except Mismatch as mismatch:
+                return self._through_plans(batch, kind, (last, mismatch.paths))
+        return self._through_plans(batch, kind)
 
     def _use(self, plan: Plan, samples: list[Any], kind: Kind | None) -> Any:
         """The batch of ``samples`` by ``plan`` (``kind`` ``None``: its layout only, nothing copied)."""
@@ -198,22 +207,24 @@ class MMCollate:
             return plan.compiled.run(samples, kind, slots, self.pin_slots, pin)
         return plan.filled(samples, kind, self.worker_slots if kind == "shared" else 0, self.pin_slots, self.pin_memory)
 
-    def _through_plans(self, samples: list[Any], kind: Kind | None) -> Any:
+    def _through_plans(
+        self, samples: list[Any], kind: Kind | None, failed: tuple[Plan, tuple[Path, ...]] | None = None
+    ) -> Any:
         """:meth:`_use` with the plan that fits: the last one, a cached one, or a new one.
 
         The last plan used checks the batch completely as it runs, so a run of batches of
         one structure never computes a signature. A batch that does not fit is looked up
         by signature; if its own plan does not fit either, the fields that failed are
         planned carefully from now on, in a new plan: at most two plans per batch.
+        ``failed``: the last plan, tried already, and the paths where the batch did not fit it.
         """
         plans = self._plans
         tried = plans.last
         learned: tuple[Path, ...] = ()
-        if tried is not None:
+        if failed is not None:
+            tried, learned = failed
+        elif tried is not None:
             try:
-                if tried.whole and kind is not None and kind != "shared":
-                    # A run of batches of one structure: straight to its function.
-                    return tried.compiled.run(samples, kind, 0, self.pin_slots, None)
                 return self._use(tried, samples, kind)
             except Mismatch as mismatch:
                 learned = mismatch.paths

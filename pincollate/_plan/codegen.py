@@ -52,8 +52,9 @@ from .ops import (
 )
 from .packed import ConcatRecipe
 from .packing import INT32_MAX
-from .padding import nonempty, pad_1d, valid_1d
+from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
+from .recipe import NumberLists, number_tensor
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
@@ -201,8 +202,8 @@ def compile_sized(
     copies = w.copies
     assert copies is not None
     fixed = len(copies)
-    parts = [(part.index, part.recipe) for part, _, _ in w.padded]
-    sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)  # type: ignore[arg-type]
+    parts = [(part.index, _placing(part.recipe)) for part, _, _ in w.padded]
+    sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)
     keys = ", ".join(key for _, key, _ in w.padded)
     # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
     w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
@@ -217,10 +218,10 @@ def compile_sized(
     expressions: Parts = {}
     at = 0
     for part, _, found in w.padded:
-        recipe = part.recipe
+        recipe = _placing(part.recipe)
         names = [w.local("p")]
         extras = []
-        for name in recipe.extras():  # type: ignore[union-attr]
+        for name in recipe.extras():
             names.append(w.local("p"))
             extras.append((name, names[-1]))
         for j, local in enumerate(names):
@@ -247,6 +248,8 @@ def compile_sized(
         "pad_1d": pad_1d,
         "valid_1d": valid_1d,
         "nonempty": nonempty,
+        "number_tensor": number_tensor,
+        "Joined": Joined,
         "cat": torch.cat,
         "INT32_MAX": INT32_MAX,
     }
@@ -485,7 +488,7 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp and w.copies is not None:
-        if type(op.recipe) is PadRecipe:  # type: ignore[attr-defined]
+        if type(op.recipe) in (PadRecipe, NumberLists):  # type: ignore[attr-defined]
             _padded(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
@@ -499,13 +502,23 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
 
 
 def is_sized(op: Op) -> bool:
-    """Whether a part node is one a sized plan reads inline: ``Pad``, or ``Concat``, over plain tensors."""
+    """Whether a part node is one a sized plan reads inline: ``Pad``, or ``Concat``, over plain tensors.
+
+    Also ``Pad`` over token ids as Python lists, converted inline (one ``torch.tensor`` of all).
+    """
     if type(op) is not CarefulOp:
         return False
     recipe = op.recipe
     if type(recipe) is ConcatRecipe:  # Jagged's nested tensor and stacked items keep the queued fill
         return not recipe.jagged and not recipe.stack
+    if type(recipe) is NumberLists:
+        return type(recipe.inner) is PadRecipe and recipe.inner.ndim == 1
     return type(recipe) is PadRecipe
+
+
+def _placing(recipe: Any) -> Any:
+    """The recipe whose rules place a part: a converting recipe's inner one."""
+    return recipe.inner if type(recipe) is NumberLists else recipe
 
 
 def is_listed(op: Op) -> bool:
@@ -593,11 +606,22 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
 
 def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     """A padded part of a sized plan: its guards, lengths and key (the padded sizes), by the recipe's size rule."""
-    recipe = op.recipe
+    recipe = _placing(op.recipe)
     assert type(recipe) is PadRecipe
     _comment(w, depth, op.path)
     slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
     shapes, lengths, key = w.local("s"), w.local("l"), w.local("m")
+    if type(op.recipe) is NumberLists:
+        # Token ids as Python lists: one tensor of all of them, its dtype as torch.tensor infers it.
+        flat, joined = w.local("flat"), w.local("joined")
+        w.line(depth, f"{flat} = number_tensor({column})")
+        w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{lengths} = list(map(len, {column}))")
+        w.line(depth, f"{joined} = Joined({flat}, {lengths})  # the values, concatenated already")
+        _pad_key(w, recipe, lengths, key, depth, slow)
+        w.padded.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))
+        return
     w.line(depth, "try:")
     w.line(
         depth + 1,
@@ -610,19 +634,9 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     w.line(depth + 1, slow)
     w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
     w.line(depth + 1, slow)
-    policy = recipe.policy
     if recipe.ndim == 1:
-        # The size rule of 1-D values, inline: the longest, then max_length or multiple_of.
         w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")
-        w.line(depth, f"{key} = max({lengths})")
-        if policy.max_length is not None:
-            most = w.const(policy.max_length)
-            w.line(depth, f"if {key} > {most}:")
-            w.line(depth + 1, slow)
-            w.line(depth, f"{key} = {most}")
-        elif policy.multiple_of is not None:
-            step = w.const(policy.multiple_of)
-            w.line(depth, f"{key} = -(-{key} // {step}) * {step}")
+        _pad_key(w, recipe, lengths, key, depth, slow)
         dim = "0"
     else:
         measured, dim, sizes = w.local("measured"), w.local("d"), w.local("z")
@@ -632,6 +646,21 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
         w.line(depth, f"{key} = ({dim}, {sizes})")
     w.padded.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
+
+
+def _pad_key(w: _PlanWriter, recipe: PadRecipe, lengths: str, key: str, depth: int, slow: str) -> None:
+    """The size rule of 1-D values (:meth:`~pincollate._plan.ragged.PadRecipe.measure`), inline:
+    the longest, then ``max_length`` or ``multiple_of``."""
+    policy = recipe.policy
+    w.line(depth, f"{key} = max({lengths})")
+    if policy.max_length is not None:
+        most = w.const(policy.max_length)
+        w.line(depth, f"if {key} > {most}:")
+        w.line(depth + 1, slow)
+        w.line(depth, f"{key} = {most}")
+    elif policy.multiple_of is not None:
+        step = w.const(policy.multiple_of)
+        w.line(depth, f"{key} = -(-{key} // {step}) * {step}")
 
 
 def _types(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
