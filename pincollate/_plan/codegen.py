@@ -167,12 +167,16 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     if copies:
         _copies(w, copies, size, None)
     if type(layout.root) is MappingSpec and layout.root.cls is None:  # a dict: a Batch, built here
-        w.line(1, f"batch = Batch({w.const(layout.builder())}(views))")
+        if not copies:
+            w.line(1, "made = views.made")
+        w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
+        w.line(2, "return make_batch(layout, buffer, values, views)")
+        w.line(1, f"batch = Batch({expression(w, layout.root, frozenset(bulk[0]))})")
         w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
         w.line(1, "return batch")
     else:
         w.line(1, "return make_batch(layout, buffer, values, views)")
-    return _compiled(w, description, {})
+    return _compiled(w, description, {"make_mapping": make_mapping, "make_sequence": make_sequence})
 
 
 def compile_sized(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ from .._batch.specs import (
 from .._batch.views import align, pitch
 from .._errors import Attr, CollateError
 from .._types.build import container_cls
-from .._types.builtin import KEPT_VALUES, NUMBERS, TENSOR_SHAPE, describe_tensor, fill_numbers, fits_int64
+from .._types.builtin import KEPT_VALUES, NUMBERS, TENSOR_DTYPE, TENSOR_SHAPE, describe_tensor, fill_numbers, fits_int64
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
 from .items import MAX_DEPTH
@@ -193,10 +194,12 @@ class Template:
         first = column[0]
         if handler.family == "tensor" and _shapes_differ(column):
             return self.part(path, siblings, column)  # ragged: no need to describe each value
-        try:
-            described = {handler.describe(value, i, path) for i, value in enumerate(column)}
-        except Exception:  # the careful planner names the sample and the reason
-            return self.part(path, siblings, column)
+        described = _plain_described(column) if type(first) is torch.Tensor else None
+        if described is None:
+            try:
+                described = {handler.describe(value, i, path) for i, value in enumerate(column)}
+            except Exception:  # the careful planner names the sample and the reason
+                return self.part(path, siblings, column)
         keys = set(map(handler.key, column))
         metas = {handler.meta(value) for value in column} if handler.meta is not None else set()
         if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
@@ -217,10 +220,12 @@ class Template:
             return None
         if set(map(type, column)) != {torch.Tensor} or _shapes_differ(column):
             return None
-        try:
-            described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
-        except CollateError:
-            return None
+        described = _plain_described(column)
+        if described is None:
+            try:
+                described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
+            except CollateError:
+                return None
         return described.pop() if len(described) == 1 else None
 
     def fields(
@@ -292,6 +297,25 @@ class Template:
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
+
+
+#: What makes a plain tensor one the plan stacks as it is, read at C speed.
+_KIND = operator.attrgetter("is_nested", "is_quantized", "layout", "is_cpu")
+_STACKED_KIND = {(False, False, torch.strided, True)}
+
+
+def _plain_described(column: Sequence[Any]) -> set[tuple[torch.dtype, tuple[int, ...]]] | None:
+    """The ``(dtype, shape)`` s of a column of plain CPU strided tensors, read at C speed.
+
+    ``None`` where any is something else (nested, quantized, sparse, on an accelerator),
+    which the leaf handler's own ``describe`` then names, value by value.
+    """
+    try:
+        if set(map(type, column)) != {torch.Tensor} or set(map(_KIND, column)) != _STACKED_KIND:
+            return None
+        return set(zip(map(TENSOR_DTYPE, column), map(tuple, map(TENSOR_SHAPE, column)), strict=True))
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def _shapes_differ(column: Sequence[Any]) -> bool:

@@ -96,6 +96,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k44[at].blame((c2, v4, v7, r10, r11,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k45(views))
+    if views.source is None:  # not made at once (pinned memory): built by the layout
+        return make_batch(layout, buffer, values, views)
+    batch = Batch({k45: made[k46], k47: made[k48], k49: made[k50], k51: made[k52], k53: made[k54], k55: made[k56], k57: made[k58], k59: made[k60], k61: made[k62], k63: made[k64], k65: made[k66], k67: made[k68], k69: made[k70], k71: made[k72], k73: made[k74], k75: made[k76], k77: made[k78], k79: made[k80], k81: made[k82], k83: made[k84], k85: made[k86], k87: made[k88], k89: made[k90], k91: made[k92], k93: made[k94], k95: made[k96], k97: made[k98], k99: made[k100], k101: made[k102], k103: made[k104], k105: made[k106], k107: made[k108], k109: made[k110], k111: made[k112], k113: made[k114], k115: made[k116], k117: made[k118], k119: made[k120], k121: made[k122], k123: made[k124], k125: made[k126], k127: made[k128], k129: values[0]})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

@@ -108,6 +108,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k52[at].blame((c2, v6, v11, c14, r15,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k53(views))
+    if views.source is None:  # not made at once (pinned memory): built by the layout
+        return make_batch(layout, buffer, values, views)
+    batch = Batch({k53: made[k54], k55: {k56: made[k57], k58: made[k59], k60: made[k61], k62: made[k63], k64: made[k65], k66: made[k67], k68: made[k69], k70: made[k71], k72: made[k73], k74: made[k75], k76: made[k77], k78: made[k79], k80: made[k81], k82: made[k83], k84: made[k85], k86: made[k87], k88: made[k89], k90: made[k91], k92: made[k93], k94: made[k95], k96: made[k97], k98: made[k99], k100: made[k101], k102: made[k103]}, k104: [made[k105], made[k106], made[k107], made[k108], made[k109], made[k110], made[k111], made[k112]], k113: made[k114], k115: made[k116]})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

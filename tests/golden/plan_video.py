@@ -62,6 +62,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k30[at].blame((c2, c3, r4,)[at])) from exc
     finally:
         set_grad_enabled(grad)
-    batch = Batch(k31(views))
+    if views.source is None:  # not made at once (pinned memory): built by the layout
+        return make_batch(layout, buffer, values, views)
+    batch = Batch({k31: made[k32], k33: made[k34], k35: made[k36]})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch
