@@ -44,9 +44,9 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     The scenario's baseline (``default_collate`` or the hand-written collate) and
     ``mm_collate`` whole; then ``mm_collate``'s stages: checking the batch against its
     cached plan and placing its per-batch parts (``plan.run``; ``plan.check`` for a plan
-    without parts), the copies into a buffer kept from one call to the next
-    (``fill.execute``, which also makes the tensors the copies write; for a plan without
-    parts, its generated function into that buffer less the build), taking the buffer and handing it back (pageable memory without an
+    whose generated function makes the whole batch), the copies into a buffer kept from one
+    call to the next (``fill.execute``, which also makes the tensors the copies write; for a
+    plan whose function makes the whole batch, that function into the buffer less the build), taking the buffer and handing it back (pageable memory without an
     accelerator; a large one is leased), and building the batch over it. ``rest`` is the
     whole less the stages: the calls between them, and what a fresh buffer costs that a
     kept one does not. ``stages_us`` collates one batch again and again (its samples stay
@@ -71,9 +71,9 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     plan, planner = collate._plans.last, collate._planner
     assert plan is not None
     kind = resolve_kind(collate.pin_memory)
-    whole = plan.layout is not None  # no parts: one generated function checks, copies and builds
+    whole = plan.whole  # one generated function checks, copies and builds
     if whole:
-        buffer = allocate(plan.nbytes, kind)
+        buffer = allocate(max(plan.check(batch).nbytes for batch in batches), kind)
         made = {id(batch): carried(plan.compiled.run(batch, kind, 0, False, None, buffer)) for batch in batches}
         nbytes = {key: state[0].nbytes for key, state in made.items()}  # type: ignore[index]
         built = {
