@@ -1,5 +1,6 @@
 """Sized plans: a plan whose parts are all padded fields makes its batches by one generated function."""
 
+import dataclasses
 import io
 import pickle
 import random
@@ -409,4 +410,50 @@ def test_token_ids_as_lists_give_what_the_careful_walk_gives(case, policy):
             compiled(batch)
     else:
         assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))
+
+
+def test_a_listed_batch_in_pinned_memory_is_built_by_its_layout(fake_pinned):
+    fields = {"boxes": pincollate.AsList()}
+    batch = [{"label": i, "a": torch.rand(2), "b": torch.rand(2), "boxes": torch.rand(i + 1, 4)} for i in range(3)]
+    compiled = MMCollate(pin_memory=True, fields=fields)
+    for _ in range(3):
+        out = compiled(batch)
+    assert "unsafe_split_with_sizes" in compiled._plans.last.compiled.source
+    assert_identical(out, MMCollate(pin_memory=False, fields=fields, compile=False)(batch))
+    storages = {t.untyped_storage().data_ptr() for t in (out["label"], out["a"], *out["boxes"])}
+    assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
+
+
+@dataclasses.dataclass
+class _Target:
+    boxes: object
+
+
+def test_lists_inside_a_dataclass_keep_the_queued_fill():
+    # A dataclass builds itself from the layout's parts: the plan's function would not put the list in place.
+    fields = {"t.boxes": pincollate.AsList()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    batch = [{"t": _Target(torch.rand(i + 1, 4)), "label": i} for i in range(2)]
+    compiled(batch)
+    assert_identical(compiled(batch), careful(batch))
+    assert not compiled._plans.last.whole
+
+
+def test_a_concatenation_past_int32_offsets_gets_the_careful_error(monkeypatch):
+    compiled, careful = (
+        MMCollate(pin_memory=False, fields={"x": pincollate.Concat()}, compile=c) for c in (True, False)
+    )
+    warm = [{"x": torch.zeros(2, 3)}, {"x": torch.ones(1, 3)}]
+    compiled(warm)
+    plan = compiled._plans.last
+    assert plan.sized is not None
+    from pincollate._plan import packed, packing
+
+    monkeypatch.setitem(plan.compiled.run.__globals__, "INT32_MAX", 4)  # the guard, at a size a test can reach
+    monkeypatch.setattr(packed, "INT32_MAX", 4)  # the recipe's, where the batch goes next
+    monkeypatch.setattr(packing, "INT32_MAX", 4)  # and the policy's, which names the sample
+    big = [{"x": torch.zeros(3, 3)}, {"x": torch.ones(3, 3)}]
+    with pytest.raises(pincollate.CollateError, match="int32"):
+        compiled(big)
     assert_identical(compiled(warm), careful(warm))

@@ -10,7 +10,7 @@ accelerator) it builds by walking the specs, as any layout does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._generate import Writer, text
@@ -19,7 +19,7 @@ from .layout import PartSpec, Spec, TensorSpec, ValueSpec
 from .specs import MappingSpec, NamedTupleSpec, SequenceSpec
 from .views import Views
 
-__all__ = ["compile_build", "expression"]
+__all__ = ["compile_build", "expression", "inlines_parts"]
 
 #: Deeper than this, a node is built by its spec: a generated expression stays well within
 #: the parser's nesting limit.
@@ -44,6 +44,27 @@ def compile_build(root: Spec, bulk_ids: tuple[int, ...]) -> Callable[[Views], An
     names = {"make_mapping": make_mapping, "make_sequence": make_sequence}
     run, _, _ = w.compile("views", "build", text(type(root).__name__), names)
     return run
+
+
+def inlines_parts(spec: Spec, depth: int = 0) -> bool:
+    """Whether :func:`expression` builds every part placeholder under ``spec`` from its ``parts`` (inline).
+
+    Mappings, sequences and namedtuples are expressions of their children; any other node
+    (a dataclass, a registered class, a subtree too deep for one expression) builds itself
+    from its views, where a part needs the layout's parts.
+    """
+    kind = type(spec)
+    if kind is PartSpec:
+        return True
+    if depth < _MOST_DEPTH and kind in (MappingSpec, SequenceSpec, NamedTupleSpec):
+        return all(inlines_parts(child, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
+    return not any(type(found) is PartSpec for found in _walk(spec))
+
+
+def _walk(spec: Spec) -> Iterator[Spec]:
+    yield spec
+    for child in spec.children_specs():
+        yield from _walk(child)
 
 
 def expression(w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None = None, depth: int = 0) -> str:

@@ -237,7 +237,8 @@ class Layout:
         #: compiled plan makes a batch without them; moving, pickling or checking it asks.
         self._deferred = deferred
         self._bulk: Bulk | None = bulk  # the root's, where the caller has it (a cached plan)
-        # A layout without parts (a cached plan's, shared by its batches) builds by generated code.
+        # A layout without parts (a cached plan's, shared by its batches) builds by generated code
+        # when it is built again (unpickled, moved); a plan's own function builds its batches itself.
         self._builder: Callable[[Views], Any] | None = None
 
     @property

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._batch.batch import carries, make_batch
+from .._batch.compiled import inlines_parts
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
 from .._batch.specs import MappingSpec
 from .._memory.arena import Kind, PinMode, allocate
@@ -66,8 +67,9 @@ class Plan:
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
     ``size`` is its batch size: the generated code checks each sample, not how many there are.
     ``whole``: ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
-    (:func:`~pincollate._plan.codegen.compile_whole`; with padded parts only,
-    :func:`~pincollate._plan.codegen.compile_sized`); otherwise :meth:`run` queues its copies.
+    (:func:`~pincollate._plan.codegen.compile_whole`; with padded or concatenated parts only,
+    :func:`~pincollate._plan.codegen.compile_sized`; with per-sample lists only,
+    :func:`~pincollate._plan.codegen.compile_listed`); otherwise :meth:`run` queues its copies.
     """
 
     __slots__ = (
@@ -129,7 +131,12 @@ class Plan:
             self.compiled, self.sized = compile_sized(
                 op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
             )
-        elif all(map(is_listed, parts)) and type(template) is MappingSpec and template.cls is None:
+        elif (
+            all(map(is_listed, parts))
+            and type(template) is MappingSpec
+            and template.cls is None
+            and inlines_parts(template)  # each list put in place by the function itself
+        ):
             # Every part a per-sample list: one generated function places them and makes the batch.
             self.compiled = compile_listed(
                 op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description

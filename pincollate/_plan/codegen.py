@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,16 @@ from .recipe import NumberLists, number_tensor
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
-__all__ = ["CompiledPlan", "compile_plan", "compile_whole"]
+__all__ = [
+    "PARTS_LOOP",
+    "CompiledPlan",
+    "compile_listed",
+    "compile_plan",
+    "compile_sized",
+    "compile_whole",
+    "is_listed",
+    "is_sized",
+]
 
 Path = tuple[Hashable, ...]
 
@@ -117,7 +126,7 @@ class _PlanWriter(Writer):
         super().__init__()
         #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
-        #: The sized parts read so far (a sized plan's): the node, its key and the locals its copies read.
+        #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
         self.padded: list[tuple[CarefulOp, str, dict[str, str]]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
@@ -166,16 +175,9 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     _buffer(w, f"{layout.nbytes}", f"Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
     if copies:
         _copies(w, copies, size, None)
-    if type(layout.root) is MappingSpec and layout.root.cls is None:  # a dict: a Batch, built here
-        if not copies:
-            w.line(1, "made = views.made")
-        w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
-        w.line(2, "return make_batch(layout, buffer, values, views)")
-        w.line(1, f"batch = Batch({expression(w, layout.root, frozenset(bulk[0]))})")
-        w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
-        w.line(1, "return batch")
-    else:
-        w.line(1, "return make_batch(layout, buffer, values, views)")
+    if not copies:
+        w.line(1, "made = views.made")
+    _output(w, layout.root, frozenset(bulk[0]))
     return _compiled(w, description, {"make_mapping": make_mapping, "make_sequence": make_sequence})
 
 
@@ -190,11 +192,12 @@ def compile_sized(
     slow: Callable[..., Any],
     description: str = "plan",
 ) -> tuple[CompiledPlan, SizedLayouts]:
-    """The function that makes a whole batch of a plan whose parts are all padded fields.
+    """The function that makes a whole batch of a plan whose parts are all padded or concatenated fields.
 
-    As :func:`compile_whole`'s, with the padded parts read inline: each part's guards (one
-    class, dtype and rank for the column, at C speed), then its lengths and padded size by
-    the policy's size rule; the sizes pick the batch's layout from the returned
+    As :func:`compile_whole`'s, with the parts read inline (``Pad`` or ``Concat`` of plain
+    tensors, ``Pad`` of token ids as Python lists): each part's guards (one class, dtype and
+    rank for the column, at C speed), then its sizes by the policy's size rule (lengths and
+    padded size; total rows, trailing sizes and count); the sizes pick the batch's layout from the returned
     :class:`~pincollate._plan.sized.SizedLayouts`, and the function copies and builds as for a
     plan without parts. A padded column its guards do not describe (a missing value, another
     dtype, a value longer than ``max_length``) is no mismatch of the plan: the batch goes to
@@ -237,14 +240,7 @@ def compile_sized(
         else:
             _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
-    if type(template) is MappingSpec and template.cls is None:  # a dict: a Batch, built here
-        w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
-        w.line(2, "return make_batch(layout, buffer, values, views)")
-        w.line(1, f"batch = Batch({expression(w, template, frozenset(bulk[0]), expressions)})")
-        w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
-        w.line(1, "return batch")
-    else:
-        w.line(1, "return make_batch(layout, buffer, values, views)")
+    _output(w, template, frozenset(bulk[0]), expressions)
     kernels = {
         "slow": slow,
         "make_mapping": make_mapping,
@@ -326,14 +322,12 @@ def compile_listed(
         found["region"] = region
         expressions[part.index] = (items, ())
     _copies(w, copies, size, fixed)
-    for part, _, found in w.padded:
-        # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
-        w.line(
-            1, f"{expressions[part.index][0]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
-        )
-    w.line(1, f"batch = Batch({expression(w, template, frozenset(bulk[0]), expressions)})")
-    w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
-    w.line(1, "return batch")
+    # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
+    splits = [
+        f"{expressions[part.index][0]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
+        for part, _, found in w.padded
+    ]
+    _output(w, template, frozenset(bulk[0]), expressions, splits)
     kernels = {
         "slow": slow,
         "Layout": Layout,
@@ -400,6 +394,27 @@ def _listed(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     )
     found = {"split": split, "total": total, "trailing": trailing, "row": row, "pieces": pieces}
     w.padded.append((op, "None", found))
+
+
+def _output(
+    w: _PlanWriter, root: Spec, bulk: frozenset[int], parts: Parts | None = None, before: Sequence[str] = ()
+) -> None:
+    """The end of a whole batch's function: a dict built here as a Batch over the tensors made at once.
+
+    Any other top (a user's mapping class, a sequence, a dataclass), and a buffer whose
+    tensors were not made at once (pinned memory), is built by the layout (its parts made
+    where they are deferred). ``before``: lines that make the parts' locals.
+    """
+    if type(root) is not MappingSpec or root.cls is not None:
+        w.line(1, "return make_batch(layout, buffer, values, views)")
+        return
+    w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
+    w.line(2, "return make_batch(layout, buffer, values, views)")
+    for line in before:
+        w.line(1, line)
+    w.line(1, f"batch = Batch({expression(w, root, bulk, parts)})")
+    w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
+    w.line(1, "return batch")
 
 
 def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:

@@ -1,7 +1,9 @@
-"""Sized layouts: a plan whose parts are padded fields has one layout per tuple of their sizes.
+"""Sized layouts: a plan whose parts are padded or concatenated fields has one layout per tuple of their sizes.
 
-A field padded by :class:`~pincollate.Pad` is placed anew for each batch, but all a batch
-changes of it is its padded sizes: with them known, the whole batch's layout is fixed.
+A field padded by :class:`~pincollate.Pad` (or concatenated by :class:`~pincollate.Concat`)
+is placed anew for each batch, but all a batch changes of it is its sizes (the padded
+length; the total rows, trailing sizes and count of the values): with them known, the
+whole batch's layout is fixed.
 :class:`SizedLayouts` keeps, for each tuple of sizes seen, that layout and what a batch of
 it needs (every region made at once), so the compiled plan
 (:func:`~pincollate._plan.codegen.compile_sized`) reads the sizes, looks the layout up and
@@ -46,11 +48,12 @@ Sized = tuple[Layout, Bulk, tuple[TensorSpec, ...], tuple[int, ...]]
 
 
 class SizedLayouts:
-    """The layouts of one plan with padded parts, by the parts' sizes.
+    """The layouts of one plan with padded or concatenated parts, by the parts' sizes.
 
-    ``parts`` are the padded parts in the order the compiled plan reads them: each part's
-    index among the layout's parts and its recipe. A part's key is its padded length
-    (1-D values) or ``(dim, sizes)``; :meth:`get` takes one key per part.
+    ``parts`` are the parts in the order the compiled plan reads them: each part's index
+    among the layout's parts and the recipe that places it. A padded part's key is its
+    padded length (1-D values) or ``(dim, sizes)``, a concatenated one's ``(total rows,
+    trailing sizes, values)``; :meth:`get` takes one key per part.
     """
 
     __slots__ = ("bulk", "fixed", "kept", "nbytes", "nparts", "parts", "size", "template")

@@ -94,6 +94,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k35[at].blame((c2, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
+    if views.source is None:  # not made at once (pinned memory): built by the layout
+        return make_batch(layout, buffer, values, views)
     items27 = list(x26.unsafe_split_with_sizes(split7)[0::2])
     items29 = list(x28.unsafe_split_with_sizes(split19)[0::2])
     batch = Batch({k36: made[k37], k38: items27, k39: items29})
