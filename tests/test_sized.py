@@ -1,5 +1,6 @@
 """Sized plans: a plan whose parts are all padded fields makes its batches by one generated function."""
 
+import collections
 import dataclasses
 import io
 import pickle
@@ -457,3 +458,75 @@ def test_a_concatenation_past_int32_offsets_gets_the_careful_error(monkeypatch):
     with pytest.raises(pincollate.CollateError, match="int32"):
         compiled(big)
     assert_identical(compiled(warm), careful(warm))
+
+
+def _detections(rng: random.Random, n: int) -> list[dict]:
+    values = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    out = []
+    for i in range(n):
+        count = rng.randint(0, 4)
+        target = {"boxes": torch.rand(count, 4, generator=values), "labels": torch.arange(count)}
+        out.append({"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "target": target})
+    return out
+
+
+PER_SAMPLE = {"target": pincollate.PerSample()}
+
+
+def test_per_sample_targets_are_placed_by_the_plan_s_function_as_the_careful_walk_places_them():
+    compiled, careful = (MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=c) for c in (True, False))
+    rng = random.Random(5)
+    kept = []
+    for _ in range(12):
+        batch = _detections(rng, 5)
+        batch[0]["target"] = {"boxes": torch.rand(2, 4), "labels": torch.arange(2)}
+        out, expected = compiled(batch), careful(batch)
+        assert_identical(out, expected)
+        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        kept.append((out, expected))
+    plan = compiled._plans.last
+    assert plan.whole and "# ['target']['labels']" in plan.compiled.source.replace('"', "'")
+    for out, expected in kept:
+        assert_identical(out, expected)
+    again = pickle.loads(pickle.dumps(kept[-1][0]))  # its layout's parts made when asked
+    assert_identical(again, kept[-1][1])
+
+
+ONE_TARGET_OFF = {
+    "another key order": {"labels": torch.arange(1), "boxes": torch.rand(1, 4)},
+    "an extra key": {"boxes": torch.rand(1, 4), "labels": torch.arange(1), "area": torch.rand(1)},
+    "a missing key": {"boxes": torch.rand(1, 4)},
+    "a number": {"boxes": torch.rand(1, 4), "labels": 3},
+    "another dtype": {"boxes": torch.rand(1, 4, dtype=torch.float64), "labels": torch.arange(1)},
+    "a list": {"boxes": [[0.0, 0.0, 1.0, 1.0]], "labels": torch.arange(1)},
+    "an ordered dict": collections.OrderedDict(boxes=torch.rand(1, 4), labels=torch.arange(1)),
+    "None": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_TARGET_OFF))
+def test_a_target_one_fact_off_gives_what_the_careful_walk_gives(case):
+    compiled, careful = (MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=c) for c in (True, False))
+    warm = _detections(random.Random(1), 3)
+    compiled(warm), compiled(warm)
+    assert "map(dict, map(zip" in compiled._plans.last.compiled.source
+    batch = _detections(random.Random(2), 3)
+    batch[1]["target"] = ONE_TARGET_OFF[case]
+    try:
+        expected = careful(batch)
+    except pincollate.CollateError as error:
+        with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+            compiled(batch)
+    else:
+        assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))
+
+
+def test_per_sample_targets_in_pinned_memory_are_built_by_the_layout(fake_pinned):
+    batch = _detections(random.Random(3), 4)
+    batch[0]["target"] = {"boxes": torch.rand(2, 4), "labels": torch.arange(2)}
+    compiled = MMCollate(pin_memory=True, fields=PER_SAMPLE)
+    for _ in range(3):
+        out = compiled(batch)
+    assert "map(dict, map(zip" in compiled._plans.last.compiled.source
+    assert_identical(out, MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=False)(batch))

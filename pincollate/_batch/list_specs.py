@@ -113,7 +113,10 @@ class RowsSpec(Spec):
 
     def build(self, views: Views) -> Any:
         columns = [column.build(views) for column in self.columns]
-        return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in zip(*columns, strict=True)]
+        rows = zip(*columns, strict=True)
+        if self.cls is None:  # dicts: made at C speed, a call for the lot
+            return list(map(dict, map(zip, itertools.repeat(self.keys), rows)))
+        return [make_mapping(self.cls, dict(zip(self.keys, row, strict=True))) for row in rows]
 
 
 class GroupsSpec(Spec):

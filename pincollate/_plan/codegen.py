@@ -55,6 +55,7 @@ from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
 from .recipe import NumberLists, number_tensor
+from .rows import PerSampleRecipe, Rows, Tensors
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
@@ -127,7 +128,7 @@ class _PlanWriter(Writer):
         #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
-        self.padded: list[tuple[CarefulOp, str, dict[str, str]]] = []
+        self.padded: list[tuple[CarefulOp, str, dict[str, Any]]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -282,11 +283,20 @@ def compile_listed(
     assert copies is not None
     fixed = len(copies)
     fixed_bulk = with_regions(bulk, [spec for _, spec, _, _ in copies])
-    listed = ListedParts(nparts, [(part.index, part.recipe.dtype) for part, _, _ in w.padded])  # type: ignore[union-attr]
+    # The lists in order (a PerSample mapping's columns are a list each), and what each part is made of.
+    units = [found["recipe"].dtype for _, _, found in w.padded]
+    shapes_of: dict[int, Any] = {}
+    for j, (part, _, found) in enumerate(w.padded):
+        group = found["group"]
+        if group is None:
+            shapes_of[part.index] = j
+        else:
+            shapes_of.setdefault(part.index, (group, []))[1].append(j)
+    listed = ListedParts(nparts, units, shapes_of)
     # Each list after the one before it, each starting aligned.
     end = w.const(nbytes)
     geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
-    for j, (part, _, found) in enumerate(w.padded):
+    for j, (_, _, found) in enumerate(w.padded):
         start, after = w.local("o"), w.local("e")
         w.line(1, f"{start} = {end}")
         w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
@@ -295,7 +305,7 @@ def compile_listed(
         geometry.append(f"{found['split']}, {found['trailing']}, {start}")
         shapes.append(shape)
         offsets.append(start)
-        dtypes.append(w.const(numpy_dtype(part.recipe.dtype)))  # type: ignore[union-attr]
+        dtypes.append(w.const(numpy_dtype(units[j])))
         ids.append(str(-1 - j))  # no object's id: the lists' regions in ``made``
     w.line(
         1,
@@ -310,28 +320,40 @@ def compile_listed(
     )
     _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
     w.line(1, "made = views.made")
-    expressions: Parts = {}
+    items = []
     for j, (part, _, found) in enumerate(w.padded):
-        region, items = w.local("x"), w.local("items")
+        region = w.local("x")
         key = ids[j]
         w.line(
             1,
-            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(part.recipe.dtype)}, {shapes[j]}, {offsets[j]})",  # type: ignore[union-attr]
+            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(units[j])}, {shapes[j]}, {offsets[j]})",
         )
         copies.append((concat_tensors, region, found["pieces"], part))
         found["region"] = region
-        expressions[part.index] = (items, ())
+        items.append(w.local("items"))
     _copies(w, copies, size, fixed)
     # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
-    splits = [
-        f"{expressions[part.index][0]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
-        for part, _, found in w.padded
+    lines = [
+        f"{items[j]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
+        for j, (_, _, found) in enumerate(w.padded)
     ]
-    _output(w, template, frozenset(bulk[0]), expressions, splits)
+    expressions: Parts = {}
+    for index, made_of in shapes_of.items():
+        if type(made_of) is int:
+            expressions[index] = (items[made_of], ())
+            continue
+        keys, members = made_of
+        rows = w.local("rows")
+        # A dict per sample over its values of each column, at C speed.
+        columns = ", ".join(items[j] for j in members)
+        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys)}), zip({columns}, strict=True))))")
+        expressions[index] = (rows, ())
+    _output(w, template, frozenset(bulk[0]), expressions, lines)
     kernels = {
         "slow": slow,
         "Layout": Layout,
         "ALIGN": ALIGN,
+        "repeat": itertools.repeat,
         "cat": torch.cat,
         "pitch": pitch,
         "prod": math.prod,
@@ -341,11 +363,23 @@ def compile_listed(
     return _compiled(w, description, kernels)
 
 
-def _listed(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
-    """A per-sample list of a listed plan: its guards, its values' rows and the gaps that align each."""
-    recipe = op.recipe
+def _listed(
+    w: _PlanWriter,
+    op: CarefulOp,
+    column: str,
+    depth: int,
+    recipe: Any = None,
+    group: Any = None,
+    path: Path | None = None,
+) -> None:
+    """A per-sample list of a listed plan: its guards, its values' rows and the gaps that align each.
+
+    ``recipe``: the list's own (a ``PerSample()`` mapping's column), where it is not the part's;
+    ``group``: then the mapping's keys; ``path``: the column's key path.
+    """
+    recipe = op.recipe if recipe is None else recipe
     assert type(recipe) is ListRecipe
-    _comment(w, depth, op.path)
+    _comment(w, depth, op.path if path is None else path)
     slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
     shapes, rows, gaps, split, total, pieces = (w.local(stem) for stem in ("s", "r", "g", "split", "total", "pieces"))
     w.line(depth, "try:")
@@ -392,8 +426,42 @@ def _listed(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         f"{pieces} = [piece for value, count, gap in zip({column}, {rows}, {gaps}, strict=True)"
         f" for piece in ((value, {zeros}[gap]) if gap else (value,) if count else ())]",
     )
-    found = {"split": split, "total": total, "trailing": trailing, "row": row, "pieces": pieces}
+    found = {
+        "split": split,
+        "total": total,
+        "trailing": trailing,
+        "row": row,
+        "pieces": pieces,
+        "recipe": recipe,
+        "group": group,
+    }
     w.padded.append((op, "None", found))
+
+
+def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """``PerSample()`` of dicts whose every key holds per-sample tensors: each key's column a list of the plan."""
+    recipe = op.recipe
+    assert type(recipe) is PerSampleRecipe and type(recipe.column) is Rows
+    rows = recipe.column
+    _comment(w, depth, op.path)
+    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+    # One class, the planned keys in order and of the planned types, for every sample (at C speed).
+    w.line(
+        depth,
+        f"if set(map(type, {column})) != {w.const(rows.types)} or set(map(tuple, {column})) != {w.const(rows.key_sets)}"
+        f" or set(map(tuple, map(map, repeat(type), {column}))) != {w.const(rows.key_types)}:",
+    )
+    w.line(depth + 1, slow)
+    columns = w.local("cols")
+    if len(rows.keys) == 1:
+        w.line(depth, f"{columns} = [list(map({w.const(rows.gather)}, {column}))]")
+    else:
+        w.line(depth, f"{columns} = list(zip(*map({w.const(rows.gather)}, {column}), strict=True))")
+    for j, (key, kind) in enumerate(zip(rows.keys, rows.columns, strict=True)):
+        assert type(kind) is Tensors
+        local = w.local("c")
+        w.line(depth, f"{local} = {columns}[{j}]")
+        _listed(w, op, local, depth, kind.recipe, rows.keys, (*op.path, key))
 
 
 def _output(
@@ -511,6 +579,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
             _padded(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is PerSampleRecipe:  # type: ignore[attr-defined]
+            _rows(w, op, column, depth)  # type: ignore[arg-type]
         else:
             _concatenated(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp:
@@ -541,10 +611,25 @@ def _placing(recipe: Any) -> Any:
 
 
 def is_listed(op: Op) -> bool:
-    """Whether a part node is one a listed plan places inline: ``AsList()`` of plain tensors of a dtype numpy has."""
-    if type(op) is not CarefulOp or type(op.recipe) is not ListRecipe:
+    """Whether a part node is one a listed plan places inline.
+
+    ``AsList()`` of plain tensors of a dtype numpy has, or ``PerSample()`` of dicts whose
+    every key holds such tensors (detection targets).
+    """
+    if type(op) is not CarefulOp:
         return False
     recipe = op.recipe
+    if type(recipe) is PerSampleRecipe:
+        rows = recipe.column
+        return (
+            type(rows) is Rows
+            and rows.cls is None
+            and all(type(kind) is Tensors and _listable(kind.recipe) for kind in rows.columns)
+        )
+    return type(recipe) is ListRecipe and _listable(recipe)
+
+
+def _listable(recipe: ListRecipe) -> bool:
     return not (recipe.stacks or recipe.missing or recipe.subclass) and numpy_dtype(recipe.dtype) is not None
 
 

@@ -139,12 +139,13 @@ class Rows:
     hash alike, but the careful planner keeps each sample's own key objects.
     """
 
-    __slots__ = ("cls", "columns", "gather", "key_types", "keys", "types")
+    __slots__ = ("cls", "columns", "gather", "key_sets", "key_types", "keys", "types")
 
     def __init__(self, cls: type, keys: Sequence[Hashable], columns: Sequence[Column]):
         self.types = frozenset((cls,))
         self.cls = container_cls(cls, dict)
         self.keys = tuple(keys)
+        self.key_sets = {self.keys}  # every value's keys in order, read at C speed
         #: Each value's key types, read at C speed (``map(type, value)`` for every value).
         self.key_types = {tuple(map(type, self.keys))}
         self.columns = tuple(columns)
@@ -154,7 +155,7 @@ class Rows:
     def place(self, values: Sequence[Any], fill: Fill) -> Spec | None:
         if (
             set(map(type, values)) != self.types
-            or any(tuple(value) != self.keys for value in values)
+            or set(map(tuple, values)) != self.key_sets
             or set(map(tuple, map(map, _TYPE, values))) != self.key_types
         ):
             return None

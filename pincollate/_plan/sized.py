@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import torch
+
 from .._batch.layout import Layout, Part, Spec, TensorSpec
-from .._batch.list_specs import SplitSpec
+from .._batch.list_specs import RowsSpec, SplitSpec
 from .._batch.views import Bulk
 from .packed import ConcatRecipe
 from .ragged import PadRecipe
@@ -103,25 +105,35 @@ class SizedLayouts:
 
 
 class ListedParts:
-    """The parts of a plan whose parts are all per-sample lists (``AsList()`` of plain tensors).
+    """The parts of a plan whose parts are all per-sample lists (``AsList()`` of plain tensors,
+    or ``PerSample()`` dicts of them, a list per key).
 
     Their layout changes with every batch (each sample's rows), so it is not kept: the
     compiled plan places the lists itself and hands the layout these arguments, from which
-    it makes its parts only when asked (the batch moved, pickled or checked). ``parts`` are
-    each part's index and dtype, in the order the compiled plan reads them.
+    it makes its parts only when asked (the batch moved, pickled or checked). ``dtypes`` are
+    the lists' dtypes, in the order the compiled plan places them; ``parts`` says, by part
+    index, which list is the part (its place in that order), or, for a ``PerSample()`` part,
+    the dicts' keys and the list of each key.
     """
 
-    __slots__ = ("nparts", "parts")
+    __slots__ = ("dtypes", "nparts", "parts")
 
-    def __init__(self, nparts: int, parts: Sequence[tuple[int, Any]]):
+    def __init__(self, nparts: int, dtypes: Sequence[torch.dtype], parts: dict[int, Any]):
         self.nparts = nparts
-        self.parts = tuple(parts)
+        self.dtypes = tuple(dtypes)
+        self.parts = dict(parts)
 
     def make(self, *geometry: Any) -> list[Part]:
         """The parts, from each list's ``split`` (its values' rows and the gaps), trailing sizes and offset."""
-        parts: list[Part | None] = [None] * self.nparts
-        for j, (index, dtype) in enumerate(self.parts):
+        lists = []
+        for j, dtype in enumerate(self.dtypes):
             split, trailing, offset = geometry[3 * j : 3 * j + 3]
-            region = TensorSpec(dtype, (sum(split), *trailing), offset)
-            parts[index] = Part(SplitSpec(region, split))
+            lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split))
+        parts: list[Part | None] = [None] * self.nparts
+        for index, made_of in self.parts.items():
+            if type(made_of) is int:
+                parts[index] = Part(lists[made_of])
+            else:
+                keys, members = made_of
+                parts[index] = Part(RowsSpec(None, keys, [lists[j] for j in members]))
         return parts  # type: ignore[return-value]
