@@ -331,8 +331,12 @@ def test_figures_read_on_another_thread_are_whole():
     sys.setswitchinterval(1e-6)  # threads switch as often as they can: a torn read would show
     reader.start()
     try:
-        for _ in range(3):
+        # Until the reader has read often enough while figures change (on a busy machine
+        # it may get few turns a pass); bounded, so a reader that never reads still fails.
+        for _ in range(200):
             _drain(meter)
+            if len(snapshots) > 10:
+                break
     finally:
         stop.set()
         reader.join()

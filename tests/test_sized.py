@@ -530,3 +530,71 @@ def test_per_sample_targets_in_pinned_memory_are_built_by_the_layout(fake_pinned
         out = compiled(batch)
     assert "map(dict, map(zip" in compiled._plans.last.compiled.source
     assert_identical(out, MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=False)(batch))
+
+
+def _coco(rng: random.Random, n: int) -> list[dict]:
+    values = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    out = []
+    for i in range(n):
+        count = rng.randint(0, 5)
+        target = {
+            "boxes": torch.rand(count, 4, generator=values),
+            "labels": torch.arange(count),
+            "image_id": i,
+            "scale": 0.5 * i,
+            "area": torch.rand(count, generator=values),
+            "file": f"{i}.jpg",
+        }
+        out.append({"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "target": target})
+    return out
+
+
+def test_per_sample_targets_with_numbers_and_strings_are_placed_by_the_plan_s_function():
+    compiled, careful = (MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=c) for c in (True, False))
+    rng = random.Random(8)
+    kept = []
+    for _ in range(10):
+        batch = _coco(rng, 4)
+        out, expected = compiled(batch), careful(batch)
+        assert_identical(out, expected)
+        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        kept.append((out, expected))
+    assert "map(dict, map(zip" in compiled._plans.last.compiled.source
+    for out, expected in kept:
+        assert_identical(out, expected)
+    out = kept[-1][0]
+    assert out["target"][1]["image_id"].dim() == 0 and out["target"][2]["file"] == "2.jpg"
+    stream = io.BytesIO()
+    torch.save(out, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), kept[-1][1])
+
+
+ONE_FIELD_OFF = {
+    "a float id": ("image_id", 1.5),
+    "an id beyond int64": ("image_id", 2**63),
+    "a bool id": ("image_id", True),
+    "bytes for a name": ("file", b"1.jpg"),
+    "None for a name": ("file", None),
+    "a number for a name": ("file", 3),
+    "an int scale": ("scale", 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_FIELD_OFF))
+def test_a_target_field_one_fact_off_gives_what_the_careful_walk_gives(case):
+    compiled, careful = (MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=c) for c in (True, False))
+    warm = _coco(random.Random(1), 3)
+    compiled(warm), compiled(warm)
+    assert "map(dict, map(zip" in compiled._plans.last.compiled.source
+    batch = _coco(random.Random(2), 3)
+    key, value = ONE_FIELD_OFF[case]
+    batch[1]["target"][key] = value
+    try:
+        expected = careful(batch)
+    except pincollate.CollateError as error:
+        with pytest.raises(pincollate.CollateError, match=re.escape(str(error))):
+            compiled(batch)
+    else:
+        assert_identical(compiled(batch), expected)
+    assert_identical(compiled(warm), careful(warm))

@@ -35,7 +35,7 @@ from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence
-from .._types.builtin import TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
+from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .fill import Mismatch
 from .listed import ListRecipe, _zeros
 from .ops import (
@@ -55,7 +55,7 @@ from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
 from .recipe import NumberLists, number_tensor
-from .rows import PerSampleRecipe, Rows, Tensors
+from .rows import Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
@@ -129,6 +129,11 @@ class _PlanWriter(Writer):
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
         self.padded: list[tuple[CarefulOp, str, dict[str, Any]]] = []
+        #: A listed plan's PerSample() parts, by index: their keys, and each key's list (its
+        #: place in ``padded``) or value list (its index among the batch's values).
+        self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]]]] = {}
+        self.nvalues = 0
+        self.size = 0
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -283,15 +288,14 @@ def compile_listed(
     assert copies is not None
     fixed = len(copies)
     fixed_bulk = with_regions(bulk, [spec for _, spec, _, _ in copies])
-    # The lists in order (a PerSample mapping's columns are a list each), and what each part is made of.
-    units = [found["recipe"].dtype for _, _, found in w.padded]
+    # The lists in order (a PerSample mapping's tensor and number columns are a list each), and
+    # what each part is made of: a list, or a PerSample part's keys and each key's list or values.
+    units = [(found["recipe"].dtype, (((),) * size) if "numbers" in found else None) for _, _, found in w.padded]
     shapes_of: dict[int, Any] = {}
     for j, (part, _, found) in enumerate(w.padded):
-        group = found["group"]
-        if group is None:
+        if found["group"] is None:
             shapes_of[part.index] = j
-        else:
-            shapes_of.setdefault(part.index, (group, []))[1].append(j)
+    shapes_of.update(w.rows)
     listed = ListedParts(nparts, units, shapes_of)
     # Each list after the one before it, each starting aligned.
     end = w.const(nbytes)
@@ -305,7 +309,7 @@ def compile_listed(
         geometry.append(f"{found['split']}, {found['trailing']}, {start}")
         shapes.append(shape)
         offsets.append(start)
-        dtypes.append(w.const(numpy_dtype(units[j])))
+        dtypes.append(w.const(numpy_dtype(units[j][0])))
         ids.append(str(-1 - j))  # no object's id: the lists' regions in ``made``
     w.line(
         1,
@@ -326,17 +330,23 @@ def compile_listed(
         key = ids[j]
         w.line(
             1,
-            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(units[j])}, {shapes[j]}, {offsets[j]})",
+            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(units[j][0])}, {shapes[j]}, {offsets[j]})",
         )
-        copies.append((concat_tensors, region, found["pieces"], part))
+        if "numbers" in found:
+            copies.append((fill_spaced, region, found["column"], part))
+        else:
+            copies.append((concat_tensors, region, found["pieces"], part))
         found["region"] = region
         items.append(w.local("items"))
     _copies(w, copies, size, fixed)
     # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
-    lines = [
-        f"{items[j]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
-        for j, (_, _, found) in enumerate(w.padded)
-    ]
+    lines = []
+    for j, (_, _, found) in enumerate(w.padded):
+        pieces = f"{found['region']}.unsafe_split_with_sizes({found['split']})[0::2]"
+        if "numbers" in found:  # a 0-d tensor each
+            lines.append(f"{items[j]} = list(map(VIEW, {pieces}, repeat(())))")
+        else:
+            lines.append(f"{items[j]} = list({pieces})")
     expressions: Parts = {}
     for index, made_of in shapes_of.items():
         if type(made_of) is int:
@@ -345,7 +355,7 @@ def compile_listed(
         keys, members = made_of
         rows = w.local("rows")
         # A dict per sample over its values of each column, at C speed.
-        columns = ", ".join(items[j] for j in members)
+        columns = ", ".join(items[at] if kind == "list" else f"values[{at}]" for kind, at in members)
         lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys)}), zip({columns}, strict=True))))")
         expressions[index] = (rows, ())
     _output(w, template, frozenset(bulk[0]), expressions, lines)
@@ -354,6 +364,9 @@ def compile_listed(
         "Layout": Layout,
         "ALIGN": ALIGN,
         "repeat": itertools.repeat,
+        "VIEW": torch.Tensor.view,
+        "KEPT_VALUES": KEPT_VALUES,
+        "fill_spaced": fill_spaced,
         "cat": torch.cat,
         "pitch": pitch,
         "prod": math.prod,
@@ -457,11 +470,43 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         w.line(depth, f"{columns} = [list(map({w.const(rows.gather)}, {column}))]")
     else:
         w.line(depth, f"{columns} = list(zip(*map({w.const(rows.gather)}, {column}), strict=True))")
+    members: list[tuple[str, int]] = []
+    w.rows[op.index] = (rows.keys, members)
     for j, (key, kind) in enumerate(zip(rows.keys, rows.columns, strict=True)):
-        assert type(kind) is Tensors
         local = w.local("c")
         w.line(depth, f"{local} = {columns}[{j}]")
-        _listed(w, op, local, depth, kind.recipe, rows.keys, (*op.path, key))
+        path = (*op.path, key)
+        if type(kind) is Tensors:
+            members.append(("list", len(w.padded)))
+            _listed(w, op, local, depth, kind.recipe, rows.keys, path)
+        elif type(kind) is Numbers:
+            # Numbers of one type: a 0-d tensor each, one per aligned step of one region.
+            _comment(w, depth, path)
+            w.line(depth, f"if set(map(type, {local})) != {w.const(kind.types)}:")
+            w.line(depth + 1, slow)
+            members.append(("list", len(w.padded)))
+            n = len(w.padded)
+            found = {
+                "numbers": kind,
+                "column": local,
+                "split": w.const((1, kind.step - 1) * w.size),
+                "total": w.const(kind.step * w.size),
+                "trailing": "()",
+                "row": w.const(kind.dtype.itemsize),
+                "recipe": kind,
+                "group": rows.keys,
+            }
+            assert n == len(w.padded)
+            w.padded.append((op, "None", found))
+        else:
+            assert type(kind) is Values
+            # Strings, bytes, None: the samples' own, kept beside the buffer.
+            _comment(w, depth, path)
+            w.line(depth, f"if not KEPT_VALUES.issuperset(map(type, {local})):")
+            w.line(depth + 1, slow)
+            members.append(("value", w.nvalues))
+            w.line(depth, f"values.append(list({local}))  # values[{w.nvalues}]")
+            w.nvalues += 1
 
 
 def _output(
@@ -490,6 +535,8 @@ def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
     w.line(1, f"if len(samples) != {size}:")
     w.line(2, "raise Mismatch()  # another batch size (an epoch's last batch): another plan")
     w.line(1, f"values = [None] * {nvalues}" if nvalues else "values = []")
+    w.nvalues = nvalues
+    w.size = size
     _emit(w, op, "samples", 1)
 
 
@@ -624,7 +671,12 @@ def is_listed(op: Op) -> bool:
         return (
             type(rows) is Rows
             and rows.cls is None
-            and all(type(kind) is Tensors and _listable(kind.recipe) for kind in rows.columns)
+            and all(
+                (type(kind) is Tensors and _listable(kind.recipe))
+                or (type(kind) is Numbers and numpy_dtype(kind.dtype) is not None)
+                or type(kind) is Values
+                for kind in rows.columns
+            )
         )
     return type(recipe) is ListRecipe and _listable(recipe)
 

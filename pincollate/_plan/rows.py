@@ -52,6 +52,7 @@ __all__ = [
     "Tensors",
     "Values",
     "column_for",
+    "fill_spaced",
     "per_sample_recipe",
 ]
 
@@ -78,11 +79,11 @@ class Numbers:
             return None
         n, step = len(values), self.step
         region = place(fill, self.dtype, (n * step,))
-        fill.tasks.append((_fill_spaced, region, values, None))
+        fill.tasks.append((fill_spaced, region, values, None))
         return SplitSpec(region, (1, step - 1) * n, ((),) * n)
 
 
-def _fill_spaced(region: torch.Tensor, values: list[Any]) -> None:
+def fill_spaced(region: torch.Tensor, values: list[Any]) -> None:
     # One value at the start of each aligned step; the gaps are never read.
     region.numpy()[:: len(region) // len(values)] = values
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._batch.layout import Layout, Part, Spec, TensorSpec
+from .._batch.layout import Layout, Part, Spec, TensorSpec, ValueSpec
 from .._batch.list_specs import RowsSpec, SplitSpec
 from .._batch.views import Bulk
 from .packed import ConcatRecipe
@@ -116,24 +116,25 @@ class ListedParts:
     the dicts' keys and the list of each key.
     """
 
-    __slots__ = ("dtypes", "nparts", "parts")
+    __slots__ = ("lists", "nparts", "parts")
 
-    def __init__(self, nparts: int, dtypes: Sequence[torch.dtype], parts: dict[int, Any]):
+    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, Any]], parts: dict[int, Any]):
         self.nparts = nparts
-        self.dtypes = tuple(dtypes)
+        self.lists = tuple(lists)  # each list's dtype, and its values' shapes where its region is flat
         self.parts = dict(parts)
 
     def make(self, *geometry: Any) -> list[Part]:
         """The parts, from each list's ``split`` (its values' rows and the gaps), trailing sizes and offset."""
         lists = []
-        for j, dtype in enumerate(self.dtypes):
+        for j, (dtype, shapes) in enumerate(self.lists):
             split, trailing, offset = geometry[3 * j : 3 * j + 3]
-            lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split))
+            lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split, shapes))
         parts: list[Part | None] = [None] * self.nparts
         for index, made_of in self.parts.items():
             if type(made_of) is int:
                 parts[index] = Part(lists[made_of])
             else:
                 keys, members = made_of
-                parts[index] = Part(RowsSpec(None, keys, [lists[j] for j in members]))
+                columns = [lists[at] if kind == "list" else ValueSpec(at) for kind, at in members]
+                parts[index] = Part(RowsSpec(None, keys, columns))
         return parts  # type: ignore[return-value]
