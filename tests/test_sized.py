@@ -598,3 +598,13 @@ def test_a_target_field_one_fact_off_gives_what_the_careful_walk_gives(case):
     else:
         assert_identical(compiled(batch), expected)
     assert_identical(compiled(warm), careful(warm))
+
+
+def test_per_sample_targets_of_strings_alone_are_kept_as_the_careful_walk_keeps_them():
+    compiled, careful = (MMCollate(pin_memory=False, fields=PER_SAMPLE, compile=c) for c in (True, False))
+    batch = [{"image": torch.zeros(2), "target": {"file": f"{i}.jpg", "crowd": None}} for i in range(3)]
+    for _ in range(3):
+        out = compiled(batch)
+        assert_identical(out, careful(batch))
+    assert "map(dict, map(zip" in compiled._plans.last.compiled.source
+    assert_identical(pickle.loads(pickle.dumps(out)), careful(batch))

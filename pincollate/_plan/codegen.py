@@ -311,9 +311,10 @@ def compile_listed(
         offsets.append(start)
         dtypes.append(w.const(numpy_dtype(units[j][0])))
         ids.append(str(-1 - j))  # no object's id: the lists' regions in ``made``
+    arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
     w.line(
         1,
-        f"layout = Layout({w.const(template)}, {end}, None, {w.const(bulk)}, ({w.const(listed.make)}, ({', '.join(geometry)},)))",
+        f"layout = Layout({w.const(template)}, {end}, None, {w.const(bulk)}, ({w.const(listed.make)}, ({arguments})))",
     )
     w.line(1, "if kind is None:  # checked only")
     w.line(2, "return layout")
@@ -452,7 +453,7 @@ def _listed(
 
 
 def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
-    """``PerSample()`` of dicts whose every key holds per-sample tensors: each key's column a list of the plan."""
+    """``PerSample()`` of dicts: each key's column of tensors or numbers a list of the plan, strings kept as they are."""
     recipe = op.recipe
     assert type(recipe) is PerSampleRecipe and type(recipe.column) is Rows
     rows = recipe.column

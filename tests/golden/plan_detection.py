@@ -72,7 +72,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     e23 = (o22 + total8 * row14 + ALIGN - 1) // ALIGN * ALIGN
     o24 = e23
     e25 = (o24 + total20 * k20 + ALIGN - 1) // ALIGN * ALIGN
-    layout = Layout(k25, e25, None, k26, (k27, (split7, t11, o22, split19, (), o24,)))
+    layout = Layout(k25, e25, None, k26, (k27, (split7, t11, o22, split19, (), o24, )))
     if kind is None:  # checked only
         return layout
     buffer = allocate(e25, kind, slots, pin_slots, pin) if into is None else into
