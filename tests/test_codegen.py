@@ -320,3 +320,20 @@ def test_one_fact_off_in_a_warm_batch_gives_what_the_careful_walk_gives(name, wh
         compiled([_base(i) for i in range(3)])
     _same_or_same_error(make, MMCollate(pin_memory=False, compile=False), compiled)
     _same_or_same_error(lambda: [_base(i) for i in range(3)], MMCollate(pin_memory=False, compile=False), compiled)
+
+
+@pytest.mark.parametrize(("planned", "later"), [((1, 2), (True, 2)), (0.0, -0.0), (1.0, True)])
+def test_keys_equal_to_the_plan_s_but_not_the_same_come_back_as_the_sample_s_own(planned, later):
+    # (True, 2) == (1, 2) and -0.0 == 0.0 with one type: a plan built with its own key objects would
+    # hand back the first batch's; such keys are each sample's own, as the careful walk keeps them.
+    def batch(key: object) -> list[dict]:
+        return [{key: torch.zeros(2), "target": {key: torch.arange(i + 1)}} for i in range(3)]
+
+    fields = {"target": pincollate.PerSample()}
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
+    compiled(batch(planned)), compiled(batch(planned))
+    out, expected = compiled(batch(later)), careful(batch(later))
+    assert_identical(out, expected)
+    assert [repr(key) for key in out] == [repr(key) for key in expected]
+    assert [repr(key) for key in out["target"][0]] == [repr(key) for key in expected["target"][0]]

@@ -36,7 +36,7 @@ from .._batch.views import ALIGN
 from .._errors import CollateError
 from .._types.build import container_cls
 from .._types.builtin import ARRAY_DTYPE, KEPT_VALUES, NUMBERS, fits_int64
-from .._types.kinds import LISTS, MAPPING, kind_of
+from .._types.kinds import EXACT_KEYS, LISTS, MAPPING, kind_of
 from .._types.leaves import lookup
 from .fill import Fill
 from .items import MAX_DEPTH
@@ -223,6 +223,8 @@ def column_for(values: Sequence[Any], depth: int = 0) -> Column | None:
     if len(types) == 1 and kind_of(first) is MAPPING and len(first):
         keys = tuple(first)
         key_types = tuple(map(type, keys))
+        if not EXACT_KEYS.issuperset(key_types):
+            return None  # -0.0 == 0.0, (True,) == (1,): the careful planner keeps each sample's own keys
         if any(tuple(value) != keys or tuple(map(type, value)) != key_types for value in values):
             return None  # True == 1: the careful planner keeps each sample's own keys
         columns = []

@@ -31,7 +31,7 @@ from .._batch.views import align, pitch
 from .._errors import Attr, CollateError
 from .._types.build import container_cls
 from .._types.builtin import KEPT_VALUES, NUMBERS, TENSOR_DTYPE, TENSOR_SHAPE, describe_tensor, fill_numbers, fits_int64
-from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
+from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
 from .items import MAX_DEPTH
 from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
@@ -274,6 +274,8 @@ class Template:
             keys = union_keys(column)  # absent keys are None in their columns
         else:
             keys = list(first_keys)
+        if not EXACT_KEYS.issuperset(map(type, keys)):
+            return self.part(path, siblings, column)  # the careful walk keeps each sample's own keys
         numbers: dict[type, list[Hashable]] = {}
         gathered: list[Hashable] = []
         for key in keys:

@@ -25,6 +25,7 @@ from .leaves import lookup, type_name
 
 __all__ = [
     "DATACLASS",
+    "EXACT_KEYS",
     "LISTS",
     "MAPPING",
     "NAMEDTUPLE",
@@ -184,6 +185,12 @@ def _classify(value: Any) -> Kind | None:
     if isinstance(value, abc.Sequence) and not isinstance(value, (str, bytes, bytearray)):
         return SEQUENCE
     return None
+
+
+#: Key types whose equal keys of one type are the same key: a plan may build its output
+#: with its own key objects. Others (a float, where -0.0 == 0.0; a tuple, where (True,) ==
+#: (1,)) are each sample's own: the careful walk keeps them.
+EXACT_KEYS = frozenset((str, int, bool, bytes, type(None)))
 
 
 def union_keys(column: Sequence[Any]) -> list[Hashable]:
