@@ -199,7 +199,8 @@ class Layout:
     buffer; no sample values. A batch carries it (``batch.layout``), and
     [MMCollate.plan][pincollate.MMCollate.plan] gives it without copying anything.
     ``root`` is the output tree's spec; ``parts`` fill its placeholders (policy
-    outputs placed anew for each batch).
+    outputs placed anew for each batch). A batch of per-sample lists made by a plan's
+    generated function makes its layout's parts when they are first asked for.
 
     Attributes:
         nbytes: the size of the buffer the layout fills, in bytes.
