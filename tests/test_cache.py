@@ -640,3 +640,22 @@ def test_a_stack_field_whose_tensors_agree_is_planned_once(monkeypatch):
         assert_identical(collate(good), default_collate(good))
     with pytest.raises(CollateError, match="Stack"):  # not tensors: Stack() says so, warm or not
         collate([{"x": "a", "y": 1}, {"x": "b", "y": 2}])
+
+
+def test_a_new_plan_describes_plain_tensor_columns_at_c_speed_not_value_by_value(monkeypatch):
+    # Plain CPU strided tensors are described by one pass over each column; the leaf handler's
+    # describe (a Python call per value) only for a column holding anything else.
+    from pincollate._plan import template
+    from pincollate._types.leaves import lookup
+
+    described = []
+    handler = lookup(torch.Tensor)
+    real = handler.describe
+    monkeypatch.setattr(handler, "describe", lambda *args: described.append(args[1]) or real(*args))
+    monkeypatch.setattr(template, "describe_tensor", lambda *args: described.append(args[1]) or real(*args))
+    samples = [{"image": torch.zeros(3, 2, 2), "a": torch.ones(4), "b": torch.ones(4), "label": i} for i in range(4)]
+    out = MMCollate(pin_memory=False)(samples)
+    assert described == [] and out["a"].shape == (4, 4)
+    sparse = [{"x": torch.zeros(2).to_sparse()} for _ in range(2)]  # not plain: described value by value
+    with pytest.raises(CollateError, match="sparse"):
+        MMCollate(pin_memory=False)(sparse)

@@ -37,7 +37,7 @@ from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence
 from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .fill import Mismatch
-from .listed import ListRecipe, _zeros
+from .listed import ListRecipe, zero_rows
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -99,6 +99,24 @@ _WHOLE: dict[str, Any] = {
     "stack": torch.stack,
     "is_grad_enabled": torch.is_grad_enabled,
     "set_grad_enabled": torch._C._set_grad_enabled,
+    "make_mapping": make_mapping,
+    "make_sequence": make_sequence,
+    # What the parts of sized and listed plans name.
+    "pad_1d": pad_1d,
+    "valid_1d": valid_1d,
+    "nonempty": nonempty,
+    "number_tensor": number_tensor,
+    "Joined": Joined,
+    "cat": torch.cat,
+    "INT32_MAX": INT32_MAX,
+    "Layout": Layout,
+    "ALIGN": ALIGN,
+    "repeat": itertools.repeat,
+    "VIEW": torch.Tensor.view,
+    "KEPT_VALUES": KEPT_VALUES,
+    "fill_spaced": fill_spaced,
+    "pitch": pitch,
+    "prod": math.prod,
 }
 
 
@@ -128,7 +146,7 @@ class _PlanWriter(Writer):
         #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
-        self.padded: list[tuple[CarefulOp, str, dict[str, Any]]] = []
+        self.parts_read: list[tuple[CarefulOp, str, dict[str, Any]]] = []
         #: A listed plan's PerSample() parts, by index: their keys, and each key's list (its
         #: place in ``padded``) or value list (its index among the batch's values).
         self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]]]] = {}
@@ -184,7 +202,7 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     if not copies:
         w.line(1, "made = views.made")
     _output(w, layout.root, frozenset(bulk[0]))
-    return _compiled(w, description, {"make_mapping": make_mapping, "make_sequence": make_sequence})
+    return _compiled(w, description, {})
 
 
 def compile_sized(
@@ -215,9 +233,9 @@ def compile_sized(
     copies = w.copies
     assert copies is not None
     fixed = len(copies)
-    parts = [(part.index, _placing(part.recipe)) for part, _, _ in w.padded]
+    parts = [(part.index, _placing(part.recipe)) for part, _, _ in w.parts_read]
     sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)
-    keys = ", ".join(key for _, key, _ in w.padded)
+    keys = ", ".join(key for _, key, _ in w.parts_read)
     # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
     w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
     w.line(1, "if sized is None:")
@@ -230,7 +248,7 @@ def compile_sized(
     # Each part's tensors, in the sized layout's order: the values, the lengths, the mask.
     expressions: Parts = {}
     at = 0
-    for part, _, found in w.padded:
+    for part, _, found in w.parts_read:
         recipe = _placing(part.recipe)
         names = [w.local("p")]
         extras = []
@@ -247,19 +265,7 @@ def compile_sized(
             _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
     _output(w, template, frozenset(bulk[0]), expressions)
-    kernels = {
-        "slow": slow,
-        "make_mapping": make_mapping,
-        "make_sequence": make_sequence,
-        "pad_1d": pad_1d,
-        "valid_1d": valid_1d,
-        "nonempty": nonempty,
-        "number_tensor": number_tensor,
-        "Joined": Joined,
-        "cat": torch.cat,
-        "INT32_MAX": INT32_MAX,
-    }
-    return _compiled(w, description, kernels), sized
+    return _compiled(w, description, {"slow": slow}), sized
 
 
 def compile_listed(
@@ -273,7 +279,10 @@ def compile_listed(
     slow: Callable[..., Any],
     description: str = "plan",
 ) -> CompiledPlan:
-    """The function that makes a whole batch of a plan whose parts are all per-sample lists (``AsList()``).
+    """The function that makes a whole batch of a plan whose parts are all per-sample lists.
+
+    ``AsList()`` of plain tensors, or ``PerSample()`` dicts whose keys hold such tensors, numbers
+    of one type, or strings, bytes and ``None`` (a list per key of tensors or numbers).
 
     As :func:`compile_sized`'s, but each list is placed by the function itself (its values'
     rows, each value starting aligned, then the next list), since every batch has its own
@@ -290,17 +299,17 @@ def compile_listed(
     fixed_bulk = with_regions(bulk, [spec for _, spec, _, _ in copies])
     # The lists in order (a PerSample mapping's tensor and number columns are a list each), and
     # what each part is made of: a list, or a PerSample part's keys and each key's list or values.
-    units = [(found["recipe"].dtype, (((),) * size) if "numbers" in found else None) for _, _, found in w.padded]
-    shapes_of: dict[int, Any] = {}
-    for j, (part, _, found) in enumerate(w.padded):
+    units = [(found["recipe"].dtype, (((),) * size) if "numbers" in found else None) for _, _, found in w.parts_read]
+    composition: dict[int, Any] = {}
+    for j, (part, _, found) in enumerate(w.parts_read):
         if found["group"] is None:
-            shapes_of[part.index] = j
-    shapes_of.update(w.rows)
-    listed = ListedParts(nparts, units, shapes_of)
+            composition[part.index] = j
+    composition.update(w.rows)
+    listed = ListedParts(nparts, units, composition)
     # Each list after the one before it, each starting aligned.
     end = w.const(nbytes)
     geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
-    for j, (_, _, found) in enumerate(w.padded):
+    for j, (_, _, found) in enumerate(w.parts_read):
         start, after = w.local("o"), w.local("e")
         w.line(1, f"{start} = {end}")
         w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
@@ -326,7 +335,7 @@ def compile_listed(
     _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
     w.line(1, "made = views.made")
     items = []
-    for j, (part, _, found) in enumerate(w.padded):
+    for j, (part, _, found) in enumerate(w.parts_read):
         region = w.local("x")
         key = ids[j]
         w.line(
@@ -342,14 +351,14 @@ def compile_listed(
     _copies(w, copies, size, fixed)
     # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
     lines = []
-    for j, (_, _, found) in enumerate(w.padded):
+    for j, (_, _, found) in enumerate(w.parts_read):
         pieces = f"{found['region']}.unsafe_split_with_sizes({found['split']})[0::2]"
         if "numbers" in found:  # a 0-d tensor each
             lines.append(f"{items[j]} = list(map(VIEW, {pieces}, repeat(())))")
         else:
             lines.append(f"{items[j]} = list({pieces})")
     expressions: Parts = {}
-    for index, made_of in shapes_of.items():
+    for index, made_of in composition.items():
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
             continue
@@ -360,21 +369,7 @@ def compile_listed(
         lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys)}), zip({columns}, strict=True))))")
         expressions[index] = (rows, ())
     _output(w, template, frozenset(bulk[0]), expressions, lines)
-    kernels = {
-        "slow": slow,
-        "Layout": Layout,
-        "ALIGN": ALIGN,
-        "repeat": itertools.repeat,
-        "VIEW": torch.Tensor.view,
-        "KEPT_VALUES": KEPT_VALUES,
-        "fill_spaced": fill_spaced,
-        "cat": torch.cat,
-        "pitch": pitch,
-        "prod": math.prod,
-        "make_mapping": make_mapping,
-        "make_sequence": make_sequence,
-    }
-    return _compiled(w, description, kernels)
+    return _compiled(w, description, {"slow": slow})
 
 
 def _listed(
@@ -394,46 +389,31 @@ def _listed(
     recipe = op.recipe if recipe is None else recipe
     assert type(recipe) is ListRecipe
     _comment(w, depth, op.path if path is None else path)
-    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
-    shapes, rows, gaps, split, total, pieces = (w.local(stem) for stem in ("s", "r", "g", "split", "total", "pieces"))
-    w.line(depth, "try:")
-    w.line(
-        depth + 1,
-        f"if set(map(type, {column})) != PLAIN or set(map(TENSOR_DTYPE, {column})) != {w.const(recipe.dtypes)}:",
-    )
-    w.line(depth + 2, slow)
-    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {column}))")
-    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
-    w.line(depth + 1, slow)
-    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
-    w.line(depth + 1, slow)
+    shapes = _tensor_guards(w, recipe, column, depth)
+    rows, gaps, split, total, pieces = (w.local(stem) for stem in ("r", "g", "split", "total", "pieces"))
     itemsize = recipe.dtype.itemsize
     if recipe.ndim == 1:
         trailing, step, zeros, row = (
             "()",
             w.const(pitch(1, itemsize)),
-            w.const(_zeros(recipe.dtype, (), pitch(1, itemsize))),
+            w.const(zero_rows(recipe.dtype, (), pitch(1, itemsize))),
             w.const(itemsize),
         )
     else:
         # Rows of one width: the values' trailing sizes agree (else the recipe lists them flat).
-        tail, trailing, step, zeros, row = (w.local(stem) for stem in ("t", "t", "step", "zeros", "row"))
-        getter = w.const(operator.itemgetter(*range(1, recipe.ndim)) if recipe.ndim > 2 else operator.itemgetter(1))
-        w.line(depth, f"{tail} = {getter}({shapes}[0])")
-        w.line(depth, f"if set(map({getter}, {shapes})) != {{{tail}}}:")
-        w.line(depth + 1, slow)
-        w.line(depth, f"{trailing} = tuple({shapes}[0][1:])")
+        trailing = _trailing(w, recipe.ndim, shapes, depth)
+        step, zeros, row = (w.local(stem) for stem in ("step", "zeros", "row"))
         w.line(depth, f"{row} = prod({trailing}) * {itemsize}")
         w.line(depth, f"if not {row}:  # values without elements: listed flat by the recipe")
-        w.line(depth + 1, slow)
+        w.line(depth + 1, _SLOW)
         w.line(depth, f"{step} = pitch(1, {row})")
-        w.line(depth, f"{zeros} = {w.const(_zeros)}({w.const(recipe.dtype)}, {trailing}, {step})")
+        w.line(depth, f"{zeros} = {w.const(zero_rows)}({w.const(recipe.dtype)}, {trailing}, {step})")
     w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
     w.line(depth, f"{gaps} = [-count % {step} for count in {rows}]  # rows of zeros after each value")
     w.line(depth, f"{split} = list(chain(zip({rows}, {gaps}, strict=True)))")
     w.line(depth, f"{total} = sum({split})")
     w.line(depth, f"if not {total}:  # every value empty: each its own empty tensor, by the recipe")
-    w.line(depth + 1, slow)
+    w.line(depth + 1, _SLOW)
     # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
     w.line(
         depth,
@@ -449,7 +429,7 @@ def _listed(
         "recipe": recipe,
         "group": group,
     }
-    w.padded.append((op, "None", found))
+    w.parts_read.append((op, "None", found))
 
 
 def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
@@ -458,14 +438,13 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     assert type(recipe) is PerSampleRecipe and type(recipe.column) is Rows
     rows = recipe.column
     _comment(w, depth, op.path)
-    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
     # One class, the planned keys in order and of the planned types, for every sample (at C speed).
     w.line(
         depth,
         f"if set(map(type, {column})) != {w.const(rows.types)} or set(map(tuple, {column})) != {w.const(rows.key_sets)}"
         f" or set(map(tuple, map(map, repeat(type), {column}))) != {w.const(rows.key_types)}:",
     )
-    w.line(depth + 1, slow)
+    w.line(depth + 1, _SLOW)
     columns = w.local("cols")
     if len(rows.keys) == 1:
         w.line(depth, f"{columns} = [list(map({w.const(rows.gather)}, {column}))]")
@@ -478,15 +457,15 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         w.line(depth, f"{local} = {columns}[{j}]")
         path = (*op.path, key)
         if type(kind) is Tensors:
-            members.append(("list", len(w.padded)))
+            members.append(("list", len(w.parts_read)))
             _listed(w, op, local, depth, kind.recipe, rows.keys, path)
         elif type(kind) is Numbers:
             # Numbers of one type: a 0-d tensor each, one per aligned step of one region.
             _comment(w, depth, path)
             w.line(depth, f"if set(map(type, {local})) != {w.const(kind.types)}:")
-            w.line(depth + 1, slow)
-            members.append(("list", len(w.padded)))
-            n = len(w.padded)
+            w.line(depth + 1, _SLOW)
+            members.append(("list", len(w.parts_read)))
+            n = len(w.parts_read)
             found = {
                 "numbers": kind,
                 "column": local,
@@ -497,14 +476,14 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
                 "recipe": kind,
                 "group": rows.keys,
             }
-            assert n == len(w.padded)
-            w.padded.append((op, "None", found))
+            assert n == len(w.parts_read)
+            w.parts_read.append((op, "None", found))
         else:
             assert type(kind) is Values
             # Strings, bytes, None: the samples' own, kept beside the buffer.
             _comment(w, depth, path)
             w.line(depth, f"if not KEPT_VALUES.issuperset(map(type, {local})):")
-            w.line(depth + 1, slow)
+            w.line(depth + 1, _SLOW)
             members.append(("value", w.nvalues))
             w.line(depth, f"values.append(list({local}))  # values[{w.nvalues}]")
             w.nvalues += 1
@@ -723,42 +702,24 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     recipe = op.recipe
     assert type(recipe) is ConcatRecipe
     _comment(w, depth, op.path)
-    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
     found = {"values": column}
     if recipe.containers is not None:  # per-sample lists of items, chained
         counts, values = w.local("n"), w.local("v")
         w.line(depth, f"if set(map(type, {column})) - {w.const(recipe.containers - {type(None)})}:")
-        w.line(depth + 1, slow)
+        w.line(depth + 1, _SLOW)
         w.line(depth, f"{counts} = list(map(len, {column}))")
         w.line(depth, f"{values} = list(chain({column}))")
         found.update(values=values, counts=counts)
     values = found["values"]
-    shapes, rows, key = w.local("s"), w.local("r"), w.local("m")
-    w.line(depth, "try:")
-    w.line(
-        depth + 1,
-        f"if not {values} or set(map(type, {values})) != {w.const(recipe.types)}"
-        f" or set(map(TENSOR_DTYPE, {values})) != {w.const(recipe.dtypes)}:",
-    )
-    w.line(depth + 2, slow)
-    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
-    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
-    w.line(depth + 1, slow)
-    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
-    w.line(depth + 1, slow)
-    trailing = "()"
-    if recipe.ndim > 1:
-        tail, trailing = w.local("t"), w.local("t")
-        w.line(depth, f"{tail} = {w.const(recipe.tail)}({shapes}[0])")
-        w.line(depth, f"if set(map({w.const(recipe.tail)}, {shapes})) != {{{tail}}}:")
-        w.line(depth + 1, slow)
-        w.line(depth, f"{trailing} = tuple({shapes}[0][1:])")
+    shapes = _tensor_guards(w, recipe, values, depth, some=True)
+    trailing = _trailing(w, recipe.ndim, shapes, depth) if recipe.ndim > 1 else "()"
+    rows, key = w.local("r"), w.local("m")
     w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
     w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
     w.line(depth, f"if {key}[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error")
-    w.line(depth + 1, slow)
+    w.line(depth + 1, _SLOW)
     found["rows"] = rows
-    w.padded.append((op, key, found))
+    w.parts_read.append((op, key, found))
 
 
 def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
@@ -766,46 +727,71 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     recipe = _placing(op.recipe)
     assert type(recipe) is PadRecipe
     _comment(w, depth, op.path)
-    slow = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
-    shapes, lengths, key = w.local("s"), w.local("l"), w.local("m")
+    lengths, key = w.local("l"), w.local("m")
     if type(op.recipe) is NumberLists:
         # Token ids as Python lists: one tensor of all of them, its dtype as torch.tensor infers it.
         flat, joined = w.local("flat"), w.local("joined")
         w.line(depth, f"{flat} = number_tensor({column})")
         w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
-        w.line(depth + 1, slow)
+        w.line(depth + 1, _SLOW)
         w.line(depth, f"{lengths} = list(map(len, {column}))")
         w.line(depth, f"{joined} = Joined({flat}, {lengths})  # the values, concatenated already")
-        _pad_key(w, recipe, lengths, key, depth, slow)
-        w.padded.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))
+        _pad_key(w, recipe, lengths, key, depth)
+        w.parts_read.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))
         return
-    w.line(depth, "try:")
-    w.line(
-        depth + 1,
-        f"if set(map(type, {column})) != {w.const(recipe.types)}"
-        f" or set(map(TENSOR_DTYPE, {column})) != {w.const(recipe.dtypes)}:",
-    )
-    w.line(depth + 2, slow)
-    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {column}))")
-    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
-    w.line(depth + 1, slow)
-    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
-    w.line(depth + 1, slow)
+    shapes = _tensor_guards(w, recipe, column, depth)
     if recipe.ndim == 1:
         w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")
-        _pad_key(w, recipe, lengths, key, depth, slow)
+        _pad_key(w, recipe, lengths, key, depth)
         dim = "0"
     else:
         measured, dim, sizes = w.local("measured"), w.local("d"), w.local("z")
         w.line(depth, f"{measured} = {w.const(recipe)}.measure({shapes})")
         w.line(depth, f"if {measured} is None:")
-        w.line(depth + 1, slow)
+        w.line(depth + 1, _SLOW)
         w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
         w.line(depth, f"{key} = ({dim}, {sizes})")
-    w.padded.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
+    w.parts_read.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
 
 
-def _pad_key(w: _PlanWriter, recipe: PadRecipe, lengths: str, key: str, depth: int, slow: str) -> None:
+#: A part's guard that fails: the batch goes to the plan's queued fill, which takes it or names it.
+_SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+
+
+def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: bool = False) -> str:
+    """A part's column of tensors checked at C speed, as its recipe's ``shapes`` checks it: returns the shapes' local.
+
+    One exact class, one dtype and one rank (``some``: and at least one value).
+    """
+    shapes = w.local("s")
+    empty = f"not {values} or " if some else ""
+    w.line(depth, "try:")
+    w.line(
+        depth + 1,
+        f"if {empty}set(map(type, {values})) != {w.const(recipe.types)}"
+        f" or set(map(TENSOR_DTYPE, {values})) != {w.const(recipe.dtypes)}:",
+    )
+    w.line(depth + 2, _SLOW)
+    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
+    w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")
+    w.line(depth + 1, _SLOW)
+    return shapes
+
+
+def _trailing(w: _PlanWriter, ndim: int, shapes: str, depth: int) -> str:
+    """The values' trailing sizes (``ndim`` > 1), which must agree: returns their local."""
+    getter = w.const(operator.itemgetter(*range(1, ndim)) if ndim > 2 else operator.itemgetter(1))
+    tail, trailing = w.local("t"), w.local("t")
+    w.line(depth, f"{tail} = {getter}({shapes}[0])")
+    w.line(depth, f"if set(map({getter}, {shapes})) != {{{tail}}}:")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"{trailing} = tuple({shapes}[0][1:])")
+    return trailing
+
+
+def _pad_key(w: _PlanWriter, recipe: PadRecipe, lengths: str, key: str, depth: int) -> None:
     """The size rule of 1-D values (:meth:`~pincollate._plan.ragged.PadRecipe.measure`), inline:
     the longest, then ``max_length`` or ``multiple_of``."""
     policy = recipe.policy
@@ -813,7 +799,7 @@ def _pad_key(w: _PlanWriter, recipe: PadRecipe, lengths: str, key: str, depth: i
     if policy.max_length is not None:
         most = w.const(policy.max_length)
         w.line(depth, f"if {key} > {most}:")
-        w.line(depth + 1, slow)
+        w.line(depth + 1, _SLOW)
         w.line(depth, f"{key} = {most}")
     elif policy.multiple_of is not None:
         step = w.const(policy.multiple_of)

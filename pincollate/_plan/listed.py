@@ -30,7 +30,7 @@ from .fill import Fill
 from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
 
-__all__ = ["ItemsRecipe", "ListRecipe", "items_recipe"]
+__all__ = ["ItemsRecipe", "ListRecipe", "items_recipe", "zero_rows"]
 
 
 class ListRecipe(Recipe):
@@ -79,7 +79,7 @@ class ListRecipe(Recipe):
     def sized(
         self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill, absent: Sequence[int] = ()
     ) -> Part:
-        dtype = next(iter(self.dtypes))
+        dtype = self.dtype
         first = shapes[0]
         distinct = set(shapes)  # torch.Size hashes as a tuple: one C-level pass
         wrap = self.wrap
@@ -114,7 +114,7 @@ class ListRecipe(Recipe):
             shapes_out = tuple(tuple(shape) for shape in shapes)
         gaps = [-count % step for count in counts]
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
-        zeros = _zeros(dtype, trailing, step)
+        zeros = zero_rows(dtype, trailing, step)
         # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
         pieces = [
             piece
@@ -165,7 +165,7 @@ class ItemsRecipe(Recipe):
         shapes = self.shapes(flat) if flat else None
         if shapes is None:
             return False
-        dtype = next(iter(self.dtypes))
+        dtype = self.dtype
         # Per sample: the shape its items agree on (it has some), else None.
         agreed: list[torch.Size | None] = []
         start = 0
@@ -184,7 +184,7 @@ class ItemsRecipe(Recipe):
         if self.fallback is not None and not self.fallback.done:
             self.fallback(_item_shapes(counts, agreed, shapes), items=True)
         step = ALIGN // dtype.itemsize
-        zeros = _zeros(dtype, (), step)
+        zeros = zero_rows(dtype, (), step)
         units: list[tuple[int, ...]] = []  # each unit's shape: a sample's stack, or one item
         groups: list[int] = []
         sizes: list[int] = []  # a unit's elements, then its gap
@@ -249,7 +249,7 @@ def items_recipe(
 
 
 @functools.lru_cache(maxsize=256)
-def _zeros(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
+def zero_rows(dtype: torch.dtype, trailing: tuple[int, ...], step: int) -> tuple[torch.Tensor, ...]:
     """Rows of zeros that fill the gap after a value, by the gap's length (0 to ``step - 1``)."""
     zeros = torch.zeros((step, *trailing), dtype=dtype, device="cpu")
     return tuple(zeros[:gap] for gap in range(step))

@@ -125,7 +125,7 @@ class ConcatRecipe(Recipe):
         ``spread``: under ``Jagged``, the fewest and most rows of a sample (its nested tensor's).
         """
         total, trailing, nvalues = key
-        dtype = next(iter(self.dtypes))
+        dtype = self.dtype
         specs = [TensorSpec(dtype, (total, *trailing), offset)]
         offset = align(offset + specs[0].nbytes)
         node: Spec = specs[0]
@@ -154,7 +154,7 @@ class ConcatRecipe(Recipe):
             return False  # the careful planner names the item whose shape differs
         if len(values) > INT32_MAX:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
-        stacked = place(fill, next(iter(self.dtypes)), (len(values), *shapes[0]))
+        stacked = place(fill, self.dtype, (len(values), *shapes[0]))
         fill.tasks.append((stack_tensors, stacked, values, None))
         offsets = list(range(len(values) + 1)) if counts is None else [0, *itertools.accumulate(counts)]
         extras: list[tuple[str, TensorSpec]] = []

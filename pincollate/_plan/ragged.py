@@ -141,7 +141,7 @@ class PadRecipe(Recipe):
         Returns the part, its tensors in buffer order (the values, then the lengths and the
         mask where the policy asks for them) and the offset after them.
         """
-        node = TensorSpec(next(iter(self.dtypes)), (n, *sizes), offset)
+        node = TensorSpec(self.dtype, (n, *sizes), offset)
         offset = align(offset + node.nbytes)
         specs = [node]
         extras: list[tuple[str, TensorSpec]] = []

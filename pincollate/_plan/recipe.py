@@ -233,7 +233,7 @@ class NumberLists(Recipe):
     __slots__ = ("inner",)
 
     def __init__(self, inner: Recipe):
-        super().__init__(next(iter(inner.dtypes)), 1)
+        super().__init__(inner.dtype, 1)
         self.inner = inner
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
@@ -297,7 +297,7 @@ class Arrays(Recipe):
     __slots__ = ("arrays", "inner")
 
     def __init__(self, inner: Recipe, dtype: np.dtype[Any]):
-        super().__init__(next(iter(inner.dtypes)), inner.ndim)
+        super().__init__(inner.dtype, inner.ndim)
         self.inner = inner
         self.arrays = frozenset((dtype,))
 

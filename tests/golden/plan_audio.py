@@ -23,16 +23,16 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     try:
         if set(map(type, c2)) != k7 or set(map(TENSOR_DTYPE, c2)) != k8:
             return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-        s3 = list(map(TENSOR_SHAPE, c2))
+        s5 = list(map(TENSOR_SHAPE, c2))
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    if set(map(len, s3)) != k9:
+    if set(map(len, s5)) != k9:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    measured6 = k10.measure(s3)
+    measured6 = k10.measure(s5)
     if measured6 is None:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    l4, d7, z8 = measured6
-    m5 = (d7, z8)
+    l3, d7, z8 = measured6
+    m4 = (d7, z8)
     # root
     # numbers at 'label'
     try:
@@ -41,9 +41,9 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k12) from None
     if set(map(type, r9)) != k13:
         raise Mismatch(*k14)  # ['label']
-    sized = k15.get((m5,))
+    sized = k15.get((m4,))
     if sized is None:
-        sized = k16.get((m5,))
+        sized = k16.get((m4,))
     layout, bulk, specs, ids = sized
     if kind is None:  # checked only
         return layout
@@ -59,9 +59,9 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 0  # root
         region12.numpy()[:32] = r9
         at = 1  # ['audio']
-        p11.numpy()[...] = l4
+        p11.numpy()[...] = l3
         at = 2  # ['audio']
-        pad_1d(p10, c2, l4, d7, k17, k18, None)
+        pad_1d(p10, c2, l3, d7, k17, k18, None)
     except Exception as exc:
         raise Mismatch(*k21[at].blame((r9, None, None,)[at])) from exc
     finally:

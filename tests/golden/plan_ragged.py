@@ -23,13 +23,13 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     try:
         if set(map(type, c2)) != k7 or set(map(TENSOR_DTYPE, c2)) != k8:
             return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-        s3 = list(map(TENSOR_SHAPE, c2))
+        s5 = list(map(TENSOR_SHAPE, c2))
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    if set(map(len, s3)) != k9:
+    if set(map(len, s5)) != k9:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    l4 = list(map(FIRST, s3))
-    m5 = max(l4)
+    l3 = list(map(FIRST, s5))
+    m4 = max(l3)
     # root
     # numbers at 'label'
     try:
@@ -38,9 +38,9 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k11) from None
     if set(map(type, r6)) != k12:
         raise Mismatch(*k13)  # ['label']
-    sized = k14.get((m5,))
+    sized = k14.get((m4,))
     if sized is None:
-        sized = k15.get((m5,))
+        sized = k15.get((m4,))
     layout, bulk, specs, ids = sized
     if kind is None:  # checked only
         return layout
@@ -56,9 +56,9 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 0  # root
         region9.numpy()[:32] = r6
         at = 1  # ['tokens']
-        p8.numpy()[...] = l4
+        p8.numpy()[...] = l3
         at = 2  # ['tokens']
-        pad_1d(p7, c2, l4, 0, k16, k17, None)
+        pad_1d(p7, c2, l3, 0, k16, k17, None)
     except Exception as exc:
         raise Mismatch(*k20[at].blame((r6, None, None,)[at])) from exc
     finally:

@@ -20,45 +20,45 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         raise Mismatch(*k6)  # root
     c2 = list(cols1[0])
     # ['input_ids']
-    flat6 = number_tensor(c2)
-    if flat6 is None or flat6.dtype not in k7:
+    flat5 = number_tensor(c2)
+    if flat5 is None or flat5.dtype not in k7:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    l4 = list(map(len, c2))
-    joined7 = Joined(flat6, l4)  # the values, concatenated already
-    m5 = max(l4)
+    l3 = list(map(len, c2))
+    joined6 = Joined(flat5, l3)  # the values, concatenated already
+    m4 = max(l3)
     # root
     # numbers at 'label'
     try:
-        r8 = list(map(k8, samples))
+        r7 = list(map(k8, samples))
     except KeyError:  # absent in a sample (missing='none'): planned for each batch
         raise Mismatch(*k9) from None
-    if set(map(type, r8)) != k10:
+    if set(map(type, r7)) != k10:
         raise Mismatch(*k11)  # ['label']
-    sized = k12.get((m5,))
+    sized = k12.get((m4,))
     if sized is None:
-        sized = k13.get((m5,))
+        sized = k13.get((m4,))
     layout, bulk, specs, ids = sized
     if kind is None:  # checked only
         return layout
     buffer = allocate(layout.nbytes, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)
     made = views.made
-    p9 = made[ids[0]] if ids[0] in made else specs[0].region(views)
-    p10 = made[ids[1]] if ids[1] in made else specs[1].region(views)
-    region11 = made[k16] if k16 in made else k17.region(views)
+    p8 = made[ids[0]] if ids[0] in made else specs[0].region(views)
+    p9 = made[ids[1]] if ids[1] in made else specs[1].region(views)
+    region10 = made[k16] if k16 in made else k17.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # root
-        region11.numpy()[:32] = r8
+        region10.numpy()[:32] = r7
         at = 1  # ['input_ids']
-        pad_1d(p9, joined7, l4, 0, k14, k15, valid_1d(l4, p10.shape[1], k15, p10.numpy()))
+        pad_1d(p8, joined6, l3, 0, k14, k15, valid_1d(l3, p9.shape[1], k15, p9.numpy()))
     except Exception as exc:
-        raise Mismatch(*k18[at].blame((r8, None,)[at])) from exc
+        raise Mismatch(*k18[at].blame((r7, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout
         return make_batch(layout, buffer, values, views)
-    batch = Batch({k19: p9, k20: p10, k21: made[k22]})
+    batch = Batch({k19: p8, k20: p9, k21: made[k22]})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch

@@ -23,13 +23,13 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     try:
         if set(map(type, c2)) != k7 or set(map(TENSOR_DTYPE, c2)) != k8:
             return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-        s3 = list(map(TENSOR_SHAPE, c2))
+        s5 = list(map(TENSOR_SHAPE, c2))
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    if set(map(len, s3)) != k9:
+    if set(map(len, s5)) != k9:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    l4 = list(map(FIRST, s3))
-    m5 = max(l4)
+    l3 = list(map(FIRST, s5))
+    m4 = max(l3)
     c6 = list(cols1[1])
     # ['pixel_values']
     if set(map(type, c6)) - k10:
@@ -44,17 +44,17 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     if set(map(len, s9)) != k13:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    t12 = k14(s9[0])
-    if set(map(k14, s9)) != {t12}:
+    t10 = k14(s9[0])
+    if set(map(k14, s9)) != {t10}:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    t13 = tuple(s9[0][1:])
-    r10 = list(map(FIRST, s9))
-    m11 = (sum(r10), t13, len(v8))
-    if m11[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error
+    t11 = tuple(s9[0][1:])
+    r12 = list(map(FIRST, s9))
+    m13 = (sum(r12), t11, len(v8))
+    if m13[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    sized = k15.get((m5, m11,))
+    sized = k15.get((m4, m13,))
     if sized is None:
-        sized = k16.get((m5, m11,))
+        sized = k16.get((m4, m13,))
     layout, bulk, specs, ids = sized
     if kind is None:  # checked only
         return layout
@@ -65,14 +65,14 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     p15 = made[ids[1]] if ids[1] in made else specs[1].region(views)
     p16 = made[ids[2]] if ids[2] in made else specs[2].region(views)
     p17 = made[ids[3]] if ids[3] in made else specs[3].region(views)
-    _io18, o19 = k19.offsets(r10, n7)
+    _io18, o19 = k19.offsets(r12, n7)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # ['input_ids']
-        pad_1d(p14, c2, l4, 0, k17, k18, valid_1d(l4, p15.shape[1], k18, p15.numpy()))
+        pad_1d(p14, c2, l3, 0, k17, k18, valid_1d(l3, p15.shape[1], k18, p15.numpy()))
         at = 1  # ['pixel_values']
-        cat(nonempty(v8, r10), out=p16)
+        cat(nonempty(v8, r12), out=p16)
         at = 2  # ['pixel_values']
         p17.numpy()[...] = o19
     except Exception as exc:
