@@ -216,6 +216,23 @@ def test_a_column_the_recipe_does_not_describe_is_planned_carefully():
     assert batch["ids"].dtype == torch.float32 and batch["ids_lengths"].tolist() == [2, 3]
 
 
+def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_structure(monkeypatch):
+    # ragged= names tensor fields: token ids as Python lists are lists, in the batch that
+    # plans the column and in one of another dtype that the careful walk takes alike.
+    from pincollate._integrations import columns
+
+    batches = [{"ids": _objects([1, 2, 3], [4, 5])}, {"ids": _objects([1.5, 2], [4])}, {"ids": _objects([7], [8, 9])}]
+    collate = ColumnCollate(pin_memory=False, ragged=Pad())
+    ours = [collate(batch) for batch in batches]
+    with monkeypatch.context() as patch:
+        patch.setattr(columns, "recipe_for", lambda *args: None)  # every batch walked: the reference
+        reference = ColumnCollate(pin_memory=False, ragged=Pad())
+        expected = [reference(batch) for batch in batches]
+    for got, want in zip(ours, expected, strict=True):
+        assert list(got) == list(want) == ["ids"]  # never padded, no mask beside it
+        assert_same(got["ids"], want["ids"])
+
+
 def test_an_extra_output_that_clashes_with_a_column_is_an_error():
     with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes"):
         ColumnCollate(pin_memory=False, fields={"ids": Pad()})({"ids": _ragged(), "ids_lengths": np.arange(3)})

@@ -1148,3 +1148,80 @@ def test_read_only_arrays_are_concatenated_once_and_copied_from_there(monkeypatc
             collate = MMCollate(pin_memory=False, fields=fields)
             for lengths, want in zip(([3, 1, 4], [2, 5]), expected, strict=True):
                 assert_identical(collate(_read_only(_arrays(lengths))), want)
+
+
+def _route(values: list[Any], **settings: Any) -> tuple[str, str | None] | None:
+    """The route the careful walk takes with ``values`` as field ``x`` of a collate made with ``settings``."""
+    route = MMCollate(pin_memory=False, **settings)._planner.route(values, ("x",))
+    return None if route is None else (route.kind, None if route.policy is None else type(route.policy).__name__)
+
+
+ROUTES: dict[str, tuple[dict[str, Any], list[Any], tuple[str, str | None] | None]] = {
+    "ragged tensors": ({}, [torch.zeros(2), torch.zeros(3)], ("leaves", None)),
+    "a field's Pad": ({"fields": {"x": Pad()}}, [torch.zeros(2), torch.zeros(3)], ("leaves", "Pad")),
+    "ragged= on tensors": ({"ragged": Pad()}, [torch.zeros(2), torch.zeros(3)], ("leaves", "Pad")),
+    # ragged= is for fields that can be ragged: 0-d values and numbers just stack.
+    "ragged= on 0-d tensors": ({"ragged": Pad()}, [torch.tensor(1), torch.tensor(2)], ("leaves", None)),
+    "ragged= on numbers": ({"ragged": Pad()}, [1, 2.5], ("leaves", None)),
+    "token ids under Pad": ({"fields": {"x": Pad()}}, [[1, 2], [3]], ("number lists", "Pad")),
+    # ... but token ids under ragged= are lists, never read as sequences.
+    "token ids under ragged=": ({"ragged": Pad()}, [[1, 2], [3]], ("items", None)),
+    "PerSample mappings": ({"fields": {"x": PerSample()}}, [{"a": 1}, {"a": 2}], ("per sample", "PerSample")),
+    "lists of items": ({}, [[torch.zeros(2)], [torch.zeros(2)] * 2], ("items", None)),
+    "AsList on lists": ({"fields": {"x": AsList()}}, [[torch.zeros(2)], []], ("items", "AsList")),
+    "Concat on lists": ({"fields": {"x": Concat()}}, [[torch.zeros(2)], []], ("packed items", "Concat")),
+    "arrays": ({}, [np.zeros(2), np.zeros(3)], ("leaves", None)),
+    # No recipe runs these: a mapping, strings, tensors beside arrays, a refused column.
+    "mappings": ({}, [{"a": 1}, {"a": 2}], None),
+    "strings": ({}, ["a", "b"], None),
+    "tensors beside arrays": ({}, [torch.zeros(2), np.zeros(2)], None),
+    "refused": ({"fields": {"x": Pad()}}, ["a", "b"], None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_the_careful_walk_says_which_route_a_part_takes(name):
+    settings, values, expected = ROUTES[name]
+    assert _route(values, **settings) == expected
+
+
+def test_a_routes_walk_warns_of_nothing_and_the_batch_warns_once():
+    collate = MMCollate(pin_memory=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert collate._planner.route([torch.zeros(2), torch.zeros(3)], ("x",)) == ("leaves", None)
+        assert caught == []
+        collate([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])  # its recipe lists it, and warns
+        collate([{"x": torch.zeros(4)}, {"x": torch.zeros(3)}])
+    assert [w.category for w in caught] == [RaggedFieldWarning]
+    # Warnings as errors: the route is still found (a recipe runs the field), and the batch raises.
+    strict = MMCollate(pin_memory=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RaggedFieldWarning)
+        assert strict._planner.route([torch.zeros(2), torch.zeros(3)], ("x",)) == ("leaves", None)
+        with pytest.raises(RaggedFieldWarning):
+            strict([{"x": torch.zeros(2)}, {"x": torch.zeros(3)}])
+
+
+def test_a_part_gets_the_recipe_of_the_walks_route_and_none_where_the_walk_refuses():
+    # Token ids: read as sequences under a field's Pad(), items of numbers under ragged=
+    # (which the walk applies to each item: no recipe runs that).
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()})
+    collate([{"x": [1, 2]}, {"x": [3]}])
+    (recipe,) = [op.recipe for op in _careful_ops(collate)]
+    assert type(recipe) is NumberLists and type(recipe.inner) is PadRecipe
+    collate = MMCollate(pin_memory=False, ragged=Pad())
+    collate([{"x": [1, 2]}, {"x": [3]}])
+    assert [op.recipe for op in _careful_ops(collate)] == [None]
+    # Where the walk refuses the first batch, no recipe: each batch is walked, and says why.
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()})
+    with pytest.raises(CollateError, match="Pad"):
+        collate([{"x": "a"}, {"x": "b"}])
+    assert collate._plans.planned == 0
+
+
+def _careful_ops(collate: MMCollate) -> list[Any]:
+    from pincollate._plan.cache import _nodes
+    from pincollate._plan.tree_ops import CarefulOp
+
+    return [op for op in _nodes(collate._plans.last.op) if type(op) is CarefulOp]

@@ -222,11 +222,14 @@ class ColumnCollate:
             pass
         samples = self._samples
         rules = samples._rules
-        policy = (rules.lookup(path) if rules else None) or samples.ragged
-        named = rules and rules.lookup((*path, ITEMS)) is not None
-        items = None if named or samples.ragged is not None else samples.sequences == "items"
-        fallback = samples._plans.settings.fallbacks.field(path) if policy is None else None
-        recipe = recipe_for(values, policy, samples._renames.key(path), samples.missing == "none", items, fallback)
+        recipe = None
+        # Rows read from Arrow come joined: the walk takes them one by one.
+        route = samples._planner.route(list(values.views()) if type(values) is Joined else values, path)
+        if route is not None:
+            named = rules and rules.lookup((*path, ITEMS)) is not None
+            items = None if named or samples.ragged is not None else samples.sequences == "items"
+            fallback = samples._plans.settings.fallbacks.field(path) if route.policy is None else None
+            recipe = recipe_for(values, route, samples._renames.key(path), samples.missing == "none", items, fallback)
         if recipe is not None and not recipe.fits_beside(names):
             recipe = None  # the careful planner names the clash
         self._recipes[path] = recipe

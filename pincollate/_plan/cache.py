@@ -224,7 +224,7 @@ class Plans:
             # The careful walk for the whole batch: asked for (compile=False), or it names
             # where the sample refers to itself, whatever was planned before.
             careful.add(())
-        template = Template(self.settings, careful)
+        template = Template(self.settings, careful, self.planner)
         spec, op = template.plan(samples, (), None)
         plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples), self.planner)
 

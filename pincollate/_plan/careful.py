@@ -16,13 +16,13 @@ unequal length come back as per-sample lists, each stacked where its parts agree
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from .._errors import format_path
-from .._types.builtin import NUMBER_TYPES, fits_float64, fits_int64, number_dtype
+from .._types.builtin import NUMBER_TYPES, fits_float64, fits_int64, number_dtype, numbers_tensor
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
 from .column import Column, stack_or_list
@@ -36,7 +36,30 @@ from .policies import AsList, PerSample, Policy
 if TYPE_CHECKING:
     from .patterns import FieldRules
 
-__all__ = ["Planner"]
+__all__ = ["ITEMS_ROUTE", "LEAVES", "NUMBER_LISTS", "PACKED_ITEMS", "PER_SAMPLE", "Planner", "Route"]
+
+
+class Route(NamedTuple):
+    """How the walk took a field's column: the branch, and the policy it applied there.
+
+    The one record of that choice: a part's recipe (:func:`~pincollate._plan.ragged.recipe_for`)
+    is built for the route the walk took, never chosen again beside it.
+    """
+
+    kind: str
+    policy: Policy | None
+
+
+#: Tensors, arrays or numbers, stacked, listed or under ``policy`` (the ``ragged=`` one where it applies).
+LEAVES = "leaves"
+#: Token ids as Python lists, read as 1-D sequences by ``policy``.
+NUMBER_LISTS = "number lists"
+#: ``PerSample()``: one subtree per sample.
+PER_SAMPLE = "per sample"
+#: Per-sample lists of items: no policy, ``AsList()`` or ``Stack()`` on the lists.
+ITEMS_ROUTE = "items"
+#: Per-sample lists of items under a packing policy (``Concat``, ``Jagged``).
+PACKED_ITEMS = "packed items"
 
 
 class Planner:
@@ -54,6 +77,23 @@ class Planner:
         """Plan the column ``values`` (one per sample) found at ``path``."""
         return _Walk(self).plan(values, path, None, len(path), self.items)
 
+    def route(self, values: Sequence[Any], path: Path) -> Route | None:
+        """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
+
+        ``None`` where the walk takes it by no route a recipe has (a container, strings,
+        a column that mixes tensors and arrays) or refuses it: a recipe then never runs,
+        and every batch is walked, which names the sample and key path.
+        """
+        walk = _Walk(self)
+        walk.root = len(path)
+        # Silent: the batch's own run (its recipe, or the walk) warns of a listed field.
+        walk.fallbacks = _SILENT
+        try:
+            walk.plan(values, path, None, len(path), self.items)
+        except Exception:  # refused (or a user's class failed): the walk of each batch says why
+            return None
+        return walk.route
+
 
 class _Walk(ContainerWalk):
     """One column's walk; knows the containers open on the current path (cycles)."""
@@ -65,6 +105,13 @@ class _Walk(ContainerWalk):
         self.missing = planner.missing
         self.fallbacks = planner.fallbacks
         self._open: dict[int, Path] = {}
+        #: The depth whose branch is recorded in ``route`` (-1: none).
+        self.root = -1
+        self.route: Route | None = None
+
+    def _took(self, depth: int, kind: str, policy: Policy | None) -> None:
+        if depth == self.root:
+            self.route = Route(kind, policy)
 
     # dispatch --------------------------------------------------------------------
 
@@ -77,18 +124,23 @@ class _Walk(ContainerWalk):
         first = next((v for v in values if v is not None), None) if self.missing else values[0]
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
-            return self._leaves(values, path, origins, handler, policy)
+            return self._leaves(values, path, origins, handler, policy, depth)
         if policy is not None and policy.numbers_as_sequence and _number_lists(values):
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
             sequences = self._number_sequences(values, path, origins)
-            return self._leaves(sequences, path, origins, lookup(torch.Tensor), policy)  # type: ignore[arg-type]
+            planned = self._leaves(sequences, path, origins, lookup(torch.Tensor), policy, depth)  # type: ignore[arg-type]
+            self._took(depth, NUMBER_LISTS, policy)
+            return planned
         if isinstance(policy, PerSample) and (handler is None or not handler.is_tensor):
             # A whole subtree per sample, whatever it holds: lists of per-item dicts too.
+            self._took(depth, PER_SAMPLE, policy)
             return self._per_sample(values, path, origins, depth), {}
         if policy is not None and is_sequence(first) and not is_namedtuple(first):
             if policy.takes_items:
+                self._took(depth, PACKED_ITEMS, policy)
                 return self._items_policy(values, path, origins, policy)
+            self._took(depth, ITEMS_ROUTE, policy)
             return self._sequence_policy(values, path, origins, depth, policy), {}
         if handler is not None:
             if isinstance(policy, AsList):
@@ -113,6 +165,7 @@ class _Walk(ContainerWalk):
                 origins,
             )
         if isinstance(policy, PerSample):
+            self._took(depth, PER_SAMPLE, policy)
             return self._per_sample(values, path, origins, depth), {}
         if policy is not None:
             raise self._error(
@@ -126,6 +179,9 @@ class _Walk(ContainerWalk):
             raise self._error(
                 f"the sample refers to itself: this object is also at {format_path(seen)}", 0, path, origins
             )
+        if kind_of(first) is SEQUENCE:
+            # Lists: the walk's items where their lengths differ (or always, sequences="items").
+            self._took(depth, ITEMS_ROUTE, None)
         self._open[id(first)] = path
         try:
             return container(values, path, origins, depth, items), {}
@@ -205,7 +261,13 @@ class _Walk(ContainerWalk):
         return column
 
     def _leaves(
-        self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler, policy: Policy | None
+        self,
+        values: Sequence[Any],
+        path: Path,
+        origins: Origins,
+        handler: LeafHandler,
+        policy: Policy | None,
+        depth: int = -2,
     ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
             # Every value is None (missing="none"): a packing policy gives its empty result.
@@ -218,6 +280,7 @@ class _Walk(ContainerWalk):
         if policy is None and handler.family != "number" and any(column.known.values()):
             # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
             policy = self.default
+        self._took(depth, LEAVES, policy)
         if policy is None:
             node = stack_or_list(column)
             if type(node) is not TensorNode and column.handler.stackable:
@@ -228,10 +291,12 @@ class _Walk(ContainerWalk):
     def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
         numbers = [x for v in values if v is not None for x in v]
         try:
-            dtype = torch.tensor(numbers, device="cpu").dtype if numbers else torch.int64
-            return [None if v is None else torch.tensor(list(v), dtype=dtype, device="cpu") for v in values]
+            # One tensor of all the numbers: the dtype torch.tensor gives the lot, each sample a view.
+            flat = numbers_tensor(numbers) if numbers else torch.zeros(0, dtype=torch.int64, device="cpu")
         except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
             raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
+        rows = iter(torch.split(flat, [len(v) for v in values if v is not None]))
+        return [None if v is None else next(rows) for v in values]
 
     def _as_default_collate(self, values: Sequence[Any], path: Path, origins: Origins) -> Node:
         """A column that mixes tensors, arrays and numbers: what ``default_collate`` makes of it.
@@ -273,6 +338,15 @@ class _Walk(ContainerWalk):
         return Value(values)
 
 
+class _Silent(Fallbacks):
+    """Fallbacks that report nothing: a route's walk only looks."""
+
+    def report(self, path: Path, pairs: Iterable[tuple[int, Any]], items: bool = False) -> None:
+        return None
+
+
+_SILENT = _Silent()
+
 _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
 
 
@@ -300,7 +374,8 @@ def _number_lists(values: Sequence[Any]) -> bool:
             continue
         if not isinstance(value, (list, tuple)) or is_namedtuple(value):
             return False
-        if not all(isinstance(x, _NUMBERS) for x in value):
+        # Exact number types at C speed; subclasses (an IntEnum, numpy scalars) one by one.
+        if not NUMBER_TYPES.issuperset(map(type, value)) and not all(isinstance(x, _NUMBERS) for x in value):
             return False
         found = found or bool(value)
     return found

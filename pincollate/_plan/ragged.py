@@ -9,7 +9,8 @@ copy per field: ``Pad`` as one masked assignment (large rows: one ``torch.cat`` 
 their padding, or a copy per row). Per-sample lists, ``PerSample()`` mappings
 (detection targets) and lists of items are in :mod:`pincollate._plan.listed`, ``Concat`` and
 ``Jagged`` in :mod:`pincollate._plan.packed`; Python number lists and numpy arrays are converted
-first (:mod:`pincollate._plan.recipe`). :func:`recipe_for` picks the recipe.
+first (:mod:`pincollate._plan.recipe`). :func:`recipe_for` builds the recipe for the branch the
+careful walk took with the field's first column: the walk alone chooses the policy.
 
 A batch the recipe does not describe (another dtype, a value that is too long for
 ``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives
@@ -29,6 +30,7 @@ from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
 from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
+from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Route
 from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
 from .images import images_recipe
@@ -38,7 +40,7 @@ from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
-from .recipe import Recipe, converted, kept_tensors, place, plain_tensors
+from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, place, plain_tensors
 from .rows import per_sample_recipe
 
 __all__ = ["MixedNumbers", "PadRecipe", "recipe_for"]
@@ -189,45 +191,65 @@ class MixedNumbers(Recipe):
 
 def recipe_for(
     column: Sequence[Any],
-    policy: Policy | None,
+    route: Route,
     name: Hashable,
     missing: bool = False,
     items: bool | None = None,
     fallback: FieldFallback | None = None,
 ) -> Recipe | None:
-    """The recipe for a ragged field first seen as ``column``, or ``None`` to plan it carefully each time.
+    """The recipe for a part first seen as ``column``, taken by the careful walk's ``route``; ``None``: walk each batch.
 
-    Columns of plain tensors of one dtype and one rank (at least 1), as they are or once
-    converted (Python number lists under a policy that reads them as sequences, numpy
-    arrays), get one under no policy, ``AsList``/``PerSample``, ``Pad`` (one padded
-    dimension, a pad value that fits the dtype), ``Concat`` and ``Jagged`` (``missing``:
-    absent item lists are no items); so do ``PerSample()`` mappings and per-sample lists
-    whose every place holds such tensors, numbers of one type or plain values
-    (:mod:`pincollate._plan.rows`), PIL images of one class and mode (:mod:`pincollate._plan.images`), and, under no
-    policy, Python numbers of several types (:class:`MixedNumbers`); so do per-sample lists
-    of such tensors as items, under ``AsList()`` and ``Stack()`` too, and under no policy: ``items`` says whether lists
-    are items (``sequences="items"``) or transposed where their lengths agree; ``None``
-    where a field rule names the items, which the careful planner then applies.
-    ``fallback`` reports a field without a policy that this batch lists (:mod:`.fallback`).
+    The walk (:meth:`~pincollate._plan.careful.Planner.route`) chose the branch and the
+    policy; a recipe only says whether it can run that choice at C speed: plain tensors of
+    one dtype and one rank (at least 1), as they are or once converted (Python number
+    lists, numpy arrays), listed, padded (one padded dimension, a pad value that fits the
+    dtype), concatenated or jagged; ``PerSample()`` mappings and per-sample lists whose
+    every place holds such tensors, numbers of one type or plain values
+    (:mod:`pincollate._plan.rows`); PIL images of one class (:mod:`pincollate._plan.images`); Python
+    numbers of several types (:class:`MixedNumbers`); per-sample lists of such tensors as
+    items. ``items`` says whether lists are items (``sequences="items"``) or transposed
+    where their lengths agree; ``None`` where a field rule names the items or ``ragged=``
+    is set, which the walk then applies to each item. ``fallback`` reports a field
+    without a policy that this batch lists (:mod:`.fallback`).
     """
-    if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
-        return MixedNumbers()
-    as_tensors = converted(column, policy)
-    if as_tensors is not None:  # token ids as Python lists, numpy arrays: converted for each batch
-        tensors, wrap = as_tensors
-        inner = recipe_for(tensors, policy, name, fallback=fallback)
-        return None if inner is None else wrap(inner)
-    if type(policy) is Concat or type(policy) is Jagged:
+    kind, policy = route
+    if kind == LEAVES:
+        return _leaves(column, policy, name, missing, fallback)
+    if kind == NUMBER_LISTS:
+        flat = number_tensor(column)
+        inner = None if flat is None else _leaves(torch.split(flat, list(map(len, column))), policy, name)
+        return None if inner is None else NumberLists(inner)
+    if kind == PACKED_ITEMS:
         assert isinstance(policy, Concat)
         return concat_recipe(column, policy, name, missing)
     lists = bool(column) and type(column[0]) in LISTS  # per-sample lists: items, or a subtree's
-    if type(policy) is PerSample and (lists or (bool(column) and kind_of(column[0]) is MAPPING)):
-        return per_sample_recipe(column)
-    if lists and items is not None:
+    if kind == PER_SAMPLE:
+        return per_sample_recipe(column) if lists or (bool(column) and kind_of(column[0]) is MAPPING) else None
+    if kind == ITEMS_ROUTE and lists and items is not None:
         if policy is None:
             return items_recipe(column, items, fallback=fallback)
         if type(policy) in (AsList, Stack):
             return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
+    return None
+
+
+def _leaves(
+    column: Sequence[Any],
+    policy: Policy | None,
+    name: Hashable,
+    missing: bool = False,
+    fallback: FieldFallback | None = None,
+) -> Recipe | None:
+    """The recipe for a column of tensors, arrays or numbers under ``policy`` (the walk's :data:`LEAVES` route)."""
+    if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
+        return MixedNumbers()
+    as_tensors = array_column(column)
+    if as_tensors is not None:  # numpy arrays: converted for each batch
+        inner = _leaves(as_tensors, policy, name, fallback=fallback)
+        return None if inner is None else Arrays(inner, column[0].dtype)
+    if type(policy) is Concat or type(policy) is Jagged:
+        assert isinstance(policy, Concat)
+        return concat_recipe(column, policy, name, missing)
     if missing and (policy is None or type(policy) in (Pad, AsList, PerSample)):
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):

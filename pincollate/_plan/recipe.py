@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
-from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE
+from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE, numbers_tensor
 from .._types.kinds import LISTS
 from .._types.leaves import lookup
 from .._types.wrap import Wrap
@@ -28,17 +28,14 @@ from .fill import Fill
 from .ops import PLAIN
 from .padding import Joined
 
-if TYPE_CHECKING:
-    from .policies import Policy
-
 __all__ = [
     "PLAIN",
     "Arrays",
     "NumberLists",
     "Recipe",
+    "array_column",
     "array_tensors",
     "concatenated_arrays",
-    "converted",
     "kept_tensors",
     "number_tensor",
     "place",
@@ -212,11 +209,7 @@ def number_tensor(column: Sequence[Any]) -> torch.Tensor | None:
     if not flat or types - NUMBER_TYPES:
         return None
     try:
-        if int in types and float not in types:
-            # Ints (and bools among them): int64, as torch.tensor infers, at numpy's speed
-            # (torch.tensor reads a list of ints five times slower than np.array does).
-            return torch.from_numpy(np.array(flat, dtype=np.int64))
-        return torch.tensor(flat, device="cpu")
+        return numbers_tensor(flat, types)
     except (OverflowError, RuntimeError, TypeError, ValueError):  # an int beyond int64: the careful error
         return None
 
@@ -311,22 +304,9 @@ class Arrays(Recipe):
         return self.inner.extras()
 
 
-def converted(
-    column: Sequence[Any], policy: Policy | None
-) -> tuple[Sequence[torch.Tensor], Callable[[Recipe], Recipe]] | None:
-    """A column a recipe takes once converted: the tensors to plan it by, and the recipe's wrapper.
-
-    Python number lists (under a policy that reads them as sequences) and numpy arrays;
-    ``None`` for anything else.
-    """
-    if policy is not None and policy.numbers_as_sequence:
-        flat = number_tensor(column)
-        if flat is not None:
-            return torch.split(flat, list(map(len, column))), NumberLists
+def array_column(column: Sequence[Any]) -> Sequence[torch.Tensor] | None:
+    """A column of numpy arrays of one dtype as tensors (:func:`array_tensors`, else :func:`concatenated_arrays`); ``None`` for anything else."""
     tensors: Sequence[torch.Tensor] | None = array_tensors(column)
     if tensors is None or len(set(map(ARRAY_DTYPE, column))) != 1:
         tensors = concatenated_arrays(column)
-    if tensors is not None:
-        dtype = column[0].dtype
-        return tensors, lambda inner: Arrays(inner, dtype)
-    return None
+    return tensors

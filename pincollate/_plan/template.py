@@ -15,7 +15,7 @@ import dataclasses
 import math
 import operator
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from .patterns import ITEMS, Settings
 from .ragged import recipe_for
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
+if TYPE_CHECKING:
+    from .careful import Planner
+
 __all__ = ["Template"]
 
 Path = tuple[Hashable, ...]
@@ -50,7 +53,8 @@ _MOST_PADDING = 4096
 class Template:
     """Plans one batch into a cached template: slots where values agree, parts elsewhere."""
 
-    def __init__(self, settings: Settings, careful: set[Path]):
+    def __init__(self, settings: Settings, careful: set[Path], planner: Planner):
+        self.planner = planner
         self.careful = careful  # the paths planned for each batch; it grows as planning finds more
         self.rules = settings.rules
         self.renames = settings.renames
@@ -77,15 +81,16 @@ class Template:
         self.nparts += 1
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH and self.compiled:
-            policy = self.rules.lookup(path) if self.rules else None
-            if policy is None and self.default is not None and _tensor_leaves(column, self.missing):
-                policy = self.default  # as the careful planner: ragged= is for tensor fields, never lists
-            # Items (several images per sample) only where no field rule names them and no
-            # ragged= policy applies to them: the careful planner would apply that policy.
-            named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
-            items = None if named or self.default is not None else self.items
-            fallback = self.fallbacks.field(path) if policy is None else None
-            recipe = recipe_for(column, policy, self.renames.key(path), self.missing, items, fallback)
+            # The careful walk takes the column once: its route (branch and policy) is what
+            # the recipe runs, so the two never choose apart.
+            route = self.planner.route(column, path)
+            if route is not None:
+                # Items (several images per sample) where no field rule names them and no
+                # ragged= policy applies to them: the walk applies those to each item.
+                named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
+                items = None if named or self.default is not None else self.items
+                fallback = self.fallbacks.field(path) if route.policy is None else None
+                recipe = recipe_for(column, route, self.renames.key(path), self.missing, items, fallback)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)
@@ -326,15 +331,3 @@ def _shapes_differ(column: Sequence[Any]) -> bool:
         return len(set(map(TENSOR_SHAPE, column))) > 1
     except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
         return False
-
-
-def _tensor_leaves(column: Sequence[Any], missing: bool) -> bool:
-    """Whether the careful planner would give ``column`` the ``ragged=`` policy: its first value is a tensor leaf.
-
-    Tensors and arrays, as the careful planner's leaves take it (a number, a list of
-    numbers or of items, a mapping never do); it then declines where the rest of the
-    column is mixed, and so do the recipes.
-    """
-    first = next((value for value in column if value is not None), None) if missing else column[0]
-    handler = lookup(type(first))
-    return handler is not None and handler.is_tensor and handler.family != "number"
