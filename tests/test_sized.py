@@ -145,6 +145,20 @@ def test_a_missing_value_goes_to_the_recipe_and_the_next_batch_is_sized_again():
     assert_identical(compiled(full), careful(full))
 
 
+def test_a_whole_plan_compiles_its_queued_fill_only_when_a_batch_first_needs_it():
+    compiled, careful = _pair(Pad(), missing="none")
+    full = _ids(torch.arange(3), torch.arange(1))
+    compiled(full), compiled(full)
+    plan = compiled._plans.last
+    assert plan.sized is not None and plan.queued is None  # one function compiled, the batch's own
+    holes = _ids(torch.arange(2), None)
+    assert_identical(compiled(holes), careful(holes))  # the longer way: compiled now, once
+    queued = plan.queued
+    assert queued is not None
+    assert_identical(compiled(holes), careful(holes))
+    assert plan.queued is queued
+
+
 def test_a_sized_batch_saves_pickles_and_rebuilds_in_one_piece():
     compiled, careful = _pair(Pad(mask_key="mask"))
     batch = _ids(torch.arange(3), torch.arange(5))

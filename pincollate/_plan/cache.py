@@ -112,18 +112,19 @@ class Plan:
         self.key: Hashable = None
         self.sized: SizedLayouts | None = None
         description = _describe(op, size)
-        #: The function that queues a plan with parts' copies in a Fill (:meth:`run`).
+        #: The function that queues a plan with parts' copies in a Fill (:meth:`run`); made by the
+        #: first batch that needs it where the plan's own function makes its whole batch.
         self.queued: CompiledPlan | None = None
         if self.layout is not None:
             self.compiled: CompiledPlan = compile_whole(op, self.layout, size, nvalues, description)
             self.carrier = carries(self.layout)
             self.whole = True
             return
-        self.queued = self.compiled = compile_plan(op, description)
         self.carrier = False
         self.whole = False
         parts = [node for node in _nodes(op) if type(node) is CarefulOp]
         if planner is None or type(template) is PartSpec or not 0 < len(parts) == nparts < PARTS_LOOP:
+            self.queued = self.compiled = compile_plan(op, description)
             return
         if all(map(is_sized, parts)):
             # Every part padded or concatenated: one generated function makes the whole batch,
@@ -142,6 +143,7 @@ class Plan:
                 op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
             )
         else:
+            self.queued = self.compiled = compile_plan(op, description)
             return
         self.carrier = carries(Layout(template, nbytes))
         self.whole = True
@@ -155,11 +157,14 @@ class Plan:
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet)."""
-        assert self.queued is not None, "a plan without parts makes its batch by compiled.run"
+        assert self.layout is None, "a plan without parts makes its batch by compiled.run"
         if len(samples) != self.size:
             raise Mismatch()  # another batch size (an epoch's last batch): another plan
+        queued = self.queued
+        if queued is None:  # two threads may both compile it: either function serves
+            queued = self.queued = compile_plan(self.op, _describe(self.op, self.size))
         fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
-        self.queued.run(samples, fill)
+        queued.run(samples, fill)
         return Layout(self.template, fill.offset, fill.parts, self.bulk), fill
 
     def filled(
