@@ -9,7 +9,18 @@ import pytest
 import torch
 
 import pincollate
-from pincollate import AsList, CollateError, ColumnCollate, Concat, Jagged, Pad, RaggedFieldWarning
+from pincollate import (
+    AsList,
+    CollateError,
+    ColumnCollate,
+    Concat,
+    Jagged,
+    MMCollate,
+    Pad,
+    PerSample,
+    RaggedFieldWarning,
+    Stack,
+)
 from samples import assert_one_buffer, assert_same
 
 
@@ -231,6 +242,25 @@ def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_struc
     for got, want in zip(ours, expected, strict=True):
         assert list(got) == list(want) == ["ids"]  # never padded, no mask beside it
         assert_same(got["ids"], want["ids"])
+
+
+def test_rows_of_number_lists_under_stack_stack_as_the_samples_would():
+    rows = _objects([1, 2], [3, 4])
+    batch = ColumnCollate(pin_memory=False, fields={"x": Stack()})({"x": rows})
+    expected = MMCollate(pin_memory=False, fields={"x": Stack()})([{"x": [1, 2]}, {"x": [3, 4]}])
+    assert_same(batch["x"], expected["x"])
+    assert_one_buffer(batch)
+
+
+def test_a_copy_its_recipe_cannot_make_walks_the_column_and_names_the_row():
+    # A PerSample() number past int64 fails the recipe's copy: the column is walked for
+    # that batch, which names the row; the next batch takes the recipe again.
+    collate = ColumnCollate(pin_memory=False, fields={"x": PerSample()})
+    assert collate({"x": _objects([216, 989], [7])})["x"][1][0].item() == 7
+    with pytest.raises(CollateError, match=r"sample 1 at \['x'\]\[1\]: int 1180591620717411303424 does not fit int64"):
+        collate({"x": _objects([216, 989], [7, 2**70])})
+    batch = collate({"x": _objects([1], [2, 3])})
+    assert [[t.item() for t in row] for row in batch["x"]] == [[1], [2, 3]]
 
 
 def test_an_extra_output_that_clashes_with_a_column_is_an_error():

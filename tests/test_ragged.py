@@ -1225,3 +1225,15 @@ def _careful_ops(collate: MMCollate) -> list[Any]:
     from pincollate._plan.tree_ops import CarefulOp
 
     return [op for op in _nodes(collate._plans.last.op) if type(op) is CarefulOp]
+
+
+@pytest.mark.parametrize("settings", [{"fields": {"x": Pad()}}, {"ragged": Pad()}], ids=["field", "ragged"])
+def test_a_padded_field_that_turns_0_d_beside_an_absent_value_gets_the_walks_result(settings):
+    collate = MMCollate(pin_memory=False, missing="none", **settings)
+    reference = careful_walk(missing="none", **settings)
+    for batch in (
+        [{"x": torch.ones(2)}, {"x": torch.ones(3)}],
+        [{"x": torch.tensor(1.0)}, {"x": None}],  # Pad()'s error, or (ragged=) a list: never an IndexError
+        [{"x": torch.ones(1)}, {"x": None}],
+    ):
+        assert_same_outcome(collate, reference, batch)

@@ -34,7 +34,7 @@ from .._batch.specs import MappingSpec
 from .._collate.collate import MMCollate
 from .._errors import CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
-from .._plan.fill import Fill, Node, Segment, TensorNode, Value
+from .._plan.fill import Fill, Mismatch, Node, Segment, TensorNode, Value
 from .._plan.padding import Joined
 from .._plan.patterns import ITEMS
 from .._plan.policies import Policy, Stack
@@ -131,6 +131,19 @@ class ColumnCollate:
             batch = arrow_columns(batch)
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
+        try:
+            return self._collate(batch, frozenset())
+        except Mismatch as mismatch:
+            # A recipe's copy failed (an int past int64 in a PerSample() number, say): those
+            # columns walked carefully for this batch, which gives the batch or names the row.
+            return self._collate(batch, frozenset(mismatch.paths))
+
+    def _collate(self, batch: Mapping[str, Any], careful: frozenset[tuple[Hashable, ...]]) -> Any:
+        """The batch, the columns at ``careful`` walked whatever their recipe.
+
+        Raises:
+            Mismatch: a recipe's copy failed; its column's path is named.
+        """
         samples = self._samples
         fill = Fill(samples._planner, 0, 0, 0)
         keys: list[Hashable] = []
@@ -146,7 +159,7 @@ class ColumnCollate:
             elif count != rows:
                 raise CollateError(f"column has {count} rows, the first column {rows}", path=path)
             keys.append(samples._renames.key(path))
-            planned = self._plan_column(column, path, fill, names)
+            planned = self._plan_column(column, path, fill, names, path in careful)
             if isinstance(planned, PartSpec):  # settled by its recipe; the extras go after its key
                 specs.append(planned)
                 continue
@@ -163,12 +176,15 @@ class ColumnCollate:
             if samples._rules or samples._renames:
                 samples._report_unmatched()
         layout = Layout(MappingSpec(None, keys, specs), fill.offset, fill.parts)
+        # The layout's tensors made at once, as its build reads them (a stack whose
+        # segments each fill a part of it is made by none of its copies).
+        fill.bulk = layout.bulk()
         kind = resolve_kind(samples.pin_memory)
         buffer = allocate(layout.nbytes, kind)
         return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
     def _plan_column(
-        self, column: Any, path: tuple[Hashable, ...], fill: Fill, names: frozenset[Hashable]
+        self, column: Any, path: tuple[Hashable, ...], fill: Fill, names: frozenset[Hashable], careful: bool = False
     ) -> tuple[Node, dict[str, Node]] | PartSpec:
         samples = self._samples
         policy = samples._rules.lookup(path) if samples._rules else None
@@ -202,11 +218,15 @@ class ColumnCollate:
         values = column if type(column) is Joined else list(column)
         if not values:
             raise CollateError("empty column: there are no rows to collate", path=path)
-        recipe = self._recipe(values, path, names)
+        recipe = None if careful else self._recipe(values, path, names)
         if recipe is not None:
             fill.parts.append(None)  # type: ignore[arg-type]  # placed by the recipe
             index = len(fill.parts) - 1
+            tasks = len(fill.tasks)
             if recipe.run(values, fill, index):
+                # A copy of the recipe's that fails names this column: walked carefully then.
+                owner = _Owner(path)
+                fill.tasks[tasks:] = [(*task[:3], owner) for task in fill.tasks[tasks:]]
                 return PartSpec(index)
             fill.parts.pop()
         if type(values) is Joined:  # the careful planner takes the rows one by one
@@ -351,3 +371,15 @@ def _on_host(column: torch.Tensor) -> np.ndarray | torch.Tensor:
 
 def _copy_into(region: torch.Tensor, column: torch.Tensor) -> None:
     region.copy_(column)
+
+
+class _Owner:
+    """The owner of a recipe's copies in a column batch: a failed copy names its column."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: tuple[Hashable, ...]):
+        self.path = path
+
+    def blame(self, payload: Any) -> tuple[tuple[Hashable, ...], ...]:
+        return (self.path,)

@@ -77,8 +77,8 @@ class PadRecipe(Recipe):
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
         if self.missing and type(column) is not Joined and any(value is None for value in column):
             present = next((value for value in column if value is not None), None)
-            if type(present) is not torch.Tensor:
-                return False  # nothing present, or not a tensor: the careful planner
+            if type(present) is not torch.Tensor or present.dim() != self.ndim:
+                return False  # nothing present, not a tensor, another rank: the careful planner
             # Empty along the padded dimension (``dims``, else the first: where that is not
             # the one whose sizes differ, two then differ and the careful planner pads).
             shape = list(present.shape)
