@@ -196,7 +196,7 @@ def test_a_ragged_column_is_planned_once_and_not_walked_again(name, monkeypatch)
     batches = _ragged_batches()
     collate = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
     with monkeypatch.context() as patch:
-        patch.setattr(columns, "recipe_for", lambda *args: None)  # every batch walked: the reference
+        patch.setattr(columns, "part_recipe", lambda *args: None)  # every batch walked: the reference
         careful = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
         expected = [careful(batch) for batch in batches]
     ours = [collate(batches[0])]
@@ -236,7 +236,7 @@ def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_struc
     collate = ColumnCollate(pin_memory=False, ragged=Pad())
     ours = [collate(batch) for batch in batches]
     with monkeypatch.context() as patch:
-        patch.setattr(columns, "recipe_for", lambda *args: None)  # every batch walked: the reference
+        patch.setattr(columns, "part_recipe", lambda *args: None)  # every batch walked: the reference
         reference = ColumnCollate(pin_memory=False, ragged=Pad())
         expected = [reference(batch) for batch in batches]
     for got, want in zip(ours, expected, strict=True):

@@ -537,7 +537,7 @@ def careful_only(monkeypatch):
     def make(**settings: Any) -> MMCollate:
         return MMCollate(pin_memory=False, **settings)
 
-    monkeypatch.setattr(template_module, "recipe_for", lambda *args: None)
+    monkeypatch.setattr(template_module, "part_recipe", lambda *args: None)
     return make
 
 
@@ -550,7 +550,7 @@ def test_a_recipe_gives_what_the_careful_planner_gives(name, monkeypatch):
         outs = [collate(build()) for build in builds for _ in range(2)]
     with monkeypatch.context() as patch, warnings.catch_warnings(record=True) as careful_warned:
         warnings.simplefilter("always")
-        patch.setattr(template_module, "recipe_for", lambda *args: None)
+        patch.setattr(template_module, "part_recipe", lambda *args: None)
         careful = MMCollate(pin_memory=False, **settings)
         expected = [careful(build()) for build in builds for _ in range(2)]
     for ours, theirs in zip(outs, expected, strict=True):

@@ -62,7 +62,7 @@ def _build(tree: Any, i: int, salt: int) -> Any:
 
 def _careful(batch: list[Any]) -> tuple[str, Any]:
     """What the careful walk gives ``batch`` (no recipe anywhere): the batch, or its error."""
-    with mock.patch.object(template_module, "recipe_for", lambda *args: None):
+    with mock.patch.object(template_module, "part_recipe", lambda *args: None):
         try:
             return "batch", MMCollate(pin_memory=False, fields={"t": PerSample()})(batch)
         except CollateError as error:

@@ -36,9 +36,8 @@ from .._errors import CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
 from .._plan.fill import Fill, Mismatch, Node, Segment, TensorNode, Value
 from .._plan.padding import Joined
-from .._plan.patterns import ITEMS
 from .._plan.policies import Policy, Stack
-from .._plan.ragged import recipe_for
+from .._plan.ragged import part_recipe
 from .._plan.recipe import Recipe
 from .._types.builtin import fill_numbers, torch_dtype
 from .._types.leaves import type_name
@@ -240,16 +239,7 @@ class ColumnCollate:
             return self._recipes[path]
         except KeyError:
             pass
-        samples = self._samples
-        rules = samples._rules
-        recipe = None
-        # Rows read from Arrow come joined: the walk takes them one by one.
-        route = samples._planner.route(list(values.views()) if type(values) is Joined else values, path)
-        if route is not None:
-            named = rules and rules.lookup((*path, ITEMS)) is not None
-            items = None if named or samples.ragged is not None else samples.sequences == "items"
-            fallback = samples._plans.settings.fallbacks.field(path) if route.policy is None else None
-            recipe = recipe_for(values, route, samples._renames.key(path), samples.missing == "none", items, fallback)
+        recipe = part_recipe(self._samples._planner, values, path)
         if recipe is not None and not recipe.fits_beside(names):
             recipe = None  # the careful planner names the clash
         self._recipes[path] = recipe

@@ -30,7 +30,7 @@ from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
 from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
-from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Route
+from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
 from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
 from .images import images_recipe
@@ -39,11 +39,12 @@ from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
+from .patterns import ITEMS
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
 from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, place, plain_tensors
 from .rows import per_sample_recipe
 
-__all__ = ["MixedNumbers", "PadRecipe", "recipe_for"]
+__all__ = ["MixedNumbers", "PadRecipe", "part_recipe", "recipe_for"]
 
 Path = tuple[Hashable, ...]
 
@@ -187,6 +188,24 @@ class MixedNumbers(Recipe):
         fill.tasks.append((fill_numbers, spec, column, None))
         fill.parts[index] = Part(spec)
         return True
+
+
+def part_recipe(planner: Planner, column: Sequence[Any], path: Path) -> Recipe | None:
+    """The recipe of the part at ``path`` first seen as ``column``: the walk's route, run at C speed; or ``None``.
+
+    Items (several images per sample) get one where no field rule names them and no
+    ``ragged=`` policy applies to them: the walk applies those to each item. Rows read
+    from Arrow come joined (:class:`~pincollate._plan.padding.Joined`): the walk takes them
+    one by one, the recipe whole.
+    """
+    route = planner.route(list(column.views()) if type(column) is Joined else column, path)
+    if route is None:
+        return None
+    rules = planner.rules
+    named = rules and rules.lookup((*path, ITEMS)) is not None
+    items = None if named or planner.default is not None else planner.items
+    fallback = planner.fallbacks.field(path) if route.policy is None else None
+    return recipe_for(column, route, planner.renames.key(path), planner.missing, items, fallback)
 
 
 def recipe_for(

@@ -35,8 +35,8 @@ from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE,
 from .._types.leaves import lookup
 from .items import MAX_DEPTH
 from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
-from .patterns import ITEMS, Settings
-from .ragged import recipe_for
+from .patterns import Settings
+from .ragged import part_recipe
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 if TYPE_CHECKING:
@@ -62,7 +62,6 @@ class Template:
         self.missing = settings.missing
         self.items = settings.items
         self.compiled = settings.compiled
-        self.fallbacks = settings.fallbacks
         self.offset = 0
         self.nvalues = 0
         self.nparts = 0
@@ -83,14 +82,7 @@ class Template:
         if column is not None and len(path) <= MAX_DEPTH and self.compiled:
             # The careful walk takes the column once: its route (branch and policy) is what
             # the recipe runs, so the two never choose apart.
-            route = self.planner.route(column, path)
-            if route is not None:
-                # Items (several images per sample) where no field rule names them and no
-                # ragged= policy applies to them: the walk applies those to each item.
-                named = self.rules and self.rules.lookup((*path, ITEMS)) is not None
-                items = None if named or self.default is not None else self.items
-                fallback = self.fallbacks.field(path) if route.policy is None else None
-                recipe = recipe_for(column, route, self.renames.key(path), self.missing, items, fallback)
+            recipe = part_recipe(self.planner, column, path)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)

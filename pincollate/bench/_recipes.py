@@ -102,7 +102,7 @@ KINDS: dict[str, tuple[Callable[[int, random.Random], Any], dict[str, Policy], C
 def _careful(fields: dict[str, Policy], first: list[Any]) -> MMCollate:
     """A collate whose plan, made without recipes, walks its per-batch fields for every batch."""
     collate = MMCollate(pin_memory=False, fields=fields)
-    with mock.patch.object(_template, "recipe_for", lambda *args: None):
+    with mock.patch.object(_template, "part_recipe", lambda *args: None):
         collate(first)
     return collate
 
