@@ -659,3 +659,23 @@ def test_a_new_plan_describes_plain_tensor_columns_at_c_speed_not_value_by_value
     sparse = [{"x": torch.zeros(2).to_sparse()} for _ in range(2)]  # not plain: described value by value
     with pytest.raises(CollateError, match="sparse"):
         MMCollate(pin_memory=False)(sparse)
+
+
+def test_the_careful_walk_describes_plain_tensor_and_number_columns_at_c_speed(monkeypatch):
+    # compile=False walks every batch: plain tensors and numbers of one Python type are
+    # described a column at a time; anything else by its handler, value by value.
+    from pincollate._types.leaves import lookup
+
+    described = []
+    for cls in (torch.Tensor, int):
+        handler = lookup(cls)
+        real = handler.describe
+        monkeypatch.setattr(handler, "describe", lambda *args, real=real: described.append(args[1]) or real(*args))
+    samples = [{"image": torch.zeros(3, 2, 2), "ids": torch.arange(i + 1), "label": i} for i in range(4)]
+    collate = MMCollate(pin_memory=False, compile=False, fields={"ids": AsList()})
+    for _ in range(2):
+        out = collate(samples)
+    assert described == [] and out["label"].tolist() == [0, 1, 2, 3] and len(out["ids"]) == 4
+    mixed = [{"ids": torch.zeros(2)}, {"ids": torch.nn.Parameter(torch.ones(2))}]  # a subclass: one by one
+    assert [t.tolist() for t in collate(mixed)["ids"]] == [[0.0, 0.0], [1.0, 1.0]]
+    assert described == [0, 1]

@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 
 from .._errors import format_path
-from .._types.builtin import NUMBER_TYPES, fits_float64, fits_int64, number_dtype, numbers_tensor
+from .._types.builtin import (
+    NUMBER_TYPES,
+    NUMBERS,
+    describe_plain,
+    fits_float64,
+    fits_int64,
+    number_dtype,
+    numbers_tensor,
+)
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
 from .column import Column, stack_or_list
@@ -210,6 +218,44 @@ class _Walk(ContainerWalk):
 
     def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
         family = handler.family
+        if family == "tensor" and handler.meta is None:
+            plain = describe_plain(values)  # plain tensors, described at C speed as one by one
+            if plain is not None:  # every value present: lists of dtypes and shapes, no None
+                return Column(values, path, handler, cast(Any, plain[0]), cast(Any, plain[1]), None, origins)
+        classes = set(map(type, values))
+        number = NUMBERS.get(next(iter(classes))) if len(classes) == 1 else None
+        if number is not None:
+            # One exact Python number type: each described alike (a number is never refused).
+            count = len(values)
+            column = Column(values, path, handler, [number] * count, [()] * count, None, origins)
+        else:
+            column = self._described(values, path, origins, handler)
+        if family == "number":
+            try:
+                column.dtype = number_dtype(values)
+            except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
+                failed: Exception | None = exc
+            else:
+                failed = None
+            if failed is not None or not (column.dtype.is_floating_point or column.dtype.is_complex):
+                # An int beyond int64 is refused where the column is integer, as torch does;
+                # in a float column it is a float, as default_collate makes it.
+                for i, value in enumerate(values):
+                    if isinstance(value, int) and not fits_int64(value):
+                        raise self._error(f"int {value} does not fit int64", i, path, origins)
+            if failed is not None:
+                raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
+            if column.dtype.is_floating_point or column.dtype.is_complex:
+                for i, value in enumerate(values):
+                    if not fits_float64(value):
+                        raise self._error(
+                            f"an int of {value.bit_length()} bits is too large for {column.dtype}", i, path, origins
+                        )
+        return column
+
+    def _described(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
+        """Each value described by its leaf handler, which names a value it refuses."""
+        family = handler.family
         dtypes: list[torch.dtype | None] = []
         shapes: list[tuple[int, ...] | None] = []
         metas: list[Hashable] | None = [] if handler.meta is not None else None
@@ -236,29 +282,7 @@ class _Walk(ContainerWalk):
             shapes.append(shape)
             if metas is not None:
                 metas.append(h.meta(value) if h.meta is not None else None)
-        column = Column(values, path, handler, dtypes, shapes, metas, origins)
-        if family == "number":
-            try:
-                column.dtype = number_dtype(values)
-            except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
-                failed: Exception | None = exc
-            else:
-                failed = None
-            if failed is not None or not (column.dtype.is_floating_point or column.dtype.is_complex):
-                # An int beyond int64 is refused where the column is integer, as torch does;
-                # in a float column it is a float, as default_collate makes it.
-                for i, value in enumerate(values):
-                    if isinstance(value, int) and not fits_int64(value):
-                        raise self._error(f"int {value} does not fit int64", i, path, origins)
-            if failed is not None:
-                raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
-            if column.dtype.is_floating_point or column.dtype.is_complex:
-                for i, value in enumerate(values):
-                    if not fits_float64(value):
-                        raise self._error(
-                            f"an int of {value.bit_length()} bits is too large for {column.dtype}", i, path, origins
-                        )
-        return column
+        return Column(values, path, handler, dtypes, shapes, metas, origins)
 
     def _leaves(
         self,
@@ -352,6 +376,8 @@ _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
 
 def _mixed_families(values: Sequence[Any]) -> bool:
     """Whether tensors, arrays and numbers are mixed in one column."""
+    if len(set(map(type, values))) == 1:
+        return False  # one class, one family
     families = set()
     for value in values:
         if value is not None:

@@ -25,6 +25,8 @@ __all__ = ["Column", "Path", "stack_or_list", "stacked_class"]
 
 Path = tuple[Hashable, ...]
 
+_PLAIN = {torch.Tensor}
+
 
 class Column:
     """The values of one tensor-like field: one per sample, or per item of a list.
@@ -122,6 +124,9 @@ class Column:
         # The type every value shares (an Image, say). A column that mixes classes
         # stacks to the class torch.stack gives them, as default_collate's stack does:
         # a subclass beside plain tensors wins, tv_tensors of two kinds unwrap.
+        classes = set(map(type, self.values))
+        if classes == _PLAIN or (len(classes) == 1 and self.handler.wrap is None):
+            return None  # plain tensors, or values whose class never wraps (read at C speed)
         wraps = {self._wrap(i): None for i in range(len(self.values))}
         if len(wraps) == 1:
             return next(iter(wraps))

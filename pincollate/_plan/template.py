@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,15 @@ from .._batch.specs import (
 from .._batch.views import align, pitch
 from .._errors import Attr, CollateError
 from .._types.build import container_cls
-from .._types.builtin import KEPT_VALUES, NUMBERS, TENSOR_DTYPE, TENSOR_SHAPE, describe_tensor, fill_numbers, fits_int64
+from .._types.builtin import (
+    KEPT_VALUES,
+    NUMBERS,
+    TENSOR_SHAPE,
+    describe_plain,
+    describe_tensor,
+    fill_numbers,
+    fits_int64,
+)
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
 from .items import MAX_DEPTH
@@ -298,23 +305,10 @@ class Template:
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
 
 
-#: What makes a plain tensor one the plan stacks as it is, read at C speed.
-_KIND = operator.attrgetter("is_nested", "is_quantized", "layout", "is_cpu")
-_STACKED_KIND = {(False, False, torch.strided, True)}
-
-
 def _plain_described(column: Sequence[Any]) -> set[tuple[torch.dtype, tuple[int, ...]]] | None:
-    """The ``(dtype, shape)`` s of a column of plain CPU strided tensors, read at C speed.
-
-    ``None`` where any is something else (nested, quantized, sparse, on an accelerator),
-    which the leaf handler's own ``describe`` then names, value by value.
-    """
-    try:
-        if set(map(type, column)) != {torch.Tensor} or set(map(_KIND, column)) != _STACKED_KIND:
-            return None
-        return set(zip(map(TENSOR_DTYPE, column), map(tuple, map(TENSOR_SHAPE, column)), strict=True))
-    except (RuntimeError, AttributeError):
-        return None
+    """The ``(dtype, shape)`` s of a column of plain CPU strided tensors (:func:`describe_plain`), else ``None``."""
+    described = describe_plain(column)
+    return None if described is None else set(zip(*described, strict=True))
 
 
 def _shapes_differ(column: Sequence[Any]) -> bool:

@@ -9,6 +9,7 @@ one assignment; str, bytes and None are kept as per-sample lists.
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "TENSOR_DTYPE",
     "TENSOR_SHAPE",
     "concat_tensors",
+    "describe_plain",
     "describe_tensor",
     "fill_numbers",
     "fits_float64",
@@ -65,6 +67,28 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
     if value.device.type != "cpu":
         raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
     return value.dtype, tuple(value.shape)
+
+
+#: What makes a plain tensor one that describe_tensor takes without a word, read at C speed.
+_KIND = operator.attrgetter("is_nested", "is_quantized", "layout", "is_cpu")
+_PLAIN_KIND = {(False, False, torch.strided, True)}
+
+
+def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
+    """:func:`describe_tensor` of a column of plain CPU strided tensors, read at C speed: the dtypes and shapes.
+
+    ``None`` where any value is something else (a subclass, ``None``, a nested, quantized,
+    sparse or accelerator tensor), which ``describe_tensor`` then names, value by value.
+    """
+    try:
+        if set(map(type, values)) != _TENSOR_TYPE or set(map(_KIND, values)) != _PLAIN_KIND:
+            return None
+        return list(map(TENSOR_DTYPE, values)), list(map(tuple, map(TENSOR_SHAPE, values)))
+    except (RuntimeError, AttributeError):
+        return None
+
+
+_TENSOR_TYPE = {torch.Tensor}
 
 
 def stack_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
