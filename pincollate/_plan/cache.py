@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -45,14 +45,10 @@ from .codegen import (
 from .fill import Fill, Mismatch
 from .items import MAX_DEPTH
 from .ops import Op
-from .patterns import Renames, Settings
+from .patterns import Settings
 from .sized import SizedLayouts
 from .template import Template
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
-
-if TYPE_CHECKING:
-    from .patterns import FieldRules
-    from .policies import Policy
 
 __all__ = ["Plan", "Plans"]
 
@@ -197,10 +193,6 @@ class Plans:
     def __init__(self, settings: Settings, planner: Planner, capacity: int = 64):
         self.settings: Settings = settings
         self.planner = planner
-        self.rules: FieldRules = settings.rules
-        self.renames: Renames = settings.renames
-        self.default: Policy | None = settings.default
-        self.missing: bool = settings.missing
         self.items: bool = settings.items
         self.capacity: int = capacity
         self.careful: set[Path] = set()
