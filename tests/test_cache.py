@@ -645,14 +645,12 @@ def test_a_stack_field_whose_tensors_agree_is_planned_once(monkeypatch):
 def test_a_new_plan_describes_plain_tensor_columns_at_c_speed_not_value_by_value(monkeypatch):
     # Plain CPU strided tensors are described by one pass over each column; the leaf handler's
     # describe (a Python call per value) only for a column holding anything else.
-    from pincollate._plan import template
     from pincollate._types.leaves import lookup
 
     described = []
     handler = lookup(torch.Tensor)
     real = handler.describe
     monkeypatch.setattr(handler, "describe", lambda *args: described.append(args[1]) or real(*args))
-    monkeypatch.setattr(template, "describe_tensor", lambda *args: described.append(args[1]) or real(*args))
     samples = [{"image": torch.zeros(3, 2, 2), "a": torch.ones(4), "b": torch.ones(4), "label": i} for i in range(4)]
     out = MMCollate(pin_memory=False)(samples)
     assert described == [] and out["a"].shape == (4, 4)

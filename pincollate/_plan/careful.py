@@ -85,6 +85,15 @@ class Planner:
         """Plan the column ``values`` (one per sample) found at ``path``."""
         return _Walk(self).plan(values, path, None, len(path), self.items)
 
+    def column(self, values: Sequence[Any], path: Path) -> Column:
+        """The walk's description of ``values``, leaves of the first value's kind (tensors, arrays, numbers).
+
+        Raises what the walk raises of a value it refuses (a ``CollateError`` naming it).
+        """
+        handler = lookup(type(values[0]))
+        assert handler is not None, "a column of leaves"
+        return _Walk(self)._column(values, path, None, handler)
+
     def route(self, values: Sequence[Any], path: Path) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
 

@@ -95,6 +95,10 @@ class Column:
     @functools.cached_property
     def dtype(self) -> torch.dtype:
         """The promoted dtype of all present values (``torch.result_type`` rules)."""
+        found = set(self.dtypes)
+        found.discard(None)
+        if len(found) < 2:  # one dtype (read at C speed), or none present
+            return torch.float32 if not found else found.pop()  # type: ignore[return-value]
         first: torch.dtype | None = None
         for i, other in enumerate(self.dtypes):
             if other is None or other is first:
@@ -111,8 +115,7 @@ class Column:
     @property
     def uniform(self) -> bool:
         """All values present, of one shape, with agreeing metadata: stackable."""
-        first = self.shapes[0]
-        if not self.handler.stackable or first is None or any(shape != first for shape in self.shapes):
+        if not self.handler.stackable or self.shapes[0] is None or len(set(self.shapes)) != 1:
             return False
         return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
 
@@ -157,7 +160,7 @@ class Column:
 
     def stacked(self) -> TensorNode:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
-        shape = (len(self.values), *self.known[0])
+        shape = (len(self.values), *self.shapes[0])  # type: ignore[misc]  # all present: uniform
         segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
         return TensorNode(self.dtype, shape, [segment], self._common_wrap())
 

@@ -27,19 +27,18 @@ from .._batch.specs import (
     SequenceSpec,
 )
 from .._batch.views import align, pitch
-from .._errors import Attr, CollateError
+from .._errors import Attr
 from .._types.build import container_cls
 from .._types.builtin import (
     KEPT_VALUES,
     NUMBERS,
     TENSOR_SHAPE,
-    describe_plain,
-    describe_tensor,
     fill_numbers,
     fits_int64,
 )
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
+from .fill import TensorNode
 from .items import MAX_DEPTH
 from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
 from .patterns import Settings
@@ -198,39 +197,39 @@ class Template:
         first = column[0]
         if handler.family == "tensor" and _shapes_differ(column):
             return self.part(path, siblings, column)  # ragged: no need to describe each value
-        described = _plain_described(column) if type(first) is torch.Tensor else None
-        if described is None:
-            try:
-                described = {handler.describe(value, i, path) for i, value in enumerate(column)}
-            except Exception:  # the careful planner names the sample and the reason
-                return self.part(path, siblings, column)
+        stacked = self.stacked(column, path)
         keys = set(map(handler.key, column))
-        metas = {handler.meta(value) for value in column} if handler.meta is not None else set()
-        if len(described) != 1 or len(keys) != 1 or len(metas) > 1:
+        if stacked is None or len(keys) != 1:
             return self.part(path, siblings, column)
-        dtype, shape = described.pop()
-        wrap = handler.wrap(first) if handler.wrap else None
-        spec = TensorSpec(
-            dtype, (len(column), *shape), self.take(math.prod(shape) * len(column) * dtype.itemsize), wrap
-        )
+        spec = TensorSpec(stacked.dtype, stacked.shape, self.take(stacked.nbytes), stacked.wrap)
         # The exact class is checked for every value: a subclass (an Image, a user's
         # tensor type) passes the dtype getter but must keep its own class.
         first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
         return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop(), first_shape)
 
+    def stacked(self, column: Sequence[Any], path: Path) -> TensorNode | None:
+        """The careful walk's stack of ``column`` where its values agree in dtype too, else ``None``.
+
+        The walk's description of the values and its rule for what stacks (one shape,
+        metadata that agrees) and as what (dtype, class): the plan keeps that node's slot.
+        One dtype besides: a later batch's guard reads it, where the walk would promote.
+        """
+        try:
+            described = self.planner.column(column, path)
+            if not described.uniform or len(set(described.dtypes)) != 1:
+                return None
+            return described.stacked()
+        except Exception:  # the walk of each batch names the sample and the reason
+            return None
+
     def uniform_tensors(self, column: Sequence[Any], path: Path) -> tuple[torch.dtype, tuple[int, ...]] | None:
-        """The dtype and shape of a column of plain tensors that all agree, else ``None``."""
+        """The dtype and shape of one field of a block: plain tensors the walk stacks as they are, else ``None``."""
         if type(column[0]) is not torch.Tensor or self.default is not None or self.per_batch(path):
             return None
         if set(map(type, column)) != {torch.Tensor} or _shapes_differ(column):
             return None
-        described = _plain_described(column)
-        if described is None:
-            try:
-                described = {describe_tensor(value, i, path) for i, value in enumerate(column)}
-            except CollateError:
-                return None
-        return described.pop() if len(described) == 1 else None
+        stacked = self.stacked(column, path)
+        return None if stacked is None else (stacked.dtype, stacked.shape[1:])
 
     def fields(
         self,
@@ -303,12 +302,6 @@ class Template:
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
-
-
-def _plain_described(column: Sequence[Any]) -> set[tuple[torch.dtype, tuple[int, ...]]] | None:
-    """The ``(dtype, shape)`` s of a column of plain CPU strided tensors (:func:`describe_plain`), else ``None``."""
-    described = describe_plain(column)
-    return None if described is None else set(zip(*described, strict=True))
 
 
 def _shapes_differ(column: Sequence[Any]) -> bool:
