@@ -27,14 +27,13 @@ from .._batch.specs import (
     SequenceSpec,
 )
 from .._batch.views import align, pitch
-from .._errors import Attr
+from .._errors import Attr, CollateError
 from .._types.build import container_cls
 from .._types.builtin import (
     KEPT_VALUES,
     NUMBERS,
     TENSOR_SHAPE,
     fill_numbers,
-    fits_int64,
 )
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
@@ -107,16 +106,18 @@ class Template:
         return policy is not None and policy.fixed_when_uniform
 
     def number(self, column: Sequence[Any], path: Path) -> torch.dtype | None:
-        """The dtype of a column of Python numbers of one type that a block can take."""
+        """The dtype the careful walk gives a column of Python numbers of one type, which a block can take.
+
+        ``None`` where the walk refuses the column (an int past ``int64``) or the path is
+        planned for each batch: a part, which the walk of each batch takes.
+        """
         cls = type(column[0])
-        dtype = NUMBERS.get(cls)
-        if dtype is None or self.per_batch(path):
+        if cls not in NUMBERS or self.per_batch(path) or set(map(type, column)) != {cls}:
             return None
-        if set(map(type, column)) != {cls}:
+        try:
+            return self.planner.column(column, path).dtype
+        except CollateError:
             return None
-        if cls is int and not all(map(fits_int64, column)):
-            return None
-        return dtype
 
     def plan(self, column: Sequence[Any], path: Path, siblings: frozenset[Hashable] | None) -> tuple[Spec, Op]:
         if len(path) > MAX_DEPTH or (self.missing and any(v is None for v in column)):
@@ -279,12 +280,13 @@ class Template:
             keys = list(first_keys)
         if not EXACT_KEYS.issuperset(map(type, keys)):
             return self.part(path, siblings, column)  # the careful walk keeps each sample's own keys
-        numbers: dict[type, list[Hashable]] = {}
+        numbers: dict[tuple[type, torch.dtype], list[Hashable]] = {}
         gathered: list[Hashable] = []
         for key in keys:
             child = [v.get(key) for v in column]
-            if type(child[0]) in NUMBERS and self.number(child, (*path, key)) is not None:
-                numbers.setdefault(type(child[0]), []).append(key)
+            dtype = self.number(child, (*path, key)) if type(child[0]) in NUMBERS else None
+            if dtype is not None:
+                numbers.setdefault((type(child[0]), dtype), []).append(key)
             else:
                 gathered.append(key)
         columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
@@ -293,8 +295,7 @@ class Template:
         children = dict(zip(gathered, specs, strict=True))
         number_ops = []
         n = len(column)
-        for cls, group in numbers.items():
-            dtype = NUMBERS[cls]
+        for (cls, dtype), group in numbers.items():
             rows = pitch(n, dtype.itemsize)  # each field's row starts aligned
             block = TensorSpec(dtype, (len(group) * rows,), self.take(len(group) * rows * dtype.itemsize))
             for j, key in enumerate(group):

@@ -230,6 +230,13 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
     """
     first = next(v for v in values if v is not None)
     present = [v for v in values if v is not None]
+    classes = set(map(type, present))
+    if len(classes) == 1:  # one exact Python type, read at C speed
+        cls = classes.pop()
+        if cls is float or cls is bool:
+            return NUMBERS[cls]
+        if cls is int and min(present) >= -(2**63) and max(present) < 2**63:
+            return torch.int64  # what torch.tensor infers where every int fits
     if isinstance(first, float):
         return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
     if isinstance(first, complex):
