@@ -11,23 +11,26 @@ from __future__ import annotations
 
 import collections.abc as abc
 import dataclasses
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
-from .._batch.layout import Spec
-from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
 from .._errors import Attr
-from .._types.build import container_cls
 from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from .._types.leaves import type_name
 from .fill import Node, Tree
-from .items import ItemWalk, Origins, Path, container_name
+from .items import (
+    ItemWalk,
+    Origins,
+    Path,
+    container_name,
+    dataclass_of,
+    mapping_of,
+    namedtuple_of,
+    registered_of,
+    sequence_of,
+)
 
 __all__ = ["ContainerWalk"]
-
-
-def _dataclass_maker(cls: type, names: list[str]) -> Callable[[list[Spec]], Spec]:
-    return lambda children: DataclassSpec(cls, names, children)
 
 
 class ContainerWalk(ItemWalk):
@@ -74,8 +77,7 @@ class ContainerWalk(ItemWalk):
                     )
                 out_keys.append(name)
                 children.append(extra_node)
-        cls = container_cls(type(first), dict)
-        return Tree(lambda specs: MappingSpec(cls, out_keys, specs), children)
+        return Tree(mapping_of(first, out_keys), children)
 
     def _field(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         """A child of a container that has no keys to put a policy's extras beside."""
@@ -106,7 +108,7 @@ class ContainerWalk(ItemWalk):
             self._field(column, (*path, Attr(name)), origins, depth, items)
             for name, column in zip(names, zip(*rows, strict=True), strict=True)
         ]
-        return Tree(lambda specs: NamedTupleSpec(cls, specs), children)
+        return Tree(namedtuple_of(cls), children)
 
     def _registered(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         """A class registered with ``register_container``: one key set, each child planned by its key."""
@@ -137,7 +139,7 @@ class ContainerWalk(ItemWalk):
             self._field(list(column), (*path, key), origins, depth, items)
             for key, column in zip(keys, zip(*rows, strict=True), strict=True)
         ]
-        return Tree(lambda specs: RegisteredSpec(cls, keys, specs), children)
+        return Tree(registered_of(cls, keys), children)
 
     def _dataclass(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins)
@@ -148,7 +150,7 @@ class ContainerWalk(ItemWalk):
             )
             for name in names
         ]
-        return Tree(_dataclass_maker(cls, names), children)
+        return Tree(dataclass_of(cls, names), children)
 
     def _sequence(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
         for i, value in enumerate(values):
@@ -168,5 +170,4 @@ class ContainerWalk(ItemWalk):
         children = [
             self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values, strict=True))
         ]
-        cls = container_cls(type(first), list)
-        return Tree(lambda specs: SequenceSpec(cls, specs), children)
+        return Tree(sequence_of(first), children)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._batch.specs import ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec
+from .._batch.layout import Spec
+from .._batch.specs import DataclassSpec, ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
 from .._errors import Attr, CollateError
 from .._types.build import container_cls
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
@@ -34,10 +35,16 @@ __all__ = [
     "MAX_DEPTH",
     "Extras",
     "ItemWalk",
+    "Maker",
     "Origins",
     "Path",
     "container_name",
+    "dataclass_of",
+    "mapping_of",
     "merge",
+    "namedtuple_of",
+    "registered_of",
+    "sequence_of",
 ]
 
 Path = tuple[Hashable, ...]
@@ -46,6 +53,34 @@ Extras = dict[str, Node]
 
 #: Deeper than this is taken for a self-referencing sample.
 MAX_DEPTH = 100
+
+
+#: How a container's output spec is made from its children's specs.
+Maker = Callable[[list[Spec]], Spec]
+
+
+def mapping_of(value: Any, keys: Sequence[Hashable]) -> Maker:
+    """The output of mappings like ``value``, with ``keys``: of its class where that rebuilds, else a ``dict``."""
+    cls = container_cls(type(value), dict)
+    return lambda specs: MappingSpec(cls, keys, specs)
+
+
+def sequence_of(value: Any) -> Maker:
+    """The output of sequences like ``value``, transposed: of its class where that rebuilds, else a ``list``."""
+    cls = container_cls(type(value), list)
+    return lambda specs: SequenceSpec(cls, specs)
+
+
+def namedtuple_of(cls: type) -> Maker:
+    return lambda specs: NamedTupleSpec(cls, specs)
+
+
+def dataclass_of(cls: type, names: Sequence[str]) -> Maker:
+    return lambda specs: DataclassSpec(cls, names, specs)
+
+
+def registered_of(cls: type, keys: Sequence[Hashable]) -> Maker:
+    return lambda specs: RegisteredSpec(cls, keys, specs)
 
 
 def container_name(value: Any) -> str:
@@ -136,20 +171,17 @@ class ItemWalk:
         if kind is MAPPING:
             keys = list(value)
             children = [self._single(value[k], (*path, k), origin, depth + 1) for k in keys]
-            cls = container_cls(type(value), dict)
-            return Tree(lambda specs: MappingSpec(cls, keys, specs), children)
+            return Tree(mapping_of(value, keys), children)
         if type(kind) is Registered:
             assert isinstance(kind, Registered)
             names, values = kind.flatten(value)
             children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, values, strict=True)]
-            user_cls, user_keys = type(value), list(names)
-            return Tree(lambda specs: RegisteredSpec(user_cls, user_keys, specs), children)
+            return Tree(registered_of(type(value), list(names)), children)
         if is_sequence(value):
             names = [Attr(n) for n in value._fields] if is_namedtuple(value) else list(range(len(value)))
             children = [self._single(v, (*path, n), origin, depth + 1) for n, v in zip(names, value, strict=True)]
             if is_namedtuple(value):
-                nt = type(value)
-                return Tree(lambda specs: NamedTupleSpec(nt, specs), children)
+                return Tree(namedtuple_of(type(value)), children)
             return Tree(ListSpec, children)
         handler = lookup(type(value))
         if handler is None or not handler.is_tensor:

@@ -19,16 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._batch.layout import PartSpec, Spec, TensorSpec, ValueSpec
-from .._batch.specs import (
-    DataclassSpec,
-    MappingSpec,
-    NamedTupleSpec,
-    RegisteredSpec,
-    SequenceSpec,
-)
 from .._batch.views import align, pitch
 from .._errors import Attr, CollateError
-from .._types.build import container_cls
 from .._types.builtin import (
     KEPT_VALUES,
     NUMBERS,
@@ -38,7 +30,7 @@ from .._types.builtin import (
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
 from .fill import TensorNode
-from .items import MAX_DEPTH
+from .items import MAX_DEPTH, dataclass_of, mapping_of, namedtuple_of, registered_of, sequence_of
 from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
 from .patterns import Settings
 from .ragged import part_recipe
@@ -158,13 +150,11 @@ class Template:
             names = kind.keys(first)
             specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
             op = SequenceOp(path, cls, len(names), singles, blocks)
-            if kind is NAMEDTUPLE:
-                return NamedTupleSpec(cls, specs), op
-            return SequenceSpec(container_cls(cls, list), specs), op
+            return (namedtuple_of(cls) if kind is NAMEDTUPLE else sequence_of(first))(specs), op
         if kind is DATACLASS:
             fields = [f.name for f in dataclasses.fields(first)]
             planned = [self.plan([getattr(v, name) for v in column], (*path, Attr(name)), None) for name in fields]
-            return DataclassSpec(cls, fields, [spec for spec, _ in planned]), DataclassOp(
+            return dataclass_of(cls, fields)([spec for spec, _ in planned]), DataclassOp(
                 path, cls, [(name, op) for name, (_, op) in zip(fields, planned, strict=True)]
             )
         if type(kind) is Registered:
@@ -185,7 +175,7 @@ class Template:
             return self.part(path, siblings, column)
         columns = zip(*(children for _, children in flat), strict=True)
         planned = [self.plan(list(child), (*path, key), None) for key, child in zip(keys, columns, strict=True)]
-        spec = RegisteredSpec(kind.cls, keys, [child for child, _ in planned])
+        spec = registered_of(kind.cls, keys)([child for child, _ in planned])
         return spec, RegisteredOp(path, kind, keys, [op for _, op in planned])
 
     def leaves(
@@ -301,7 +291,7 @@ class Template:
             for j, key in enumerate(group):
                 children[key] = TensorSpec(dtype, (n,), block.offset + j * rows * dtype.itemsize)
             number_ops.append(NumbersOp(path, cls, group, block))
-        spec = MappingSpec(container_cls(type(first), dict), names, [children[key] for key in keys])
+        spec = mapping_of(first, names)([children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
 
 
