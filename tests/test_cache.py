@@ -677,3 +677,17 @@ def test_the_careful_walk_describes_plain_tensor_and_number_columns_at_c_speed(m
     mixed = [{"ids": torch.zeros(2)}, {"ids": torch.nn.Parameter(torch.ones(2))}]  # a subclass: one by one
     assert [t.tolist() for t in collate(mixed)["ids"]] == [[0.0, 0.0], [1.0, 1.0]]
     assert described == [0, 1]
+
+
+def test_compile_false_generates_no_code(monkeypatch):
+    # The careful walk only: the plan of a whole walked batch runs the walk's own node.
+    from pincollate._generate import Writer
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("compile=False generated code")
+
+    collate = MMCollate(pin_memory=False, compile=False, fields={"ids": Pad()})
+    monkeypatch.setattr(Writer, "compile", refused)
+    for n in (2, 3):
+        batch = collate([{"ids": torch.arange(k + 1), "label": k} for k in range(n)])
+        assert batch["ids_lengths"].tolist() == list(range(1, n + 1))

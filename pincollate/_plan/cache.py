@@ -56,6 +56,9 @@ Path = tuple[Hashable, ...]
 
 _CAREFUL = object()
 
+#: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
+_WALKED = "# the careful walk of the whole batch (CarefulOp.run): no generated code\n"
+
 
 class Plan:
     """A cached plan: the Layout template, its node tree's generated functions, and how many values and parts it has.
@@ -118,8 +121,12 @@ class Plan:
             return
         self.carrier = False
         self.whole = False
+        if type(template) is PartSpec:
+            # The whole batch walked carefully: the root node's own run, no code to generate.
+            self.queued = self.compiled = CompiledPlan(op.run, _WALKED, "<pincollate careful walk>")  # type: ignore[attr-defined]
+            return
         parts = [node for node in _nodes(op) if type(node) is CarefulOp]
-        if planner is None or type(template) is PartSpec or not 0 < len(parts) == nparts < PARTS_LOOP:
+        if planner is None or not 0 < len(parts) == nparts < PARTS_LOOP:
             self.queued = self.compiled = compile_plan(op, description)
             return
         if all(map(is_sized, parts)):
