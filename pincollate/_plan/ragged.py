@@ -33,7 +33,6 @@ from .._types.kinds import LISTS, MAPPING, kind_of
 from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
 from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
-from .images import images_recipe
 from .listed import ListRecipe, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
@@ -224,7 +223,7 @@ def recipe_for(
     lists, numpy arrays), listed, padded (one padded dimension, a pad value that fits the
     dtype), concatenated or jagged; ``PerSample()`` mappings and per-sample lists whose
     every place holds such tensors, numbers of one type or plain values
-    (:mod:`pincollate._plan.rows`); PIL images of one class (:mod:`pincollate._plan.images`); Python
+    (:mod:`pincollate._plan.rows`); Python
     numbers of several types (:class:`MixedNumbers`); per-sample lists of such tensors as
     items. ``items`` says whether lists are items (``sequences="items"``) or transposed
     where their lengths agree; ``None`` where a field rule names the items or ``ragged=``
@@ -273,9 +272,6 @@ def _leaves(
         column = [value for value in column if value is not None]  # absent: empty rows, or None in lists
     if policy is None or type(policy) in (AsList, PerSample):
         unasked = fallback if policy is None else None
-        images = images_recipe(column, stacks=policy is None, fallback=unasked)
-        if images is not None:  # PIL images of several sizes
-            return images
         kept = kept_tensors(column)
         if kept is None:
             return None

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
-import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import default_collate
@@ -47,13 +46,6 @@ def _object_list(i: int, rng: random.Random) -> dict[str, Any]:
     return {"image": _image(i), "target": objects}
 
 
-def _pil(i: int, rng: random.Random) -> dict[str, Any]:
-    from PIL import Image
-
-    h, w = rng.randint(100, 200), rng.randint(100, 200)
-    return {"image": Image.fromarray(np.full((h, w, 3), i % 251, dtype=np.uint8)), "label": i}
-
-
 def _scores(i: int, rng: random.Random) -> dict[str, Any]:
     return {"x": torch.zeros(16), "score": rng.choice([1, 0.5, 2, 0.25]), "id": i}
 
@@ -70,11 +62,6 @@ def _tokens(i: int, rng: random.Random) -> dict[str, Any]:
 
 def _by_hand_targets(samples: list[dict[str, Any]]) -> Any:
     return {"image": torch.stack([s["image"] for s in samples]), "target": [s["target"] for s in samples]}
-
-
-def _by_hand_pil(samples: list[dict[str, Any]]) -> Any:
-    images = [torch.from_numpy(np.asarray(s["image"]).transpose(2, 0, 1).copy()) for s in samples]
-    return {"image": images, "label": torch.tensor([s["label"] for s in samples])}
 
 
 def _by_hand_tokens(samples: list[dict[str, Any]]) -> Any:
@@ -94,7 +81,6 @@ KINDS: dict[str, tuple[Callable[[int, random.Random], Any], dict[str, Policy], C
     "PerSample (dict targets)": (_dict_target, {"target": PerSample()}, _by_hand_targets),
     "PerSample (object lists)": (_object_list, {"target": PerSample()}, _by_hand_targets),
     "AsList (images per prompt)": (_prompt_images, {"images": AsList(), "ids": Pad()}, None),
-    "PIL images of several sizes": (_pil, {"image": AsList()}, _by_hand_pil),
     "ints beside floats": (_scores, {}, default_collate),
 }
 
