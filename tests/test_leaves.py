@@ -184,3 +184,64 @@ def test_a_broken_torchvision_disables_only_its_own_types(tmp_path):
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
     assert out.stdout.startswith("Fake (2, 2)") and "torchvision support is disabled, its import failed" in out.stdout
+
+
+@pytest.fixture
+def own_handlers():
+    """Register handlers for built-in classes for one test; the built-in ones come back after."""
+    from pincollate._types.builtin import BUILTIN
+
+    try:
+        yield register
+    finally:
+        for cls, handler in BUILTIN.items():
+            register(cls, handler)
+
+
+@pytest.mark.parametrize("compile_", [True, False], ids=["compiled", "walked"])
+def test_a_users_handler_for_int_or_tensor_describes_every_batch(own_handlers, compile_):
+    from pincollate._types.builtin import describe_tensor, fill_numbers, stack_tensors
+
+    def describe_id(value, sample, path):
+        if value < 0:
+            raise CollateError("negative ids are not allowed", sample=sample, path=path)
+        return torch.int32, ()
+
+    def describe_detached(value, sample, path):
+        if value.requires_grad:
+            raise CollateError("detach tensors first", sample=sample, path=path)
+        return describe_tensor(value, sample, path)
+
+    own_handlers(int, LeafHandler("int", "id", describe_id, fill_numbers))
+    own_handlers(torch.Tensor, LeafHandler("Tensor", "tensor", describe_detached, stack_tensors))
+    collate = MMCollate(pin_memory=False, compile=compile_)
+
+    def sample(i: int, grad: bool = False) -> dict:  # two tensor fields of one shape: a block, built-in
+        return {"id": i, "x": torch.ones(2, requires_grad=grad), "y": torch.zeros(2)}
+
+    for _ in range(3):  # warm plans too
+        out = collate([sample(1), sample(2)])
+        assert out["id"].dtype == torch.int32 and out["id"].tolist() == [1, 2] and out["y"].shape == (2, 2)
+    with pytest.raises(CollateError, match=r"sample 1 at \['id'\]: negative ids are not allowed"):
+        collate([sample(1), sample(-2)])
+    with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: detach tensors first"):
+        collate([sample(1), sample(2, grad=True)])
+
+
+@pytest.mark.parametrize("compile_", [True, False], ids=["compiled", "walked"])
+def test_a_handler_may_give_its_shape_as_a_list(compile_):
+    class Vec:
+        def __init__(self, values):
+            self.values = values
+
+    def describe(value, sample, path):
+        return torch.float32, [len(value.values)]
+
+    def fill(region, values):
+        region.copy_(torch.tensor([v.values for v in values]))
+
+    register(Vec, LeafHandler("Vec", "vec", describe, fill))
+    collate = MMCollate(pin_memory=False, compile=compile_)
+    for _ in range(2):
+        out = collate([{"x": Vec([1.0, 2.0])}, {"x": Vec([3.0, 4.0])}])
+        assert out["x"].tolist() == [[1.0, 2.0], [3.0, 4.0]]

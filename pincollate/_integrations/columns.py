@@ -117,6 +117,8 @@ class ColumnCollate:
         #: Each ragged column's recipe, settled by the first batch that has it (``None``:
         #: the careful planner plans it for every batch).
         self._recipes: dict[Hashable, Recipe | None] = {}
+        #: What a failed copy of a column's recipe names: its path.
+        self._owners: dict[tuple[Hashable, ...], _Owner] = {}
         #: The column sets seen: a pattern or rename that matches none of a new set is reported.
         self._columns: set[tuple[Hashable, ...]] = set()
 
@@ -130,12 +132,17 @@ class ColumnCollate:
             batch = arrow_columns(batch)
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
-        try:
-            return self._collate(batch, frozenset())
-        except Mismatch as mismatch:
-            # A recipe's copy failed (an int past int64 in a PerSample() number, say): those
-            # columns walked carefully for this batch, which gives the batch or names the row.
-            return self._collate(batch, frozenset(mismatch.paths))
+        careful: frozenset[tuple[Hashable, ...]] = frozenset()
+        while True:
+            try:
+                return self._collate(batch, careful)
+            except Mismatch as mismatch:
+                # A recipe's copy failed (an int past int64 in a PerSample() number, say): that
+                # column walked carefully for this batch, which gives the batch or names the row.
+                more = careful.union(mismatch.paths)
+                if more == careful:  # walked already: the walk's own copy failed
+                    raise CollateError(f"cannot copy values into the batch at {sorted(map(str, more))}") from mismatch
+                careful = more
 
     def _collate(self, batch: Mapping[str, Any], careful: frozenset[tuple[Hashable, ...]]) -> Any:
         """The batch, the columns at ``careful`` walked whatever their recipe.
@@ -224,7 +231,9 @@ class ColumnCollate:
             tasks = len(fill.tasks)
             if recipe.run(values, fill, index):
                 # A copy of the recipe's that fails names this column: walked carefully then.
-                owner = _Owner(path)
+                owner = self._owners.get(path)
+                if owner is None:
+                    owner = self._owners[path] = _Owner(path)
                 fill.tasks[tasks:] = [(*task[:3], owner) for task in fill.tasks[tasks:]]
                 return PartSpec(index)
             fill.parts.pop()

@@ -25,6 +25,7 @@ from .._errors import format_path
 from .._types.builtin import (
     NUMBER_TYPES,
     NUMBERS,
+    builtin,
     describe_plain,
     fits_float64,
     fits_int64,
@@ -147,7 +148,7 @@ class _Walk(ContainerWalk):
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
             sequences = self._number_sequences(values, path, origins)
             planned = self._leaves(sequences, path, origins, lookup(torch.Tensor), policy, depth)  # type: ignore[arg-type]
-            self._took(depth, NUMBER_LISTS, policy)
+            self._took(depth, NUMBER_LISTS, policy)  # over the leaves route _leaves took with the sequences
             return planned
         if isinstance(policy, PerSample) and (handler is None or not handler.is_tensor):
             # A whole subtree per sample, whatever it holds: lists of per-item dicts too.
@@ -227,12 +228,13 @@ class _Walk(ContainerWalk):
 
     def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
         family = handler.family
-        if family == "tensor" and handler.meta is None:
+        if builtin(torch.Tensor, handler):
             plain = describe_plain(values)  # plain tensors, described at C speed as one by one
             if plain is not None:  # every value present: lists of dtypes and shapes, no None
                 return Column(values, path, handler, cast(Any, plain[0]), cast(Any, plain[1]), None, origins)
         classes = set(map(type, values))
-        number = NUMBERS.get(next(iter(classes))) if len(classes) == 1 else None
+        cls = next(iter(classes)) if len(classes) == 1 else None
+        number = NUMBERS.get(cls) if cls is not None and builtin(cls, handler) else None
         if number is not None:
             # One exact Python number type: each described alike (a number is never refused).
             count = len(values)
@@ -289,7 +291,7 @@ class _Walk(ContainerWalk):
             sample, where = self._blame(i, path, origins)
             dtype, shape = h.describe(value, sample, where)  # type: ignore[misc]
             dtypes.append(dtype)
-            shapes.append(shape)
+            shapes.append(tuple(shape))  # a handler may give a list
             if metas is not None:
                 metas.append(h.meta(value) if h.meta is not None else None)
         return Column(values, path, handler, dtypes, shapes, metas, origins)
@@ -301,7 +303,7 @@ class _Walk(ContainerWalk):
         origins: Origins,
         handler: LeafHandler,
         policy: Policy | None,
-        depth: int = -2,
+        depth: int,
     ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
             # Every value is None (missing="none"): a packing policy gives its empty result.

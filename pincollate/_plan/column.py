@@ -17,6 +17,7 @@ import torch
 
 from .._batch.specs import ListSpec
 from .._errors import CollateError
+from .._types.builtin import builtin
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
 from .fill import Node, Segment, TensorNode, Tree, Value
@@ -128,8 +129,10 @@ class Column:
         # stacks to the class torch.stack gives them, as default_collate's stack does:
         # a subclass beside plain tensors wins, tv_tensors of two kinds unwrap.
         classes = set(map(type, self.values))
-        if classes == _PLAIN or (len(classes) == 1 and self.handler.wrap is None):
-            return None  # plain tensors, or values whose class never wraps (read at C speed)
+        if len(classes) == 1 and (
+            self.handler.wrap is None or (classes == _PLAIN and builtin(torch.Tensor, self.handler))
+        ):
+            return None  # values whose class never wraps, or plain tensors (read at C speed)
         wraps = {self._wrap(i): None for i in range(len(self.values))}
         if len(wraps) == 1:
             return next(iter(wraps))

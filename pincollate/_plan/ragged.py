@@ -28,8 +28,9 @@ import torch
 
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
-from .._types.builtin import NUMBER_TYPES, fill_numbers, fits_float64, number_dtype
+from .._types.builtin import NUMBER_TYPES, builtin, fill_numbers, fits_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
+from .._types.leaves import lookup
 from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
 from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
@@ -259,7 +260,13 @@ def _leaves(
     fallback: FieldFallback | None = None,
 ) -> Recipe | None:
     """The recipe for a column of tensors, arrays or numbers under ``policy`` (the walk's :data:`LEAVES` route)."""
-    if policy is None and column and len(types := set(map(type, column))) > 1 and NUMBER_TYPES.issuperset(types):
+    if (
+        policy is None
+        and column
+        and len(types := set(map(type, column))) > 1
+        and NUMBER_TYPES.issuperset(types)
+        and all(builtin(cls, lookup(cls)) for cls in types)
+    ):
         return MixedNumbers()
     as_tensors = array_column(column)
     if as_tensors is not None:  # numpy arrays: converted for each batch

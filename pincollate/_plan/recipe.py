@@ -20,7 +20,7 @@ import torch
 
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
-from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE, numbers_tensor
+from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE, builtin, numbers_tensor
 from .._types.kinds import LISTS
 from .._types.leaves import lookup
 from .._types.wrap import Wrap
@@ -131,8 +131,8 @@ def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
     ``None`` for anything else (an empty column, a subclass, a nested, sparse, quantized
     or non-CPU tensor, 0-d values): what the careful planner plans (or refuses) for each batch.
     """
-    if not column or set(map(type, column)) != PLAIN:
-        return None
+    if not column or set(map(type, column)) != PLAIN or not builtin(torch.Tensor, lookup(torch.Tensor)):
+        return None  # (a handler of the user's for torch.Tensor describes every value: the walk)
     return _described(column)
 
 
@@ -149,8 +149,11 @@ def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
     if len(classes) != 1:
         return None
     cls = classes.pop()
+    base = lookup(torch.Tensor)
+    if not builtin(torch.Tensor, base):
+        return None  # a handler of the user's for torch.Tensor describes every value: the walk
     if cls is not torch.Tensor:
-        handler, base = lookup(cls), lookup(torch.Tensor)
+        handler = lookup(cls)
         if (
             handler is None
             or base is None

@@ -25,6 +25,7 @@ from .._types.builtin import (
     KEPT_VALUES,
     NUMBERS,
     TENSOR_SHAPE,
+    builtin,
     fill_numbers,
 )
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
@@ -104,7 +105,7 @@ class Template:
         planned for each batch: a part, which the walk of each batch takes.
         """
         cls = type(column[0])
-        if cls not in NUMBERS or self.per_batch(path) or set(map(type, column)) != {cls}:
+        if not builtin(cls, lookup(cls)) or self.per_batch(path) or set(map(type, column)) != {cls}:
             return None
         try:
             return self.planner.column(column, path).dtype
@@ -126,7 +127,7 @@ class Template:
         if set(map(type, column)) != {cls}:
             return self.part(path, siblings, column)
         n = len(column)
-        if cls in NUMBERS:
+        if cls in NUMBERS and builtin(cls, lookup(cls)):
             dtype = self.number(column, path)
             if dtype is None:
                 return self.part(path, siblings, column)
@@ -217,6 +218,8 @@ class Template:
         """The dtype and shape of one field of a block: plain tensors the walk stacks as they are, else ``None``."""
         if type(column[0]) is not torch.Tensor or self.default is not None or self.per_batch(path):
             return None
+        if not builtin(torch.Tensor, lookup(torch.Tensor)):
+            return None  # a handler of the user's describes each value: no block over it
         if set(map(type, column)) != {torch.Tensor} or _shapes_differ(column):
             return None
         stacked = self.stacked(column, path)

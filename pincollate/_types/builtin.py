@@ -28,11 +28,13 @@ ARRAY_DTYPE: Callable[[Any], Any] = np.ndarray.dtype.__get__
 
 __all__ = [
     "ARRAY_DTYPE",
+    "BUILTIN",
     "KEPT_VALUES",
     "NUMBERS",
     "NUMBER_TYPES",
     "TENSOR_DTYPE",
     "TENSOR_SHAPE",
+    "builtin",
     "concat_tensors",
     "describe_plain",
     "describe_tensor",
@@ -72,6 +74,7 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
 #: What makes a plain tensor one that describe_tensor takes without a word, read at C speed.
 _KIND = operator.attrgetter("is_nested", "is_quantized", "layout", "is_cpu")
 _PLAIN_KIND = {(False, False, torch.strided, True)}
+_TENSOR_TYPE = {torch.Tensor}
 
 
 def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
@@ -86,9 +89,6 @@ def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple
         return list(map(TENSOR_DTYPE, values)), list(map(tuple, map(TENSOR_SHAPE, values)))
     except (RuntimeError, AttributeError):
         return None
-
-
-_TENSOR_TYPE = {torch.Tensor}
 
 
 def stack_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
@@ -116,7 +116,23 @@ def _subclass_wrap(value: torch.Tensor) -> Wrap | None:
     return Wrap(cls)
 
 
-register_leaf(
+#: The handlers this module registers for plain tensors and Python numbers, by class: where
+#: one of them is still the registered one, its values are described at C speed (a user who
+#: registers another handler for the class has every value described by it).
+BUILTIN: dict[type, LeafHandler] = {}
+
+
+def builtin(cls: type, handler: LeafHandler | None) -> bool:
+    """Whether ``handler`` (the one registered for ``cls``) is this module's own for ``cls``."""
+    return handler is not None and BUILTIN.get(cls) is handler
+
+
+def _register(cls: type, handler: LeafHandler) -> None:
+    BUILTIN[cls] = handler
+    register_leaf(cls, handler)
+
+
+_register(
     torch.Tensor,
     LeafHandler(
         "Tensor",
@@ -289,9 +305,9 @@ def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
     region.numpy()[...] = values
 
 
-register_leaf(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
-register_leaf(int, LeafHandler("int", "number", _describe_int, fill_numbers))
-register_leaf(float, LeafHandler("float", "number", _describe_float, fill_numbers))
+_register(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
+_register(int, LeafHandler("int", "number", _describe_int, fill_numbers))
+_register(float, LeafHandler("float", "number", _describe_float, fill_numbers))
 register_leaf(complex, LeafHandler("complex", "number", _describe_complex, fill_numbers))
 register_leaf((np.bool_, np.number), LeafHandler("numpy scalar", "number", _describe_np_scalar, fill_numbers))
 
