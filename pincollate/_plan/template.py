@@ -2,11 +2,15 @@
 
 Every field whose values all agree (one type, dtype and shape; mappings with one key
 set; sequences of one length) gets a slot at a fixed offset of the template and an op
-(:mod:`pincollate._plan.ops`) that gathers and checks its column for every later batch. Fields of one
-dtype and shape in one mapping share a block (one stack for all of them); Python
-numbers of one type share one. Fields that do not agree become *parts*: a ragged
-field's recipe (:mod:`pincollate._plan.ragged`) where one fits, else the careful planner's, for each
-batch. :mod:`pincollate._plan.cache` caches what this makes.
+(:mod:`pincollate._plan.ops`) that gathers and checks its column for every later batch. What
+the slot holds is the careful walk's (:meth:`~pincollate._plan.careful.Planner.column`: its
+description of the values, their stack's dtype and class, a number column's dtype) and so is
+each container's output (:func:`~pincollate._plan.items.mapping_of` and its kin); the template
+decides only which fields are fixed and where they lie. Fields of one dtype and shape in one
+mapping share a block (one stack for all of them); Python numbers of one type share one.
+Fields that do not agree become *parts*, each run by the recipe of the walk's route
+(:func:`~pincollate._plan.ragged.part_recipe`) where one fits, else walked for each batch.
+:mod:`pincollate._plan.cache` caches what this makes.
 """
 
 from __future__ import annotations
