@@ -593,3 +593,44 @@ def test_per_sample_targets_of_strings_alone_are_kept_as_the_careful_walk_keeps_
         assert_identical(out, careful(batch))
     assert "map(dict, map(zip" in compiled._plans.last.compiled.source
     assert_identical(pickle.loads(pickle.dumps(out)), careful(batch))
+
+
+def _arrays(*lengths: int, dtype=np.float32, trailing=(), writeable=True) -> list[dict]:
+    values = [
+        np.arange(n * int(np.prod(trailing)), dtype=dtype).reshape(n, *trailing) + i for i, n in enumerate(lengths)
+    ]
+    for value in values:
+        value.flags.writeable = writeable
+    return _ids(*values)
+
+
+ARRAYS_OFF = {
+    "another numpy dtype": _arrays(3, 1, dtype=np.int16),
+    "read-only arrays (an object store's)": _arrays(2, 4, writeable=False),
+    "a tensor among the arrays": _ids(np.zeros(3, np.float32), torch.zeros(2)),
+    "another rank": _ids(np.zeros((3, 2), np.float32), np.zeros((1, 2), np.float32)),
+    "an empty array": _arrays(0, 2),
+}
+
+
+@pytest.mark.parametrize(
+    "policy", [Pad(), Pad(max_length=6, mask_key=None), pincollate.Concat()], ids=["pad", "pad-max", "concat"]
+)
+def test_numpy_arrays_are_read_inline_by_a_sized_plan_as_the_careful_walk_reads_them(policy, monkeypatch):
+    # Waveforms from soundfile or librosa: each batch's arrays viewed as tensors by the plan's function.
+    compiled, careful = _pair(policy)
+    earlier = [_agrees(compiled, careful, _arrays(3, 5))]
+    plan = compiled._plans.last
+    assert plan.sized is not None
+
+    def longer_way(*args):
+        raise AssertionError("a batch of arrays the plan's function describes went the longer way")
+
+    with monkeypatch.context() as patch:
+        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+        earlier += [_agrees(compiled, careful, _arrays(*lengths)) for lengths in ((2, 2), (6, 1), (3, 5))]
+    for batch in ARRAYS_OFF.values():  # one fact off: the longer way, the same outcome
+        _agrees(compiled, careful, batch)
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])

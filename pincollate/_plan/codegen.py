@@ -54,7 +54,7 @@ from .packed import ConcatRecipe
 from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
-from .recipe import NumberLists, number_tensor
+from .recipe import Arrays, NumberLists, array_tensors, number_tensor
 from .rows import Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -107,6 +107,7 @@ _WHOLE: dict[str, Any] = {
     "nonempty": nonempty,
     "number_tensor": number_tensor,
     "Joined": Joined,
+    "array_tensors": array_tensors,
     "cat": torch.cat,
     "INT32_MAX": INT32_MAX,
     "Layout": Layout,
@@ -602,7 +603,7 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is CarefulOp and w.copies is not None:
-        if type(op.recipe) in (PadRecipe, NumberLists):  # type: ignore[attr-defined]
+        if type(_placing(op.recipe)) is PadRecipe:  # type: ignore[attr-defined]
             _padded(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
@@ -625,6 +626,8 @@ def is_sized(op: Op) -> bool:
     if type(op) is not CarefulOp:
         return False
     recipe = op.recipe
+    if type(recipe) is Arrays:  # numpy arrays: viewed as tensors inline, then as tensors are
+        recipe = recipe.inner
     if type(recipe) is ConcatRecipe:  # Jagged's nested tensor and stacked items keep the queued fill
         return not recipe.jagged and not recipe.stack
     if type(recipe) is NumberLists:
@@ -634,7 +637,25 @@ def is_sized(op: Op) -> bool:
 
 def _placing(recipe: Any) -> Any:
     """The recipe whose rules place a part: a converting recipe's inner one."""
-    return recipe.inner if type(recipe) is NumberLists else recipe
+    return recipe.inner if type(recipe) in _CONVERTING else recipe
+
+
+#: The recipes that convert a column (token ids as lists, numpy arrays), then run an inner one.
+_CONVERTING = (NumberLists, Arrays)
+
+
+def _arrays(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
+    """A column of numpy arrays as tensors over their memory (:func:`array_tensors`): returns their local.
+
+    Anything else (another dtype, read-only arrays, which the recipe concatenates) goes the longer way.
+    """
+    recipe = op.recipe
+    assert type(recipe) is Arrays
+    tensors = w.local("a")
+    w.line(depth, f"{tensors} = array_tensors({column}, {w.const(recipe.arrays)})")
+    w.line(depth, f"if {tensors} is None:")
+    w.line(depth + 1, _SLOW)
+    return tensors
 
 
 def is_listed(op: Op) -> bool:
@@ -680,7 +701,7 @@ def _pad_copies(
 
 
 def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dict[str, str], copies: list[Any]) -> None:
-    recipe = part.recipe
+    recipe = _placing(part.recipe)
     assert type(recipe) is ConcatRecipe
     values, rows, counts = found["values"], found["rows"], found.get("counts", "None")
     copies.append((concat_tensors, names[0], f"nonempty({values}, {rows})", part))
@@ -699,9 +720,11 @@ def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dic
 
 def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     """A concatenated part of a sized plan: its guards, rows and key (its values' total rows, trailing sizes and count)."""
-    recipe = op.recipe
+    recipe = _placing(op.recipe)
     assert type(recipe) is ConcatRecipe
     _comment(w, depth, op.path)
+    if type(op.recipe) is Arrays:
+        column = _arrays(w, op, column, depth)
     found = {"values": column}
     if recipe.containers is not None:  # per-sample lists of items, chained
         counts, values = w.local("n"), w.local("v")
@@ -739,6 +762,8 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         _pad_key(w, recipe, lengths, key, depth)
         w.parts_read.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))
         return
+    if type(op.recipe) is Arrays:
+        column = _arrays(w, op, column, depth)
     shapes = _tensor_guards(w, recipe, column, depth)
     if recipe.ndim == 1:
         w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")
