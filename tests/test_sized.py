@@ -256,11 +256,59 @@ def test_concatenated_values_of_other_trailing_sizes_get_the_careful_walk_s_resu
     assert compiled._plans.last.sized is not None
 
 
-def test_jagged_and_stacked_items_keep_their_queued_fill():
-    for policy in (pincollate.Jagged(), pincollate.Concat(items="stack")):
-        collate = MMCollate(pin_memory=False, fields={"x": policy})
-        collate([{"x": [torch.zeros(2, 3)]}, {"x": [torch.ones(2, 3), torch.ones(2, 3)]}])
-        assert collate._plans.last.sized is None
+def test_jagged_keeps_its_queued_fill():
+    collate = MMCollate(pin_memory=False, fields={"x": pincollate.Jagged()})
+    collate([{"x": [torch.zeros(2, 3)]}, {"x": [torch.ones(2, 3), torch.ones(2, 3)]}])
+    assert collate._plans.last.sized is None
+
+
+def _images(*counts: int, shape=(3, 2, 2), dtype=torch.float32) -> list[dict]:
+    """Whole images per prompt (LLaVA-style), ``counts[i]`` of them for sample ``i``."""
+    return [
+        {"x": [torch.full(shape, float(10 * i + j)).to(dtype) for j in range(count)], "ids": torch.arange(i + 2)}
+        for i, count in enumerate(counts)
+    ]
+
+
+def _with(batch: list[dict], **x) -> list[dict]:
+    """``batch`` with sample ``i``'s items replaced where ``x`` names it (``x0``, ``x1``, ...)."""
+    return [{**sample, "x": x.get(f"x{i}", sample["x"])} for i, sample in enumerate(batch)]
+
+
+STACKED_OFF = {
+    "an item of another shape": _with(_images(2, 1, 1), x1=[torch.zeros(3, 4, 2)]),
+    "another dtype": _images(1, 2, 1, dtype=torch.float64),
+    "a tensor, not a list": _with(_images(1, 1, 1), x0=torch.zeros(1, 3, 2, 2)),
+    "no items anywhere": _images(0, 0, 0),
+    "a subclass item": _with(_images(1, 1, 1), x2=[torch.nn.Parameter(torch.zeros(3, 2, 2))]),
+    "a tuple of items": _with(_images(1, 1, 1), x0=(torch.zeros(3, 2, 2),)),
+}
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [pincollate.Concat(items="stack"), pincollate.Concat(items="stack", counts_key=None, offsets_key=None)],
+    ids=["with-extras", "no-extras"],
+)
+def test_stacked_items_are_placed_by_a_sized_plan_as_the_careful_walk_places_them(policy, monkeypatch):
+    compiled = MMCollate(pin_memory=False, fields={"x": policy, "ids": Pad()})
+    careful = MMCollate(pin_memory=False, fields={"x": policy, "ids": Pad()}, compile=False)
+    earlier = [_agrees(compiled, careful, _images(2, 1, 3))]
+    plan = compiled._plans.last
+    assert plan.sized is not None
+
+    def longer_way(*args):
+        raise AssertionError("stacked items the plan's function describes went the longer way")
+
+    with monkeypatch.context() as patch:
+        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+        earlier += [_agrees(compiled, careful, _images(*counts)) for counts in ((1, 1, 1), (0, 4, 1), (2, 1, 3))]
+    for batch in STACKED_OFF.values():  # one fact off: the longer way, the same outcome
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
 
 
 def _targets(rng: random.Random, n: int, trailing: tuple[int, ...], dtype: torch.dtype) -> list[dict]:

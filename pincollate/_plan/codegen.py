@@ -628,8 +628,8 @@ def is_sized(op: Op) -> bool:
     recipe = op.recipe
     if type(recipe) is Arrays:  # numpy arrays: viewed as tensors inline, then as tensors are
         recipe = recipe.inner
-    if type(recipe) is ConcatRecipe:  # Jagged's nested tensor and stacked items keep the queued fill
-        return not recipe.jagged and not recipe.stack
+    if type(recipe) is ConcatRecipe:  # Jagged's nested tensor keeps the queued fill
+        return not recipe.jagged
     if type(recipe) is NumberLists:
         return type(recipe.inner) is PadRecipe and recipe.inner.ndim == 1
     return type(recipe) is PadRecipe
@@ -704,7 +704,10 @@ def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dic
     recipe = _placing(part.recipe)
     assert type(recipe) is ConcatRecipe
     values, rows, counts = found["values"], found["rows"], found.get("counts", "None")
-    copies.append((concat_tensors, names[0], f"nonempty({values}, {rows})", part))
+    if recipe.stack:
+        copies.append((stack_tensors, names[0], values, part))
+    else:
+        copies.append((concat_tensors, names[0], f"nonempty({values}, {rows})", part))
     outputs = iter(names[1:])
     # An unused local starts with an underscore (the golden files are linted).
     item_offsets, offsets = w.local("io" if recipe.item_offsets_name else "_io"), w.local("o")
@@ -735,10 +738,17 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         found.update(values=values, counts=counts)
     values = found["values"]
     shapes = _tensor_guards(w, recipe, values, depth, some=True)
-    trailing = _trailing(w, recipe.ndim, shapes, depth) if recipe.ndim > 1 else "()"
-    rows, key = w.local("r"), w.local("m")
-    w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
-    w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
+    if recipe.stack:  # items="stack": each item whole, one row, all of one shape
+        rows, key = w.local("r"), w.local("m")
+        w.line(depth, f"if len(set({shapes})) != 1:")
+        w.line(depth + 1, _SLOW)
+        w.line(depth, f"{rows} = [1] * len({values})")
+        w.line(depth, f"{key} = (len({values}), tuple({shapes}[0]), len({values}))")
+    else:
+        trailing = _trailing(w, recipe.ndim, shapes, depth) if recipe.ndim > 1 else "()"
+        rows, key = w.local("r"), w.local("m")
+        w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
+        w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
     w.line(depth, f"if {key}[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error")
     w.line(depth + 1, _SLOW)
     found["rows"] = rows

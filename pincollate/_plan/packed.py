@@ -24,7 +24,7 @@ from .fill import Fill
 from .ops import FIRST
 from .packing import INT32_MAX, Concat, Jagged
 from .padding import Joined, nonempty
-from .recipe import Recipe, place, plain_tensors
+from .recipe import Recipe, plain_tensors
 
 __all__ = ["ConcatRecipe", "concat_recipe"]
 
@@ -118,7 +118,8 @@ class ConcatRecipe(Recipe):
         self, offset: int, n: int, key: tuple[int, tuple[int, ...], int], spread: tuple[int, int] = (0, 0)
     ) -> tuple[Part, list[TensorSpec], int]:
         """The placement rule: the part at byte ``offset`` for ``n`` samples whose values have ``total`` rows
-        of ``trailing`` sizes, ``nvalues`` of them (``key``).
+        of ``trailing`` sizes, ``nvalues`` of them (``key``); stacked items (``items="stack"``) are
+        ``nvalues`` rows of the item's whole shape.
 
         Returns the part, its tensors in buffer order (the values; under ``Jagged`` its offsets;
         then the offsets, counts and item offsets the policy asks for) and the offset after them.
@@ -154,24 +155,16 @@ class ConcatRecipe(Recipe):
             return False  # the careful planner names the item whose shape differs
         if len(values) > INT32_MAX:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
-        stacked = place(fill, self.dtype, (len(values), *shapes[0]))
-        fill.tasks.append((stack_tensors, stacked, values, None))
-        offsets = list(range(len(values) + 1)) if counts is None else [0, *itertools.accumulate(counts)]
-        extras: list[tuple[str, TensorSpec]] = []
-        self._extra(fill, extras, self.offsets_name, offsets, torch.int32)
-        if counts is not None:
-            self._extra(fill, extras, self.counts_name, counts, torch.int64)
-        fill.parts[index] = Part(stacked, tuple(extras))
+        _, offsets = self.offsets([1] * len(values), counts)  # each item whole: one row
+        key = (len(values), tuple(shapes[0]), len(values))
+        part, specs, fill.offset = self.placed(fill.offset, len(values) if counts is None else len(counts), key)
+        fill.tasks.append((stack_tensors, specs[0], values, None))
+        numbers = iter(specs[1:])
+        for name, found in ((self.offsets_name, offsets), (self.counts_name, counts)):
+            if name is not None:
+                fill.tasks.append((fill_numbers, next(numbers), found, None))
+        fill.parts[index] = part
         return True
-
-    @staticmethod
-    def _extra(
-        fill: Fill, extras: list[tuple[str, TensorSpec]], name: str | None, values: list[int], dtype: torch.dtype
-    ) -> None:
-        if name is not None:
-            spec = place(fill, dtype, (len(values),))
-            fill.tasks.append((fill_numbers, spec, values, None))
-            extras.append((name, spec))
 
 
 def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
