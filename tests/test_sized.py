@@ -256,10 +256,60 @@ def test_concatenated_values_of_other_trailing_sizes_get_the_careful_walk_s_resu
     assert compiled._plans.last.sized is not None
 
 
-def test_jagged_keeps_its_queued_fill():
-    collate = MMCollate(pin_memory=False, fields={"x": pincollate.Jagged()})
-    collate([{"x": [torch.zeros(2, 3)]}, {"x": [torch.ones(2, 3), torch.ones(2, 3)]}])
-    assert collate._plans.last.sized is None
+def _rows(*counts: int, trailing=(3,), dtype=torch.float32) -> list[dict]:
+    return [{"x": torch.full((n, *trailing), float(i)).to(dtype), "label": i} for i, n in enumerate(counts)]
+
+
+def _item_rows(*per_sample: tuple[int, ...]) -> list[dict]:
+    """Per-sample lists of items, each of ``n`` rows of 3 (sample ``i``'s counts: ``per_sample[i]``)."""
+    return [
+        {"x": [torch.full((n, 3), float(10 * i + j)) for j, n in enumerate(ns)], "label": i}
+        for i, ns in enumerate(per_sample)
+    ]
+
+
+JAGGED_OFF = {
+    "another dtype": _rows(2, 1, 3, dtype=torch.float64),
+    "another trailing size": _rows(2, 1, 3, trailing=(4,)),
+    "two trailing sizes": [{"x": torch.zeros(2, 3), "label": 0}, {"x": torch.zeros(1, 4), "label": 1}, _rows(1)[0]],
+    "every value empty": _rows(0, 0, 0),
+    "a subclass": [{**sample, "x": torch.nn.Parameter(sample["x"])} for sample in _rows(1, 2, 1)],
+}
+
+
+@pytest.mark.parametrize(
+    ("policy", "batches"),
+    [
+        (pincollate.Jagged(), [_rows(2, 1, 3), _rows(4, 4, 4), _rows(0, 5, 1), _rows(2, 1, 3)]),
+        (
+            pincollate.Jagged(),
+            [_item_rows((1, 2), (0,), (3, 1, 1)), _item_rows((2,), (1, 1), ()), _item_rows((), (), (4,))],
+        ),
+        (pincollate.Jagged(counts_key=None, item_offsets_key=None), [_rows(1, 2, 3), _rows(3, 2, 1)]),
+    ],
+    ids=["tensors", "items", "no-extras"],
+)
+def test_jagged_is_made_by_a_sized_plan_as_the_careful_walk_makes_it(policy, batches, monkeypatch):
+    compiled = MMCollate(pin_memory=False, fields={"x": policy})
+    careful = MMCollate(pin_memory=False, fields={"x": policy}, compile=False)
+    earlier = [_agrees(compiled, careful, batches[0])]
+    plan = compiled._plans.last
+    assert plan.sized is not None
+    assert earlier[0] is not None and earlier[0][0]["x"].is_nested
+
+    def longer_way(*args):
+        raise AssertionError("a jagged batch the plan's function describes went the longer way")
+
+    with monkeypatch.context() as patch:
+        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+        earlier += [_agrees(compiled, careful, batch) for batch in batches[1:]]
+    for batch in JAGGED_OFF.values():  # one fact off: the longer way, the same outcome
+        _agrees(compiled, careful, batch)
+    for agreed in earlier:  # what they gave is unchanged: the nested tensors' lengths too
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+        ours, theirs = agreed[0]["x"], agreed[1]["x"]
+        assert (ours._min_seqlen, ours._max_seqlen) == (theirs._min_seqlen, theirs._max_seqlen)
 
 
 def _images(*counts: int, shape=(3, 2, 2), dtype=torch.float32) -> list[dict]:
@@ -682,3 +732,17 @@ def test_numpy_arrays_are_read_inline_by_a_sized_plan_as_the_careful_walk_reads_
     for agreed in earlier:  # what they gave is unchanged
         assert agreed is not None
         assert_identical(agreed[0], agreed[1])
+
+
+def test_a_jagged_batch_pickles_and_builds_in_pinned_memory_as_the_careful_walk_makes_it(fake_pinned):
+    reference = MMCollate(pin_memory=False, fields={"x": pincollate.Jagged()}, compile=False)
+    batch = _rows(2, 1, 3)
+    compiled = MMCollate(pin_memory=False, fields={"x": pincollate.Jagged()})
+    out = [compiled(batch) for _ in range(2)][-1]
+    assert compiled._plans.last.sized is not None
+    assert_identical(pickle.loads(pickle.dumps(out)), reference(batch))
+    pinned = MMCollate(pin_memory=True, fields={"x": pincollate.Jagged()})
+    out = [pinned(batch) for _ in range(2)][-1]
+    assert pinned._plans.last.sized is not None
+    assert_identical(out, reference(batch))
+    assert out["x"].values().untyped_storage().data_ptr() == out.buffer.untyped_storage().data_ptr()

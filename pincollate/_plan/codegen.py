@@ -29,7 +29,7 @@ import torch
 from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
-from .._batch.specs import MappingSpec
+from .._batch.specs import MappingSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
 from .._generate import Writer, text
@@ -50,7 +50,7 @@ from .ops import (
     fill_block,
     fill_one_field,
 )
-from .packed import ConcatRecipe
+from .packed import ConcatRecipe, spread
 from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import PadRecipe
@@ -108,6 +108,8 @@ _WHOLE: dict[str, Any] = {
     "number_tensor": number_tensor,
     "Joined": Joined,
     "array_tensors": array_tensors,
+    "jagged": jagged,
+    "spread": spread,
     "cat": torch.cat,
     "INT32_MAX": INT32_MAX,
     "Layout": Layout,
@@ -251,7 +253,8 @@ def compile_sized(
     at = 0
     for part, _, found in w.parts_read:
         recipe = _placing(part.recipe)
-        names = [w.local("p")]
+        jagged = type(recipe) is ConcatRecipe and recipe.jagged
+        names = [w.local("p")] + ([w.local("p")] if jagged else [])  # Jagged: its values, then its offsets
         extras = []
         for name in recipe.extras():
             names.append(w.local("p"))
@@ -259,7 +262,10 @@ def compile_sized(
         for j, local in enumerate(names):
             w.line(1, f"{local} = made[ids[{at + j}]] if ids[{at + j}] in made else specs[{at + j}].region(views)")
         at += len(names)
-        expressions[part.index] = (names[0], tuple(extras))
+        output = names[0]
+        if jagged:  # one nested tensor over the values and offsets, as JaggedSpec builds it
+            output = f"jagged({names[0]}, {names[1]}, *{found['spread']})"
+        expressions[part.index] = (output, tuple(extras))
         if type(recipe) is PadRecipe:
             _pad_copies(w, part, recipe, names, found, copies)
         else:
@@ -628,8 +634,8 @@ def is_sized(op: Op) -> bool:
     recipe = op.recipe
     if type(recipe) is Arrays:  # numpy arrays: viewed as tensors inline, then as tensors are
         recipe = recipe.inner
-    if type(recipe) is ConcatRecipe:  # Jagged's nested tensor keeps the queued fill
-        return not recipe.jagged
+    if type(recipe) is ConcatRecipe:
+        return True
     if type(recipe) is NumberLists:
         return type(recipe.inner) is PadRecipe and recipe.inner.ndim == 1
     return type(recipe) is PadRecipe
@@ -709,9 +715,13 @@ def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dic
     else:
         copies.append((concat_tensors, names[0], f"nonempty({values}, {rows})", part))
     outputs = iter(names[1:])
-    # An unused local starts with an underscore (the golden files are linted).
-    item_offsets, offsets = w.local("io" if recipe.item_offsets_name else "_io"), w.local("o")
-    w.line(1, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts})")
+    if recipe.jagged:  # its offsets, read already; the nested tensor's offsets first
+        item_offsets, offsets = found["item_offsets"], found["offsets"]
+        copies.append((fill_numbers, next(outputs), offsets, part))
+    else:
+        # An unused local starts with an underscore (the golden files are linted).
+        item_offsets, offsets = w.local("io" if recipe.item_offsets_name else "_io"), w.local("o")
+        w.line(1, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts})")
     for name, numbers in (
         (recipe.offsets_name, offsets),
         (recipe.counts_name, counts),
@@ -749,9 +759,18 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         rows, key = w.local("r"), w.local("m")
         w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
         w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
-    w.line(depth, f"if {key}[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error")
-    w.line(depth + 1, _SLOW)
     found["rows"] = rows
+    if recipe.jagged:
+        # Jagged: int64 offsets, and the fewest and most rows of a sample (its nested tensor's) in the key.
+        item_offsets, offsets, spread = w.local("io"), w.local("o"), w.local("spread")
+        counts_arg = found.get("counts", "None")
+        w.line(depth, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts_arg})")
+        w.line(depth, f"{spread} = spread({offsets})")
+        w.line(depth, f"{key} = (*{key}, {spread})")
+        found.update(item_offsets=item_offsets, offsets=offsets, spread=spread)
+    else:
+        w.line(depth, f"if {key}[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error")
+        w.line(depth + 1, _SLOW)
     w.parts_read.append((op, key, found))
 
 

@@ -26,7 +26,7 @@ from .packing import INT32_MAX, Concat, Jagged
 from .padding import Joined, nonempty
 from .recipe import Recipe, plain_tensors
 
-__all__ = ["ConcatRecipe", "concat_recipe"]
+__all__ = ["ConcatRecipe", "concat_recipe", "spread"]
 
 
 class ConcatRecipe(Recipe):
@@ -83,12 +83,9 @@ class ConcatRecipe(Recipe):
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
         item_offsets, offsets = self.offsets(rows, counts)
-        spread = (0, 0)
-        if self.jagged:
-            per_sample = list(map(operator.sub, offsets[1:], offsets))
-            spread = (min(per_sample, default=0), max(per_sample, default=0))
+        spread_ = spread(offsets) if self.jagged else (0, 0)
         key = (total, tuple(trailing), len(values))
-        part, specs, fill.offset = self.placed(fill.offset, len(column), key, spread)
+        part, specs, fill.offset = self.placed(fill.offset, len(column), key, spread_)
         pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
         tasks = fill.tasks
         tasks.append((concat_tensors, specs[0], pieces, None))
@@ -165,6 +162,12 @@ class ConcatRecipe(Recipe):
                 fill.tasks.append((fill_numbers, next(numbers), found, None))
         fill.parts[index] = part
         return True
+
+
+def spread(offsets: list[int]) -> tuple[int, int]:
+    """The fewest and most rows of a sample, from the samples' offsets: a nested tensor's sequence lengths."""
+    per_sample = list(map(operator.sub, offsets[1:], offsets))
+    return min(per_sample, default=0), max(per_sample, default=0)
 
 
 def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:

@@ -97,8 +97,8 @@ class SizedLayouts:
             if isinstance(recipe, PadRecipe):
                 dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
                 parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
-            else:  # Concat: its values' total rows, trailing sizes and count
-                parts[index], placed, offset = recipe.placed(offset, self.size, sizes)
+            else:  # Concat: its values' total rows, trailing sizes and count (Jagged: and its spread)
+                parts[index], placed, offset = recipe.placed(offset, self.size, sizes[:3], *sizes[3:])
             specs.extend(placed)
         layout = Layout(self.template, offset, parts, self.bulk)  # type: ignore[arg-type]
         return layout, with_regions(self.bulk, [*self.fixed, *specs]), tuple(specs), tuple(map(id, specs))
