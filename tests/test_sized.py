@@ -1,10 +1,12 @@
 """Sized plans: a plan whose parts are all padded fields makes its batches by one generated function."""
 
 import collections
+import contextlib
 import dataclasses
 import io
 import pickle
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -15,6 +17,18 @@ from pincollate import MMCollate, Pad
 from pincollate._errors import format_path
 from pincollate._plan import sized as _sized
 from samples import assert_identical
+
+
+@contextlib.contextmanager
+def _inline_only(plan: object, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Batches run by ``plan``'s function inside: one that goes the longer way fails the test."""
+
+    def longer_way(*args: object) -> None:
+        raise AssertionError("a batch the plan's function describes went the longer way")
+
+    with monkeypatch.context() as patch:
+        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)  # type: ignore[attr-defined]
+        yield
 
 
 def _agrees(compiled: MMCollate, careful: MMCollate, batch: list) -> tuple[object, object] | None:
@@ -297,11 +311,7 @@ def test_jagged_is_made_by_a_sized_plan_as_the_careful_walk_makes_it(policy, bat
     assert plan.sized is not None
     assert earlier[0] is not None and earlier[0][0]["x"].is_nested
 
-    def longer_way(*args):
-        raise AssertionError("a jagged batch the plan's function describes went the longer way")
-
-    with monkeypatch.context() as patch:
-        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+    with _inline_only(plan, monkeypatch):
         earlier += [_agrees(compiled, careful, batch) for batch in batches[1:]]
     for batch in JAGGED_OFF.values():  # one fact off: the longer way, the same outcome
         _agrees(compiled, careful, batch)
@@ -347,11 +357,7 @@ def test_stacked_items_are_placed_by_a_sized_plan_as_the_careful_walk_places_the
     plan = compiled._plans.last
     assert plan.sized is not None
 
-    def longer_way(*args):
-        raise AssertionError("stacked items the plan's function describes went the longer way")
-
-    with monkeypatch.context() as patch:
-        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+    with _inline_only(plan, monkeypatch):
         earlier += [_agrees(compiled, careful, _images(*counts)) for counts in ((1, 1, 1), (0, 4, 1), (2, 1, 3))]
     for batch in STACKED_OFF.values():  # one fact off: the longer way, the same outcome
         _agrees(compiled, careful, batch)
@@ -721,11 +727,7 @@ def test_numpy_arrays_are_read_inline_by_a_sized_plan_as_the_careful_walk_reads_
     plan = compiled._plans.last
     assert plan.sized is not None
 
-    def longer_way(*args):
-        raise AssertionError("a batch of arrays the plan's function describes went the longer way")
-
-    with monkeypatch.context() as patch:
-        patch.setitem(plan.compiled.run.__globals__, "slow", longer_way)
+    with _inline_only(plan, monkeypatch):
         earlier += [_agrees(compiled, careful, _arrays(*lengths)) for lengths in ((2, 2), (6, 1), (3, 5))]
     for batch in ARRAYS_OFF.values():  # one fact off: the longer way, the same outcome
         _agrees(compiled, careful, batch)
