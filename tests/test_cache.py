@@ -691,3 +691,14 @@ def test_compile_false_generates_no_code(monkeypatch):
     for n in (2, 3):
         batch = collate([{"ids": torch.arange(k + 1), "label": k} for k in range(n)])
         assert batch["ids_lengths"].tolist() == list(range(1, n + 1))
+
+
+def test_the_careful_walk_reads_a_plain_columns_class_once_not_each_values_wrap(monkeypatch):
+    from pincollate._plan.column import Column
+
+    def per_value(self: Any, i: int) -> Any:
+        raise AssertionError("a plain tensor or number column's wrap read value by value")
+
+    monkeypatch.setattr(Column, "_wrap", per_value)
+    out = MMCollate(pin_memory=False, compile=False)([{"x": torch.ones(2), "n": i} for i in range(3)])
+    assert type(out["x"]) is torch.Tensor and out["n"].tolist() == [0, 1, 2]
