@@ -139,7 +139,8 @@ def test_ragged_batches_with_a_policy():
 @pytest.mark.slow
 def test_a_worker_killed_while_it_waits_is_an_error_not_a_hang():
     out = run_case("kill", 24, 2)
-    assert not out["ok"] and "killed by signal" in out["error"], out
+    # torch names the dead worker one of two ways, by which of its checks sees the death first.
+    assert not out["ok"] and ("killed by signal" in out["error"] or "exited unexpectedly" in out["error"]), out
     assert out["kept_intact"], out
     assert out["seconds"] < 60, out
     assert out["shm_left_mib"] == 0, out
