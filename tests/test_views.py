@@ -139,3 +139,27 @@ def test_changing_one_item_in_place_leaves_another_saved_for_backward_alone():
     loss.backward()
     assert torch.equal(weight.grad, values[0].sum(0))
     assert torch.equal(boxes[1], values[1] * 2) and torch.equal(boxes[0], values[0])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_numbers_of_per_sample_lists_are_0d_items_each_with_a_version_counter_of_its_own(compiled):
+    # Per-object labels (a list of dicts per sample): each a 0-d tensor over its own aligned
+    # bytes of one column, its own version counter, in the plan's function and the recipe's.
+    from pincollate import PerSample
+
+    def sample(i, n):
+        return {"target": [{"label": 10 * i + j, "box": torch.full((4,), float(j))} for j in range(n)]}
+
+    collate = MMCollate(pin_memory=False, fields={"target": PerSample()}, compile=compiled)
+    for counts in ((2, 0, 3), (1, 4, 2), (3, 3, 1)):  # a warm plan too
+        batch = [sample(i, n) for i, n in enumerate(counts)]
+        out = collate(batch)["target"]
+        labels = [obj["label"] for objects in out for obj in objects]
+        assert [label.item() for label in labels] == [o["label"] for s in batch for o in s["target"]]
+        assert all(label.shape == () and label.dtype == torch.int64 for label in labels)
+        places = [label.data_ptr() for label in labels]
+        assert all(place % ALIGN == 0 for place in places) and len(set(places)) == len(labels)
+        labels[0].add_(100)
+        assert labels[0].item() == batch[0]["target"][0]["label"] + 100
+        assert all(label._version == 0 for label in labels[1:])
+        assert [label.item() for label in labels[1:]] == [o["label"] for s in batch for o in s["target"]][1:]

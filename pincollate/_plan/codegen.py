@@ -29,6 +29,7 @@ import torch
 from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
+from .._batch.list_specs import scalar_items
 from .._batch.specs import MappingSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
@@ -115,7 +116,7 @@ _WHOLE: dict[str, Any] = {
     "Layout": Layout,
     "ALIGN": ALIGN,
     "repeat": itertools.repeat,
-    "VIEW": torch.Tensor.view,
+    "scalar_items": scalar_items,
     "KEPT_VALUES": KEPT_VALUES,
     "fill_spaced": fill_spaced,
     "pitch": pitch,
@@ -361,7 +362,8 @@ def compile_listed(
     for j, (_, _, found) in enumerate(w.parts_read):
         pieces = f"{found['region']}.unsafe_split_with_sizes({found['split']})[0::2]"
         if "numbers" in found:  # a 0-d tensor each
-            lines.append(f"{items[j]} = list(map(VIEW, {pieces}, repeat(())))")
+            step = found["numbers"].step
+            lines.append(f"{items[j]} = scalar_items({found['region']}, {w.size}, {step})")
         else:
             lines.append(f"{items[j]} = list({pieces})")
     expressions: Parts = {}
