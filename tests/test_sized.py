@@ -748,3 +748,63 @@ def test_a_jagged_batch_pickles_and_builds_in_pinned_memory_as_the_careful_walk_
     assert pinned._plans.last.sized is not None
     assert_identical(out, reference(batch))
     assert out["x"].values().untyped_storage().data_ptr() == out.buffer.untyped_storage().data_ptr()
+
+
+def _scores(*scores: object) -> list[dict]:
+    """JSON-like samples: a score that is sometimes an int, sometimes a float."""
+    return [{"x": torch.full((2,), float(i)), "score": score, "id": i} for i, score in enumerate(scores)]
+
+
+#: Batches of the score column, each read inline by the sized plan: the dtype is its key.
+MIXED_INLINE = [
+    _scores(1, 0.5, 2),  # an int first: the dtype torch infers (the default float dtype)
+    _scores(0.25, 3, 1),  # a float first: float64, as default_collate makes it
+    _scores(True, 2, 0.5),  # a bool first: torch infers for all of them
+    _scores(1, 2, 3),  # ints alone: int64
+    _scores(0.5, 1, 2),
+]
+
+MIXED_OFF = {
+    "an int past int64 first": _scores(2**63, 0.5, 1),
+    "an int past int64 after a float": _scores(0.5, 2**70, 1),
+    "an int too large for a float": _scores(0.5, 2**1100, 1),
+    "a numpy scalar among them": _scores(1, np.float32(0.5), 2),
+    "a string among them": _scores(1, "0.5", 2),
+    "a tensor among them": _scores(1, torch.tensor(0.5), 2),
+    "None among them": _scores(1, None, 2.0),
+    "a complex among them": _scores(1, 2.5j, 3),
+}
+
+
+def test_numbers_of_several_types_are_read_by_a_sized_plan_as_the_careful_walk_reads_them(monkeypatch):
+    compiled = MMCollate(pin_memory=False)
+    careful = MMCollate(pin_memory=False, compile=False)
+    earlier = [_agrees(compiled, careful, MIXED_INLINE[0])]
+    plan = compiled._plans.last
+    assert plan.sized is not None and "dtype_of" in plan.compiled.source
+
+    with _inline_only(plan, monkeypatch):
+        earlier += [_agrees(compiled, careful, batch) for batch in MIXED_INLINE[1:]]
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # an int first now infers float64
+        try:
+            earlier.append(_agrees(compiled, careful, MIXED_INLINE[0]))
+        finally:
+            torch.set_default_dtype(previous)
+    dtypes = [agreed[0]["score"].dtype for agreed in earlier if agreed is not None]
+    assert dtypes == [torch.float32, torch.float64, torch.float32, torch.int64, torch.float64, torch.float64]
+    for batch in MIXED_OFF.values():  # one fact off: the longer way, the same outcome (or error)
+        _agrees(compiled, careful, batch)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # an int first infers a dtype numpy lacks: the longer way
+    try:
+        assert _agrees(compiled, careful, MIXED_INLINE[0])[0]["score"].dtype == torch.bfloat16  # type: ignore[index]
+    finally:
+        torch.set_default_dtype(previous)
+    assert_identical(compiled(MIXED_INLINE[0]), careful(MIXED_INLINE[0]))
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    again = pickle.loads(pickle.dumps(earlier[0][0]))
+    assert_identical(again, earlier[0][1])

@@ -29,6 +29,7 @@ from .._types.builtin import (
     describe_plain,
     fits_float64,
     fits_int64,
+    ints_fit_float64,
     number_dtype,
     numbers_tensor,
 )
@@ -256,7 +257,11 @@ class _Walk(ContainerWalk):
                         raise self._error(f"int {value} does not fit int64", i, path, origins)
             if failed is not None:
                 raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
-            if (column.dtype.is_floating_point or column.dtype.is_complex) and number is not torch.float64:
+            if (
+                (column.dtype.is_floating_point or column.dtype.is_complex)
+                and number is not torch.float64
+                and not ints_fit_float64(values)
+            ):
                 # An int among floats may be too large for them (a column of floats alone never is).
                 for i, value in enumerate(values):
                     if not fits_float64(value):

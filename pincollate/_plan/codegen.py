@@ -54,7 +54,7 @@ from .ops import (
 from .packed import ConcatRecipe, spread
 from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
-from .ragged import PadRecipe
+from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, number_tensor
 from .rows import Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
@@ -269,6 +269,8 @@ def compile_sized(
         expressions[part.index] = (output, tuple(extras))
         if type(recipe) is PadRecipe:
             _pad_copies(w, part, recipe, names, found, copies)
+        elif type(recipe) is MixedNumbers:
+            copies.append((fill_numbers, names[0], found["column"], part))
         else:
             _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
@@ -613,6 +615,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
     elif kind is CarefulOp and w.copies is not None:
         if type(_placing(op.recipe)) is PadRecipe:  # type: ignore[attr-defined]
             _padded(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is MixedNumbers:  # type: ignore[attr-defined]
+            _mixed_numbers(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is PerSampleRecipe:  # type: ignore[attr-defined]
@@ -629,7 +633,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
 def is_sized(op: Op) -> bool:
     """Whether a part node is one a sized plan reads inline: ``Pad``, or ``Concat``, over plain tensors.
 
-    Also ``Pad`` over token ids as Python lists, converted inline (one ``torch.tensor`` of all).
+    Also ``Pad`` over token ids as Python lists, converted inline (one ``torch.tensor`` of all),
+    and Python numbers of several types (ints beside floats), whose dtype is their key.
     """
     if type(op) is not CarefulOp:
         return False
@@ -640,7 +645,7 @@ def is_sized(op: Op) -> bool:
         return True
     if type(recipe) is NumberLists:
         return type(recipe.inner) is PadRecipe and recipe.inner.ndim == 1
-    return type(recipe) is PadRecipe
+    return type(recipe) is PadRecipe or type(recipe) is MixedNumbers
 
 
 def _placing(recipe: Any) -> Any:
@@ -808,6 +813,16 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
         w.line(depth, f"{key} = ({dim}, {sizes})")
     w.parts_read.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
+
+
+def _mixed_numbers(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """Python numbers of several types in a sized plan: their dtype, by ``default_collate``'s rule, is the key."""
+    _comment(w, depth, op.path)
+    key = w.local("m")
+    w.line(depth, f"{key} = {w.const(op.recipe)}.dtype_of({column})")
+    w.line(depth, f"if {key} is None:  # an int past int64 or too large for a float, not a Python number")
+    w.line(depth + 1, _SLOW)
+    w.parts_read.append((op, key, {"column": column}))
 
 
 #: A part's guard that fails: the batch goes to the plan's queued fill, which takes it or names it.

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from .._batch.layout import Part, TensorSpec
-from .._batch.views import align
-from .._types.builtin import NUMBER_TYPES, builtin, fill_numbers, fits_float64, number_dtype
+from .._batch.views import align, numpy_dtype
+from .._types.builtin import NUMBER_TYPES, builtin, fill_numbers, ints_fit_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
 from .._types.leaves import lookup
 from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
@@ -41,7 +41,7 @@ from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
 from .patterns import ITEMS
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
-from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, place, plain_tensors
+from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
 
 __all__ = ["MixedNumbers", "PadRecipe", "part_recipe", "recipe_for"]
@@ -166,8 +166,8 @@ class MixedNumbers(Recipe):
 
     One tensor of the dtype ``default_collate`` gives the column (:func:`number_dtype`: the
     first value's type decides, an int column takes what torch infers for all of it),
-    filled by one numpy assignment. An int beyond ``int64`` goes to the careful planner,
-    which names it.
+    filled by one numpy assignment. A sized plan reads that dtype inline, as its key
+    (:meth:`dtype_of`); an int beyond ``int64`` goes to the careful planner, which names it.
     """
 
     __slots__ = ()
@@ -175,19 +175,45 @@ class MixedNumbers(Recipe):
     def __init__(self) -> None:
         super().__init__(torch.float64, 0)  # the dtype is the batch's own
 
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+    @staticmethod
+    def dtype_of(column: Sequence[Any]) -> torch.dtype | None:
+        """The dtype of this batch's column, or ``None`` where the careful planner takes it.
+
+        Python numbers only (a numpy scalar or a tensor among them: the walk), in a dtype numpy
+        has (one assignment fills it), and every int representable where they become floats.
+
+        Examples:
+            >>> MixedNumbers.dtype_of([0.5, 1]), MixedNumbers.dtype_of([True, 2])
+            (torch.float64, torch.int64)
+            >>> MixedNumbers.dtype_of([0.5, 2**1100]) is None
+            True
+        """
         if not NUMBER_TYPES.issuperset(map(type, column)):
-            return False
+            return None
         try:
             dtype = number_dtype(column)
         except (OverflowError, RuntimeError, ValueError):  # an int beyond int64: torch.tensor cannot read it
+            return None
+        if numpy_dtype(dtype) is None:
+            return None  # a default dtype numpy lacks (bfloat16): the walk copies it
+        if dtype.is_floating_point and not ints_fit_float64(column):
+            return None  # an int too large for a float: the careful planner names it
+        return dtype
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        dtype = self.dtype_of(column)
+        if dtype is None:
             return False
-        if dtype.is_floating_point and not all(map(fits_float64, column)):
-            return False  # an int too large for a float: the careful planner names it
-        spec = place(fill, dtype, (len(column),))
-        fill.tasks.append((fill_numbers, spec, column, None))
-        fill.parts[index] = Part(spec)
+        part, specs, fill.offset = self.placed(fill.offset, len(column), dtype)
+        fill.tasks.append((fill_numbers, specs[0], column, None))
+        fill.parts[index] = part
         return True
+
+    @staticmethod
+    def placed(offset: int, n: int, dtype: torch.dtype) -> tuple[Part, list[TensorSpec], int]:
+        """The placement rule: ``n`` numbers of ``dtype`` at byte ``offset``; the part, its tensor and the offset after."""
+        node = TensorSpec(dtype, (n,), offset)
+        return Part(node), [node], align(offset + node.nbytes)
 
 
 def part_recipe(planner: Planner, column: Sequence[Any], path: Path) -> Recipe | None:

@@ -22,7 +22,7 @@ from .._batch.layout import Layout, Part, Spec, TensorSpec, ValueSpec
 from .._batch.list_specs import RowsSpec, SplitSpec
 from .._batch.views import Bulk
 from .packed import ConcatRecipe
-from .ragged import PadRecipe
+from .ragged import MixedNumbers, PadRecipe
 
 __all__ = ["ListedParts", "SizedLayouts", "with_regions"]
 
@@ -55,7 +55,8 @@ class SizedLayouts:
     ``parts`` are the parts in the order the compiled plan reads them: each part's index
     among the layout's parts and the recipe that places it. A padded part's key is its
     padded length (1-D values) or ``(dim, sizes)``, a concatenated one's ``(total rows,
-    trailing sizes, values)``; :meth:`get` takes one key per part.
+    trailing sizes, values)``, one of numbers of several types its dtype; :meth:`get` takes
+    one key per part.
     """
 
     __slots__ = ("bulk", "fixed", "kept", "nbytes", "nparts", "parts", "size", "template")
@@ -68,7 +69,7 @@ class SizedLayouts:
         size: int,
         bulk: Bulk,
         fixed: Sequence[TensorSpec],
-        parts: Sequence[tuple[int, PadRecipe | ConcatRecipe]],
+        parts: Sequence[tuple[int, PadRecipe | ConcatRecipe | MixedNumbers]],
     ):
         self.template = template
         self.nbytes = nbytes  # the fixed fields' bytes: the parts start here
@@ -97,6 +98,8 @@ class SizedLayouts:
             if isinstance(recipe, PadRecipe):
                 dim, shape = (0, (sizes,)) if recipe.ndim == 1 else sizes
                 parts[index], placed, offset = recipe.placed(offset, self.size, dim, shape)
+            elif isinstance(recipe, MixedNumbers):  # its key: the column's dtype
+                parts[index], placed, offset = recipe.placed(offset, self.size, sizes)
             else:  # Concat: its values' total rows, trailing sizes and count (Jagged: and its spread)
                 parts[index], placed, offset = recipe.placed(offset, self.size, sizes[:3], *sizes[3:])
             specs.extend(placed)

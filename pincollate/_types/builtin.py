@@ -41,6 +41,7 @@ __all__ = [
     "fill_numbers",
     "fits_float64",
     "fits_int64",
+    "ints_fit_float64",
     "number_dtype",
     "numbers_tensor",
     "stack_tensors",
@@ -253,6 +254,15 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
             return NUMBERS[cls]
         if cls is int and min(present) >= -(2**63) and max(present) < 2**63:
             return torch.int64  # what torch.tensor infers where every int fits
+    if float in classes and classes <= NUMBER_TYPES:
+        # Floats beside ints or bools (JSON's numbers): a float first makes float64; an int or a
+        # bool first, what torch.tensor infers for them all, the default float dtype (an int too
+        # large for a float raises there, and here).
+        if type(first) is float:
+            return torch.float64
+        if not ints_fit_float64(present):
+            raise OverflowError("int too large to convert to float")
+        return torch.get_default_dtype()
     if isinstance(first, float):
         return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
     if isinstance(first, complex):
@@ -300,9 +310,25 @@ def fits_float64(value: Any) -> bool:
     return type(value) is not int or -_FLOAT64_INT_LIMIT < value < _FLOAT64_INT_LIMIT
 
 
+def ints_fit_float64(values: Sequence[Any]) -> bool:
+    """Whether every number of ``values`` converts to ``float64``, as :func:`fits_float64` of each, at C speed.
+
+    Examples:
+        >>> ints_fit_float64([0.5, 2**1000, True]), ints_fit_float64([0.5, -(2**1100)])
+        (True, False)
+    """
+    ints = [value for value in values if type(value) is int]
+    return not ints or (min(ints) > -_FLOAT64_INT_LIMIT and max(ints) < _FLOAT64_INT_LIMIT)
+
+
 def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
     # One numpy assignment is ten times cheaper than torch.tensor(values).
-    region.numpy()[...] = values
+    try:
+        array = region.numpy()
+    except TypeError:  # a dtype numpy lacks (bfloat16, where it is the default dtype): torch reads them
+        region.copy_(torch.tensor(values, dtype=region.dtype, device="cpu"))
+        return
+    array[...] = values
 
 
 _register(bool, LeafHandler("bool", "number", _describe_bool, fill_numbers))
