@@ -215,9 +215,9 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
     assert f"# {format_path(('inner', 'b'))}\n" in plan.compiled.source  # each part's lines start with its key path
 
 
-def test_a_plan_with_a_part_that_is_not_padded_keeps_its_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
-    batch = [{"a": torch.arange(n), "b": torch.zeros(n)} for n in (1, 3)]
+def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()})
+    batch = [{"a": torch.arange(n), "b": [{"v": torch.zeros(2)}] * n} for n in (1, 3)]  # lists of dicts
     compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
 
@@ -808,3 +808,84 @@ def test_numbers_of_several_types_are_read_by_a_sized_plan_as_the_careful_walk_r
         assert_identical(agreed[0], agreed[1])
     again = pickle.loads(pickle.dumps(earlier[0][0]))
     assert_identical(again, earlier[0][1])
+
+
+#: Padded token ids beside per-sample lists (boxes, labels) and PerSample() dict targets: one function.
+MIXED_FIELDS = {
+    "ids": Pad(),
+    "boxes": pincollate.AsList(),
+    "target": pincollate.PerSample(),
+    "score": Pad(lengths_key=None, mask_key=None),
+}
+
+
+def _mixed(rng: random.Random, n: int, dtype: torch.dtype = torch.float32) -> list[dict]:
+    values = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    out = []
+    for i in range(n):
+        count = rng.randint(0, 4)
+        out.append(
+            {
+                "image": torch.full((3, 2, 2), i, dtype=torch.uint8),
+                "ids": torch.arange(rng.randint(1, 9)),
+                "boxes": torch.rand(count, 4, generator=values).to(dtype),
+                "target": {"labels": torch.arange(count), "id": i, "file": f"{i}.jpg"},
+                "score": torch.rand(rng.randint(1, 3), generator=values),
+            }
+        )
+    return out
+
+
+MIXED_OFF = {
+    "boxes of another dtype": {"boxes": torch.zeros(1, 4, dtype=torch.float64)},
+    "boxes of another rank": {"boxes": torch.zeros(1, 4, 1)},
+    "ids of another dtype": {"ids": torch.arange(3, dtype=torch.int32)},
+    "ids as a list": {"ids": [1, 2, 3]},
+    "a target key more": {"target": {"labels": torch.arange(1), "id": 0, "file": "a", "x": 1}},
+    "a target number of another type": {"target": {"labels": torch.arange(1), "id": 0.5, "file": "a"}},
+    "a score of another rank": {"score": torch.zeros(2, 2)},
+    "boxes as an array": {"boxes": np.zeros((2, 4), dtype=np.float32)},
+}
+
+
+def test_sized_and_listed_parts_are_made_by_one_function_as_the_careful_walk_makes_them(monkeypatch):
+    compiled, careful = (MMCollate(pin_memory=False, fields=MIXED_FIELDS, compile=c) for c in (True, False))
+    rng = random.Random(21)
+    earlier = [_agrees(compiled, careful, _mixed(rng, 5))]
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for _ in range(12):
+            batch = _mixed(rng, 5)
+            earlier.append(_agrees(compiled, careful, batch))
+            out = earlier[-1][0]  # type: ignore[index]
+            # The layout whose parts it makes when asked: the one MMCollate.plan gives, rebuilt alike.
+            assert out.layout == compiled.plan(batch)
+            assert_identical(out.layout.build(out.buffer, out._pincollate[2]), dict(earlier[-1][1]))  # type: ignore[index]
+    assert len(plan.sized.kept) > 1  # the padded sizes pick layouts; the lists are placed after them
+    for value in MIXED_OFF.values():  # one fact off: the longer way, the same outcome
+        batch = _mixed(rng, 5)
+        batch[2] = {**batch[2], **value}
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    out, expected = earlier[-1]  # type: ignore[misc]
+    assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked
+    stream = io.BytesIO()
+    torch.save(out, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), expected)
+
+
+def test_sized_and_listed_parts_in_pinned_memory_are_built_by_the_layout(fake_pinned):
+    batch = _mixed(random.Random(4), 4)
+    compiled = MMCollate(pin_memory=True, fields=MIXED_FIELDS)
+    for _ in range(3):
+        out = compiled(batch)
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
+    assert_identical(out, MMCollate(pin_memory=False, fields=MIXED_FIELDS, compile=False)(batch))
+    storages = {t.untyped_storage().data_ptr() for t in (out["ids"], out["image"], *out["boxes"])}
+    assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage

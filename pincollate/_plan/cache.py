@@ -35,9 +35,8 @@ from .careful import Planner
 from .codegen import (
     PARTS_LOOP,
     CompiledPlan,
-    compile_listed,
+    compile_parts,
     compile_plan,
-    compile_sized,
     compile_whole,
     is_listed,
     is_sized,
@@ -66,9 +65,8 @@ class Plan:
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
     ``size`` is its batch size: the generated code checks each sample, not how many there are.
     ``whole``: ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
-    (:func:`~pincollate._plan.codegen.compile_whole`; with padded or concatenated parts only,
-    :func:`~pincollate._plan.codegen.compile_sized`; with per-sample lists only,
-    :func:`~pincollate._plan.codegen.compile_listed`); otherwise :meth:`run` queues its copies.
+    (:func:`~pincollate._plan.codegen.compile_whole`; with padded, concatenated or listed parts,
+    :func:`~pincollate._plan.codegen.compile_parts`); otherwise :meth:`run` queues its copies.
     """
 
     __slots__ = (
@@ -129,20 +127,18 @@ class Plan:
         if planner is None or not 0 < len(parts) == nparts < PARTS_LOOP:
             self.queued = self.compiled = compile_plan(op, description)
             return
-        if all(map(is_sized, parts)):
-            # Every part padded or concatenated: one generated function makes the whole batch,
-            # its layout picked by the parts' sizes.
-            self.compiled, self.sized = compile_sized(
-                op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
+        listed = [part for part in parts if is_listed(part)]
+        if all(is_sized(part) or is_listed(part) for part in parts) and (
+            not listed
+            or (
+                type(template) is MappingSpec
+                and template.cls is None
+                and inlines_parts(template)  # each list put in place by the function itself
             )
-        elif (
-            all(map(is_listed, parts))
-            and type(template) is MappingSpec
-            and template.cls is None
-            and inlines_parts(template)  # each list put in place by the function itself
         ):
-            # Every part a per-sample list: one generated function places them and makes the batch.
-            self.compiled = compile_listed(
+            # Every part padded, concatenated or a per-sample list: one generated function makes the
+            # whole batch, its layout picked by the sized parts' sizes, its lists placed after them.
+            self.compiled, self.sized = compile_parts(
                 op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
             )
         else:

@@ -63,9 +63,8 @@ from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceO
 __all__ = [
     "PARTS_LOOP",
     "CompiledPlan",
-    "compile_listed",
+    "compile_parts",
     "compile_plan",
-    "compile_sized",
     "compile_whole",
     "is_listed",
     "is_sized",
@@ -209,7 +208,7 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     return _compiled(w, description, {})
 
 
-def compile_sized(
+def compile_parts(
     op: Op,
     template: Spec,
     nbytes: int,
@@ -219,40 +218,117 @@ def compile_sized(
     bulk: Bulk,
     slow: Callable[..., Any],
     description: str = "plan",
-) -> tuple[CompiledPlan, SizedLayouts]:
-    """The function that makes a whole batch of a plan whose parts are all padded or concatenated fields.
+) -> tuple[CompiledPlan, SizedLayouts | None]:
+    """The function that makes a whole batch of a plan whose parts are sized or listed.
 
-    As :func:`compile_whole`'s, with the parts read inline (``Pad`` or ``Concat`` of plain
-    tensors, ``Pad`` of token ids as Python lists): each part's guards (one class, dtype and
-    rank for the column, at C speed), then its sizes by the policy's size rule (lengths and
-    padded size; total rows, trailing sizes and count); the sizes pick the batch's layout from the returned
-    :class:`~pincollate._plan.sized.SizedLayouts`, and the function copies and builds as for a
-    plan without parts. A padded column its guards do not describe (a missing value, another
-    dtype, a value longer than ``max_length``) is no mismatch of the plan: the batch goes to
-    ``slow(samples, kind, slots, pin_slots, pin)`` (the plan's queued fill, whose recipes and
-    careful walk take it, or name the sample).
+    As :func:`compile_whole`'s, with each part read inline by its node's rules (:func:`is_sized`,
+    :func:`is_listed`): its guards (one class, dtype and rank for the column, at C speed), then
+
+    - a *sized* part (``Pad``, ``Concat``, ``Jagged`` of plain tensors, ``Pad`` of token ids
+      as Python lists, numbers of several types) its sizes by the policy's size rule (lengths and
+      padded size; total rows, trailing sizes and count; a dtype): the sizes of all of them pick
+      the batch's layout from the returned :class:`~pincollate._plan.sized.SizedLayouts`
+      (``None`` where no part is sized);
+    - a *listed* part (``AsList()`` of plain tensors, ``PerSample()`` dicts of them) its values'
+      rows: each list is placed after the sized layout by the function itself (each value
+      starting aligned, then the next list), one ``torch.cat`` fills it and each value is a
+      view of its column (as :class:`~pincollate._batch.list_specs.SplitSpec` builds it); the
+      batch's layout then makes its parts only when asked
+      (:class:`~pincollate._plan.sized.ListedParts`). A dict at the top only.
+
+    Then it copies and builds as for a plan without parts. A column its guards do not
+    describe (a missing value, another dtype, a value longer than ``max_length``) is no
+    mismatch of the plan: the batch goes to ``slow(samples, kind, slots, pin_slots, pin)``
+    (the plan's queued fill, whose recipes and careful walk take it, or name the sample).
     """
     w = _PlanWriter(whole=True)
     _checks(w, op, size, nvalues)
     copies = w.copies
     assert copies is not None
     fixed = len(copies)
-    parts = [(part.index, _placing(part.recipe)) for part, _, _ in w.parts_read]
-    sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)
-    keys = ", ".join(key for _, key, _ in w.parts_read)
-    # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
-    w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
-    w.line(1, "if sized is None:")
-    w.line(2, f"sized = {w.const(sized)}.get(({keys},))")
-    w.line(1, "layout, bulk, specs, ids = sized")
+    read = w.parts_read
+    listed_at = [j for j, (_, key, _) in enumerate(read) if key == _LISTED]
+    where = {j: n for n, j in enumerate(listed_at)}  # a list's place among the lists
+    sized = None
+    if len(listed_at) < len(read):
+        parts = [(part.index, _placing(part.recipe)) for part, key, _ in read if key != _LISTED]
+        sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)
+        keys = ", ".join(key for _, key, _ in read if key != _LISTED)
+        # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
+        w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
+        w.line(1, "if sized is None:")
+        w.line(2, f"sized = {w.const(sized)}.get(({keys},))")
+        w.line(1, "layout, bulk, specs, ids = sized")
+    end = "layout.nbytes" if sized is not None else w.const(nbytes)
+    # The lists, each after the one before it (after the sized layout), each starting aligned.
+    units = [(read[j][2]["recipe"].dtype, (((),) * size) if "numbers" in read[j][2] else None) for j in listed_at]
+    composition: dict[int, Any] = {}
+    for j in listed_at:
+        part, _, found = read[j]
+        if found["group"] is None:
+            composition[part.index] = where[j]
+    for index, (keys_of, members) in w.rows.items():
+        composition[index] = (keys_of, [(kind, where[at] if kind == "list" else at) for kind, at in members])
+    listed = ListedParts(nparts, units, composition)
+    geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
+    for n, j in enumerate(listed_at):
+        found = read[j][2]
+        start, after = w.local("o"), w.local("e")
+        w.line(1, f"{start} = {end}")
+        w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
+        end = after
+        shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
+        geometry.append(f"{found['split']}, {found['trailing']}, {start}")
+        shapes.append(shape)
+        offsets.append(start)
+        dtypes.append(w.const(numpy_dtype(units[n][0])))
+        ids.append(str(-1 - n))  # no object's id: the lists' regions in ``made``
+    lists = bool(listed_at or w.rows)  # listed parts: lists, or PerSample() dicts of strings alone
+    if lists:
+        arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
+        root, root_bulk = w.const(template), w.const(bulk)
+        if sized is None:
+            deferred = f"({w.const(listed.make)}, ({arguments}))"
+        else:  # the sized parts are the sized layout's
+            deferred = f"({w.const(listed.over)}, (layout.parts, {arguments}))"
+        w.line(1, f"layout = Layout({root}, {end}, None, {root_bulk}, {deferred})")
     w.line(1, "if kind is None:  # checked only")
     w.line(2, "return layout")
-    _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
+    # The plan's fixed tensors, the sized parts' and the lists' regions, made at once.
+    if not lists:
+        _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
+    else:
+        made_with = (
+            [f"*{w.const(each)}" for each in with_regions(bulk, [spec for _, spec, _, _ in copies])]
+            if sized is None
+            else [f"*bulk[{k}]" for k in range(4)]
+        )
+        made_at_once = ", ".join(
+            f"({known}, {', '.join(more)})"
+            for known, more in zip(made_with, (ids, dtypes, shapes, offsets), strict=True)
+        )
+        _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
     w.line(1, "made = views.made")
-    # Each part's tensors, in the sized layout's order: the values, the lengths, the mask.
+    # Each part's tensors: a sized part's in the sized layout's order (the values, the lengths,
+    # the mask; a Jagged part's offsets), a list's region.
     expressions: Parts = {}
     at = 0
-    for part, _, found in w.parts_read:
+    items: dict[int, str] = {}
+    for j, (part, _, found) in enumerate(read):
+        if j in where:
+            n = where[j]
+            region = w.local("x")
+            w.line(
+                1,
+                f"{region} = made[{ids[n]}] if {ids[n]} in made else views.tensor({w.const(units[n][0])}, {shapes[n]}, {offsets[n]})",
+            )
+            if "numbers" in found:
+                copies.append((fill_spaced, region, found["column"], part))
+            else:
+                copies.append((concat_tensors, region, found["pieces"], part))
+            found["region"] = region
+            items[n] = w.local("items")
+            continue
         recipe = _placing(part.recipe)
         jagged = type(recipe) is ConcatRecipe and recipe.jagged
         names = [w.local("p")] + ([w.local("p")] if jagged else [])  # Jagged: its values, then its offsets
@@ -260,8 +336,8 @@ def compile_sized(
         for name in recipe.extras():
             names.append(w.local("p"))
             extras.append((name, names[-1]))
-        for j, local in enumerate(names):
-            w.line(1, f"{local} = made[ids[{at + j}]] if ids[{at + j}] in made else specs[{at + j}].region(views)")
+        for k, local in enumerate(names):
+            w.line(1, f"{local} = made[ids[{at + k}]] if ids[{at + k}] in made else specs[{at + k}].region(views)")
         at += len(names)
         output = names[0]
         if jagged:  # one nested tensor over the values and offsets, as JaggedSpec builds it
@@ -274,113 +350,30 @@ def compile_sized(
         else:
             _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
-    _output(w, template, frozenset(bulk[0]), expressions)
-    return _compiled(w, description, {"slow": slow}), sized
-
-
-def compile_listed(
-    op: Op,
-    template: MappingSpec,
-    nbytes: int,
-    nparts: int,
-    size: int,
-    nvalues: int,
-    bulk: Bulk,
-    slow: Callable[..., Any],
-    description: str = "plan",
-) -> CompiledPlan:
-    """The function that makes a whole batch of a plan whose parts are all per-sample lists.
-
-    ``AsList()`` of plain tensors, or ``PerSample()`` dicts whose keys hold such tensors, numbers
-    of one type, or strings, bytes and ``None`` (a list per key of tensors or numbers).
-
-    As :func:`compile_sized`'s, but each list is placed by the function itself (its values'
-    rows, each value starting aligned, then the next list), since every batch has its own
-    rows: the lists' regions are made at once with the plan's fixed tensors, one
-    ``torch.cat`` fills each, and each value is a view of its column (as
-    :class:`~pincollate._batch.list_specs.SplitSpec` builds it). The batch's layout makes its
-    parts only when asked (:class:`~pincollate._plan.sized.ListedParts`). A dict at the top only.
-    """
-    w = _PlanWriter(whole=True)
-    _checks(w, op, size, nvalues)
-    copies = w.copies
-    assert copies is not None
-    fixed = len(copies)
-    fixed_bulk = with_regions(bulk, [spec for _, spec, _, _ in copies])
-    # The lists in order (a PerSample mapping's tensor and number columns are a list each), and
-    # what each part is made of: a list, or a PerSample part's keys and each key's list or values.
-    units = [(found["recipe"].dtype, (((),) * size) if "numbers" in found else None) for _, _, found in w.parts_read]
-    composition: dict[int, Any] = {}
-    for j, (part, _, found) in enumerate(w.parts_read):
-        if found["group"] is None:
-            composition[part.index] = j
-    composition.update(w.rows)
-    listed = ListedParts(nparts, units, composition)
-    # Each list after the one before it, each starting aligned.
-    end = w.const(nbytes)
-    geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
-    for j, (_, _, found) in enumerate(w.parts_read):
-        start, after = w.local("o"), w.local("e")
-        w.line(1, f"{start} = {end}")
-        w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
-        end = after
-        shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
-        geometry.append(f"{found['split']}, {found['trailing']}, {start}")
-        shapes.append(shape)
-        offsets.append(start)
-        dtypes.append(w.const(numpy_dtype(units[j][0])))
-        ids.append(str(-1 - j))  # no object's id: the lists' regions in ``made``
-    arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
-    w.line(
-        1,
-        f"layout = Layout({w.const(template)}, {end}, None, {w.const(bulk)}, ({w.const(listed.make)}, ({arguments})))",
-    )
-    w.line(1, "if kind is None:  # checked only")
-    w.line(2, "return layout")
-    # The plan's fixed tensors and the lists' regions, made at once.
-    made_at_once = ", ".join(
-        f"(*{w.const(fixed)}, {', '.join(more)})"
-        for fixed, more in zip(fixed_bulk, (ids, dtypes, shapes, offsets), strict=True)
-    )
-    _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
-    w.line(1, "made = views.made")
-    items = []
-    for j, (part, _, found) in enumerate(w.parts_read):
-        region = w.local("x")
-        key = ids[j]
-        w.line(
-            1,
-            f"{region} = made[{key}] if {key} in made else views.tensor({w.const(units[j][0])}, {shapes[j]}, {offsets[j]})",
-        )
-        if "numbers" in found:
-            copies.append((fill_spaced, region, found["column"], part))
-        else:
-            copies.append((concat_tensors, region, found["pieces"], part))
-        found["region"] = region
-        items.append(w.local("items"))
-    _copies(w, copies, size, fixed)
-    # Each value a view of its column: not an autograd view, so each keeps a version counter of its own.
+    # Each value of a list a view of its column: not an autograd view, so each keeps a version counter of its own.
     lines = []
-    for j, (_, _, found) in enumerate(w.parts_read):
-        pieces = f"{found['region']}.unsafe_split_with_sizes({found['split']})[0::2]"
+    for n, j in enumerate(listed_at):
+        found = read[j][2]
         if "numbers" in found:  # a 0-d tensor each
-            step = found["numbers"].step
-            lines.append(f"{items[j]} = scalar_items({found['region']}, {w.size}, {step})")
+            lines.append(f"{items[n]} = scalar_items({found['region']}, {w.size}, {found['numbers'].step})")
         else:
-            lines.append(f"{items[j]} = list({pieces})")
-    expressions: Parts = {}
+            lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
     for index, made_of in composition.items():
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
             continue
-        keys, members = made_of
+        keys_of, members = made_of
         rows = w.local("rows")
         # A dict per sample over its values of each column, at C speed.
         columns = ", ".join(items[at] if kind == "list" else f"values[{at}]" for kind, at in members)
-        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys)}), zip({columns}, strict=True))))")
+        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys_of)}), zip({columns}, strict=True))))")
         expressions[index] = (rows, ())
     _output(w, template, frozenset(bulk[0]), expressions, lines)
-    return _compiled(w, description, {"slow": slow})
+    return _compiled(w, description, {"slow": slow}), sized
+
+
+#: The key a listed part is read with: its layout is placed by the function for each batch.
+_LISTED = "None"
 
 
 def _listed(
@@ -440,7 +433,7 @@ def _listed(
         "recipe": recipe,
         "group": group,
     }
-    w.parts_read.append((op, "None", found))
+    w.parts_read.append((op, _LISTED, found))
 
 
 def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
@@ -488,7 +481,7 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
                 "group": rows.keys,
             }
             assert n == len(w.parts_read)
-            w.parts_read.append((op, "None", found))
+            w.parts_read.append((op, _LISTED, found))
         else:
             assert type(kind) is Values
             # Strings, bytes, None: the samples' own, kept beside the buffer.

@@ -6,7 +6,7 @@ length; the total rows, trailing sizes and count of the values): with them known
 whole batch's layout is fixed.
 :class:`SizedLayouts` keeps, for each tuple of sizes seen, that layout and what a batch of
 it needs (every region made at once), so the compiled plan
-(:func:`~pincollate._plan.codegen.compile_sized`) reads the sizes, looks the layout up and
+(:func:`~pincollate._plan.codegen.compile_parts`) reads the sizes, looks the layout up and
 copies, as it does for a plan without parts. A batch's lengths and masks are copied, never
 kept: the layouts hold only dtypes, shapes and offsets.
 """
@@ -108,8 +108,8 @@ class SizedLayouts:
 
 
 class ListedParts:
-    """The parts of a plan whose parts are all per-sample lists (``AsList()`` of plain tensors,
-    or ``PerSample()`` dicts of them, a list per key).
+    """The per-sample lists of a plan's parts (``AsList()`` of plain tensors, or ``PerSample()``
+    dicts of them, a list per key), beside its sized parts, if it has some.
 
     Their layout changes with every batch (each sample's rows), so it is not kept: the
     compiled plan places the lists itself and hands the layout these arguments, from which
@@ -128,11 +128,17 @@ class ListedParts:
 
     def make(self, *geometry: Any) -> list[Part]:
         """The parts, from each list's ``split`` (its values' rows and the gaps), trailing sizes and offset."""
+        return self._placed([None] * self.nparts, geometry)
+
+    def over(self, sized: Sequence[Part | None], *geometry: Any) -> list[Part]:
+        """:meth:`make` where the plan has sized parts too: ``sized`` are the sized layout's parts."""
+        return self._placed(list(sized), geometry)
+
+    def _placed(self, parts: list[Part | None], geometry: Sequence[Any]) -> list[Part]:
         lists = []
         for j, (dtype, shapes) in enumerate(self.lists):
             split, trailing, offset = geometry[3 * j : 3 * j + 3]
             lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split, shapes))
-        parts: list[Part | None] = [None] * self.nparts
         for index, made_of in self.parts.items():
             if type(made_of) is int:
                 parts[index] = Part(lists[made_of])
