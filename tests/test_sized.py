@@ -216,8 +216,8 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
 
 
 def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()})
-    batch = [{"a": torch.arange(n), "b": [{"v": torch.zeros(2)}] * n} for n in (1, 3)]  # lists of dicts
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
+    batch = [{"a": torch.arange(n), "b": [torch.zeros(2)] * n} for n in (1, 3)]  # lists of images per prompt
     compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
 
@@ -889,3 +889,82 @@ def test_sized_and_listed_parts_in_pinned_memory_are_built_by_the_layout(fake_pi
     assert_identical(out, MMCollate(pin_memory=False, fields=MIXED_FIELDS, compile=False)(batch))
     storages = {t.untyped_storage().data_ptr() for t in (out["ids"], out["image"], *out["boxes"])}
     assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
+
+
+def _annotations(rng: random.Random, n: int, most: int = 4) -> list[dict]:
+    """COCO-style samples: an image and a list of per-object dicts (box, class, crowd flag, area, name)."""
+    values = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    return [
+        {
+            "image": torch.full((3, 2, 2), i, dtype=torch.uint8),
+            "objects": [
+                {
+                    "bbox": torch.rand(4, generator=values),
+                    "category_id": rng.randint(0, 80),
+                    "iscrowd": rng.random() < 0.1,
+                    "area": rng.random() * 100,
+                    "name": f"{i}-{j}",
+                }
+                for j in range(rng.randint(0, most))
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+OBJECTS_OFF = {
+    "a tuple of objects": lambda objects: tuple(objects),
+    "no objects anywhere": None,
+    "an object without its area": lambda objects: [{k: v for k, v in o.items() if k != "area"} for o in objects],
+    "a box of another dtype": lambda objects: [{**o, "bbox": o["bbox"].double()} for o in objects],
+    "a class id as a float": lambda objects: [{**o, "category_id": 1.5} for o in objects],
+    "a dict instead of a list": lambda objects: {"bbox": torch.rand(4)},
+    "keys in another order": lambda objects: [dict(reversed(list(o.items()))) for o in objects],
+}
+
+
+def test_lists_of_per_object_dicts_are_placed_by_the_plan_s_function_as_the_careful_walk_places_them(monkeypatch):
+    fields = {"objects": pincollate.PerSample()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    rng = random.Random(8)
+    earlier = [_agrees(compiled, careful, _annotations(rng, 5))]
+    plan = compiled._plans.last
+    assert plan.whole and "islice" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for _ in range(12):
+            batch = _annotations(rng, 5)
+            batch[1]["objects"] = batch[1]["objects"] or _annotations(rng, 1, most=1)[0]["objects"] or []
+            earlier.append(_agrees(compiled, careful, batch))
+            assert earlier[-1][0].layout == compiled.plan(batch)  # type: ignore[index]
+    for change in OBJECTS_OFF.values():  # one fact off: the longer way, the same outcome
+        batch = _annotations(rng, 5)
+        if change is None:
+            for sample in batch:
+                sample["objects"] = []
+        else:
+            batch[2]["objects"] = change(batch[2]["objects"] or _annotations(rng, 1, most=1)[0]["objects"])
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    out, expected = earlier[-1]  # type: ignore[misc]
+    assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked
+    stream = io.BytesIO()
+    torch.save(out, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), expected)
+
+
+def test_lists_of_per_object_dicts_beside_padded_ids_in_pinned_memory_are_built_by_the_layout(fake_pinned):
+    fields = {"objects": pincollate.PerSample(), "ids": Pad()}
+    batch = _annotations(random.Random(6), 4)
+    for i, sample in enumerate(batch):
+        sample["ids"] = torch.arange(i + 2)
+    batch[0]["objects"] = _annotations(random.Random(1), 1, most=1)[0]["objects"] or batch[0]["objects"]
+    compiled = MMCollate(pin_memory=True, fields=fields)
+    for _ in range(3):
+        out = compiled(batch)
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None and "islice" in plan.compiled.source
+    assert_identical(out, MMCollate(pin_memory=False, fields=fields, compile=False)(batch))

@@ -37,6 +37,7 @@ from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence
 from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
+from .._types.kinds import LISTS
 from .fill import Mismatch
 from .listed import ListRecipe, zero_rows
 from .ops import (
@@ -54,9 +55,10 @@ from .ops import (
 from .packed import ConcatRecipe, spread
 from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
+from .patterns import ITEMS
 from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, number_tensor
-from .rows import Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
+from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
@@ -83,6 +85,8 @@ _GLOBALS: dict[str, Any] = {
     "fill_block": fill_block,
     "fill_one_field": fill_one_field,
     "chain": itertools.chain.from_iterable,
+    "islice": itertools.islice,
+    "LISTS": LISTS,
     "FIRST": FIRST,
 }
 
@@ -150,9 +154,10 @@ class _PlanWriter(Writer):
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
         self.parts_read: list[tuple[CarefulOp, str, dict[str, Any]]] = []
-        #: A listed plan's PerSample() parts, by index: their keys, and each key's list (its
-        #: place in ``padded``) or value list (its index among the batch's values).
-        self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]]]] = {}
+        #: A listed plan's PerSample() parts, by index: their keys, each key's list (its place in
+        #: ``parts_read``) or value list (its index among the batch's values), and the local of
+        #: each sample's count of objects (``None``: a dict a sample).
+        self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]], str | None]] = {}
         self.nvalues = 0
         self.size = 0
 
@@ -261,14 +266,15 @@ def compile_parts(
         w.line(1, "layout, bulk, specs, ids = sized")
     end = "layout.nbytes" if sized is not None else w.const(nbytes)
     # The lists, each after the one before it (after the sized layout), each starting aligned.
-    units = [(read[j][2]["recipe"].dtype, (((),) * size) if "numbers" in read[j][2] else None) for j in listed_at]
+    units = [(read[j][2]["recipe"].dtype, "numbers" in read[j][2]) for j in listed_at]
     composition: dict[int, Any] = {}
     for j in listed_at:
         part, _, found = read[j]
         if found["group"] is None:
             composition[part.index] = where[j]
-    for index, (keys_of, members) in w.rows.items():
-        composition[index] = (keys_of, [(kind, where[at] if kind == "list" else at) for kind, at in members])
+    for index, (keys_of, members, counts) in w.rows.items():
+        members = [(kind, where[at] if kind == "list" else at) for kind, at in members]
+        composition[index] = (keys_of, members, counts is not None)
     listed = ListedParts(nparts, units, composition)
     geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
     for n, j in enumerate(listed_at):
@@ -283,6 +289,8 @@ def compile_parts(
         offsets.append(start)
         dtypes.append(w.const(numpy_dtype(units[n][0])))
         ids.append(str(-1 - n))  # no object's id: the lists' regions in ``made``
+    # Each sample's count of objects, for the PerSample() parts of lists of dicts, after the lists'.
+    geometry += [counts for _, _, counts in w.rows.values() if counts is not None]
     lists = bool(listed_at or w.rows)  # listed parts: lists, or PerSample() dicts of strings alone
     if lists:
         arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
@@ -355,18 +363,22 @@ def compile_parts(
     for n, j in enumerate(listed_at):
         found = read[j][2]
         if "numbers" in found:  # a 0-d tensor each
-            lines.append(f"{items[n]} = scalar_items({found['region']}, {w.size}, {found['numbers'].step})")
+            lines.append(f"{items[n]} = scalar_items({found['region']}, {found['count']}, {found['numbers'].step})")
         else:
             lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
     for index, made_of in composition.items():
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
             continue
-        keys_of, members = made_of
+        keys_of, members, grouped = made_of
         rows = w.local("rows")
-        # A dict per sample over its values of each column, at C speed.
+        # A dict per sample (or object) over its values of each column, at C speed.
         columns = ", ".join(items[at] if kind == "list" else f"values[{at}]" for kind, at in members)
         lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys_of)}), zip({columns}, strict=True))))")
+        if grouped:  # each sample's list of its objects' dicts
+            objects, counts = w.local("objects"), w.rows[index][2]
+            lines.append(f"{objects} = iter({rows})")
+            lines.append(f"{rows} = [list(islice({objects}, count)) for count in {counts}]")
         expressions[index] = (rows, ())
     _output(w, template, frozenset(bulk[0]), expressions, lines)
     return _compiled(w, description, {"slow": slow}), sized
@@ -437,12 +449,32 @@ def _listed(
 
 
 def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
-    """``PerSample()`` of dicts: each key's column of tensors or numbers a list of the plan, strings kept as they are."""
+    """``PerSample()`` of dicts, or of lists of per-object dicts: each key a list of the plan's, strings kept as they are."""
     recipe = op.recipe
-    assert type(recipe) is PerSampleRecipe and type(recipe.column) is Rows
-    rows = recipe.column
+    assert type(recipe) is PerSampleRecipe
     _comment(w, depth, op.path)
-    # One class, the planned keys in order and of the planned types, for every sample (at C speed).
+    if type(recipe.column) is Rows:
+        _rows_of(w, op, recipe.column, column, depth, None)
+        return
+    assert type(recipe.column) is Groups and type(recipe.column.items) is Rows
+    # Lists (or tuples) of objects: all the objects as one column of rows, then each sample's count of them.
+    counts, flat, count = w.local("n"), w.local("flat"), w.local("count")
+    w.line(depth, f"if not LISTS.issuperset(map(type, {column})):")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"{counts} = list(map(len, {column}))")
+    w.line(depth, f"{flat} = list(chain({column}))")
+    w.line(depth, f"{count} = len({flat})")
+    w.line(depth, f"if not {count}:  # every list empty: nothing to place, by the recipe")
+    w.line(depth + 1, _SLOW)
+    _rows_of(w, op, recipe.column.items, flat, depth, (count, counts))
+
+
+def _rows_of(
+    w: _PlanWriter, op: CarefulOp, rows: Rows, column: str, depth: int, grouped: tuple[str, str] | None
+) -> None:
+    """The rows of a ``PerSample()`` part: one a sample, or (``grouped``: the locals of their count, and
+    of each sample's count) every object of every sample's list."""
+    # One class, the planned keys in order and of the planned types, for every row (at C speed).
     w.line(
         depth,
         f"if set(map(type, {column})) != {w.const(rows.types)} or set(map(tuple, {column})) != {w.const(rows.key_sets)}"
@@ -455,11 +487,11 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     else:
         w.line(depth, f"{columns} = list(zip(*map({w.const(rows.gather)}, {column}), strict=True))")
     members: list[tuple[str, int]] = []
-    w.rows[op.index] = (rows.keys, members)
+    w.rows[op.index] = (rows.keys, members, None if grouped is None else grouped[1])
     for j, (key, kind) in enumerate(zip(rows.keys, rows.columns, strict=True)):
         local = w.local("c")
         w.line(depth, f"{local} = {columns}[{j}]")
-        path = (*op.path, key)
+        path = (*op.path, key) if grouped is None else (*op.path, ITEMS, key)
         if type(kind) is Tensors:
             members.append(("list", len(w.parts_read)))
             _listed(w, op, local, depth, kind.recipe, rows.keys, path)
@@ -469,18 +501,23 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
             w.line(depth, f"if set(map(type, {local})) != {w.const(kind.types)}:")
             w.line(depth + 1, _SLOW)
             members.append(("list", len(w.parts_read)))
-            n = len(w.parts_read)
+            if grouped is None:  # a number a sample
+                count, split, total = str(w.size), w.const((1, kind.step - 1) * w.size), w.const(kind.step * w.size)
+            else:  # a number an object
+                count, split, total = grouped[0], w.local("split"), w.local("total")
+                w.line(depth, f"{split} = {w.const((1, kind.step - 1))} * {count}")
+                w.line(depth, f"{total} = {kind.step} * {count}")
             found = {
                 "numbers": kind,
+                "count": count,
                 "column": local,
-                "split": w.const((1, kind.step - 1) * w.size),
-                "total": w.const(kind.step * w.size),
+                "split": split,
+                "total": total,
                 "trailing": "()",
                 "row": w.const(kind.dtype.itemsize),
                 "recipe": kind,
                 "group": rows.keys,
             }
-            assert n == len(w.parts_read)
             w.parts_read.append((op, _LISTED, found))
         else:
             assert type(kind) is Values
@@ -668,13 +705,15 @@ def is_listed(op: Op) -> bool:
     """Whether a part node is one a listed plan places inline.
 
     ``AsList()`` of plain tensors of a dtype numpy has, or ``PerSample()`` of dicts whose
-    every key holds such tensors (detection targets).
+    every key holds such tensors, numbers of one type or strings (detection targets), or of
+    lists of such dicts (a dict per object).
     """
     if type(op) is not CarefulOp:
         return False
     recipe = op.recipe
     if type(recipe) is PerSampleRecipe:
-        rows = recipe.column
+        column = recipe.column
+        rows = column.items if type(column) is Groups else column  # Groups: lists of per-object dicts
         return (
             type(rows) is Rows
             and rows.cls is None

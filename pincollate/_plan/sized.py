@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .._batch.layout import Layout, Part, Spec, TensorSpec, ValueSpec
-from .._batch.list_specs import RowsSpec, SplitSpec
+from .._batch.list_specs import GroupsSpec, RowsSpec, SplitSpec
 from .._batch.views import Bulk
 from .packed import ConcatRecipe
 from .ragged import MixedNumbers, PadRecipe
@@ -109,21 +109,23 @@ class SizedLayouts:
 
 class ListedParts:
     """The per-sample lists of a plan's parts (``AsList()`` of plain tensors, or ``PerSample()``
-    dicts of them, a list per key), beside its sized parts, if it has some.
+    dicts of them, a list per key, or lists of such dicts), beside its sized parts, if it has some.
 
     Their layout changes with every batch (each sample's rows), so it is not kept: the
     compiled plan places the lists itself and hands the layout these arguments, from which
-    it makes its parts only when asked (the batch moved, pickled or checked). ``dtypes`` are
-    the lists' dtypes, in the order the compiled plan places them; ``parts`` says, by part
-    index, which list is the part (its place in that order), or, for a ``PerSample()`` part,
-    the dicts' keys and the list of each key.
+    it makes its parts only when asked (the batch moved, pickled or checked). ``lists`` are
+    the lists' dtypes, each with whether it holds numbers (a 0-d tensor each), in the order
+    the compiled plan places them; ``parts`` says, by part index, which list is the part (its
+    place in that order), or, for a ``PerSample()`` part, the dicts' keys, the list of each
+    key, and whether the dicts are objects in per-sample lists (each sample's count of them
+    then follows the lists' arguments, in the order of ``parts``).
     """
 
     __slots__ = ("lists", "nparts", "parts")
 
-    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, Any]], parts: dict[int, Any]):
+    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, bool]], parts: dict[int, Any]):
         self.nparts = nparts
-        self.lists = tuple(lists)  # each list's dtype, and its values' shapes where its region is flat
+        self.lists = tuple(lists)
         self.parts = dict(parts)
 
     def make(self, *geometry: Any) -> list[Part]:
@@ -136,14 +138,17 @@ class ListedParts:
 
     def _placed(self, parts: list[Part | None], geometry: Sequence[Any]) -> list[Part]:
         lists = []
-        for j, (dtype, shapes) in enumerate(self.lists):
+        for j, (dtype, numbers) in enumerate(self.lists):
             split, trailing, offset = geometry[3 * j : 3 * j + 3]
+            shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
             lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split, shapes))
+        counts = iter(geometry[3 * len(self.lists) :])
         for index, made_of in self.parts.items():
             if type(made_of) is int:
                 parts[index] = Part(lists[made_of])
-            else:
-                keys, members = made_of
-                columns = [lists[at] if kind == "list" else ValueSpec(at) for kind, at in members]
-                parts[index] = Part(RowsSpec(None, keys, columns))
+                continue
+            keys, members, grouped = made_of
+            columns = [lists[at] if kind == "list" else ValueSpec(at) for kind, at in members]
+            rows: Spec = RowsSpec(None, keys, columns)
+            parts[index] = Part(GroupsSpec(rows, next(counts)) if grouped else rows)
         return parts  # type: ignore[return-value]
