@@ -452,12 +452,49 @@ def test_a_list_one_fact_off_gives_what_the_careful_walk_gives(case):
     assert_identical(compiled(warm), careful(warm))
 
 
-def test_absent_values_keep_the_queued_fill():
-    fields = {"boxes": pincollate.AsList()}
+def _optional_images(rng: random.Random, n: int, absent: float = 0.3) -> list[dict]:
+    """Prompts with padded ids and an image or ``None`` (a text-only sample), in a list field."""
+    return [
+        {
+            "ids": torch.arange(rng.randint(1, 6)),
+            "image": None if rng.random() < absent else torch.full((rng.choice((2, 3)), 3, 2), float(i)),
+        }
+        for i in range(n)
+    ]
+
+
+OPTIONAL_OFF = {
+    "every image absent": [None] * 4,
+    "an image of another dtype": [torch.zeros(2, 3, 2, dtype=torch.float64), None, torch.zeros(2, 3, 2), None],
+    "an image of another rank": [torch.zeros(3, 2), None, torch.zeros(2, 3, 2), None],
+    "images of other trailing sizes": [torch.zeros(2, 3, 3), None, torch.zeros(2, 3, 2), None],
+    "an array": [np.zeros((2, 3, 2), dtype=np.float32), None, torch.zeros(2, 3, 2), None],
+}
+
+
+def test_absent_values_of_a_list_are_placed_by_the_plan_s_function_as_the_careful_walk_places_them(monkeypatch):
+    fields = {"ids": Pad(), "image": pincollate.AsList()}
     compiled, careful = (MMCollate(pin_memory=False, fields=fields, missing="none", compile=c) for c in (True, False))
-    batch = [{"boxes": torch.zeros(1, 4)}, {"boxes": None}]
-    assert_identical(compiled(batch), careful(batch))
-    assert not compiled._plans.last.whole  # None in the list: placed by the recipe
+    rng = random.Random(3)
+    earlier = [_agrees(compiled, careful, _optional_images(rng, 4))]
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None and "with_absent" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for absent in (0.0, 0.3, 0.6, 0.3, 0.9):
+            batch = _optional_images(rng, 4, absent)
+            batch[0]["image"] = torch.zeros(2, 3, 2)  # one image at least
+            earlier.append(_agrees(compiled, careful, batch))
+            assert earlier[-1][0].layout == compiled.plan(batch)  # type: ignore[index]
+    assert any(None in agreed[0]["image"] for agreed in earlier)  # type: ignore[index]
+    for images in OPTIONAL_OFF.values():  # one fact off: the longer way, the same outcome
+        batch = [{**sample, "image": image} for sample, image in zip(_optional_images(rng, 4), images, strict=True)]
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    out, expected = earlier[-1]  # type: ignore[misc]
+    assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked
 
 
 def test_lists_of_a_dtype_numpy_lacks_keep_the_queued_fill():

@@ -20,7 +20,7 @@ from .._types.wrap import Wrap
 from .layout import Spec, TensorSpec
 from .views import Views
 
-__all__ = ["GroupsSpec", "ItemsSpec", "RowsSpec", "SplitSpec", "scalar_items"]
+__all__ = ["GroupsSpec", "ItemsSpec", "RowsSpec", "SplitSpec", "scalar_items", "with_absent"]
 
 _SQUEEZE = torch.Tensor.squeeze
 
@@ -40,6 +40,18 @@ def scalar_items(column: torch.Tensor, count: int, step: int) -> list[torch.Tens
         ([0, 2, 4, 6], torch.Size([]))
     """
     return list(map(_SQUEEZE, column.view(count, step)[:, 0].unsafe_split(1)))
+
+
+def with_absent(items: list[Any], absent: Sequence[int]) -> list[Any]:
+    """``items`` with ``None`` put in at the positions ``absent`` (ascending): a list's absent values.
+
+    Examples:
+        >>> with_absent(["a", "b"], [0, 2])
+        [None, 'a', None, 'b']
+    """
+    for position in absent:
+        items.insert(position, None)
+    return items
 
 
 class SplitSpec(Spec):
@@ -97,9 +109,7 @@ class SplitSpec(Spec):
                 out = list(pieces) if item_shapes is None else list(map(torch.Tensor.view, pieces, item_shapes))
         if self.wraps is not None:
             out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
-        for position in self.absent:
-            out.insert(position, None)
-        return out
+        return with_absent(out, self.absent)
 
     def places(self) -> tuple[list[int], list[tuple[int, ...]]]:
         """Each value's byte offset in the buffer, and each value's shape."""

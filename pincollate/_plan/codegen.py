@@ -29,7 +29,7 @@ import torch
 from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
-from .._batch.list_specs import scalar_items
+from .._batch.list_specs import scalar_items, with_absent
 from .._batch.specs import MappingSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
@@ -120,6 +120,7 @@ _WHOLE: dict[str, Any] = {
     "ALIGN": ALIGN,
     "repeat": itertools.repeat,
     "scalar_items": scalar_items,
+    "with_absent": with_absent,
     "KEPT_VALUES": KEPT_VALUES,
     "fill_spaced": fill_spaced,
     "pitch": pitch,
@@ -266,7 +267,7 @@ def compile_parts(
         w.line(1, "layout, bulk, specs, ids = sized")
     end = "layout.nbytes" if sized is not None else w.const(nbytes)
     # The lists, each after the one before it (after the sized layout), each starting aligned.
-    units = [(read[j][2]["recipe"].dtype, "numbers" in read[j][2]) for j in listed_at]
+    units = [(read[j][2]["recipe"].dtype, "numbers" in read[j][2], bool(read[j][2].get("absent"))) for j in listed_at]
     composition: dict[int, Any] = {}
     for j in listed_at:
         part, _, found = read[j]
@@ -284,7 +285,8 @@ def compile_parts(
         w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
         end = after
         shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
-        geometry.append(f"{found['split']}, {found['trailing']}, {start}")
+        absent = f", {found['absent']}" if found.get("absent") else ""  # where values are absent
+        geometry.append(f"{found['split']}, {found['trailing']}, {start}{absent}")
         shapes.append(shape)
         offsets.append(start)
         dtypes.append(w.const(numpy_dtype(units[n][0])))
@@ -366,6 +368,8 @@ def compile_parts(
             lines.append(f"{items[n]} = scalar_items({found['region']}, {found['count']}, {found['numbers'].step})")
         else:
             lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
+        if found.get("absent"):
+            lines.append(f"{items[n]} = with_absent({items[n]}, {found['absent']})")
     for index, made_of in composition.items():
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
@@ -405,6 +409,12 @@ def _listed(
     recipe = op.recipe if recipe is None else recipe
     assert type(recipe) is ListRecipe
     _comment(w, depth, op.path if path is None else path)
+    absent = None
+    if recipe.missing:  # missing="none": an absent value is None in the list, the others placed
+        absent, present = w.local("absent"), w.local("present")
+        w.line(depth, f"{absent} = [i for i, value in enumerate({column}) if value is None]")
+        w.line(depth, f"{present} = [value for value in {column} if value is not None] if {absent} else {column}")
+        column = present  # every value absent: no class to check, the recipe's
     shapes = _tensor_guards(w, recipe, column, depth)
     rows, gaps, split, total, pieces = (w.local(stem) for stem in ("r", "g", "split", "total", "pieces"))
     itemsize = recipe.dtype.itemsize
@@ -442,6 +452,7 @@ def _listed(
         "trailing": trailing,
         "row": row,
         "pieces": pieces,
+        "absent": absent,
         "recipe": recipe,
         "group": group,
     }
@@ -728,7 +739,7 @@ def is_listed(op: Op) -> bool:
 
 
 def _listable(recipe: ListRecipe) -> bool:
-    return not (recipe.stacks or recipe.missing or recipe.subclass) and numpy_dtype(recipe.dtype) is not None
+    return not (recipe.stacks or recipe.subclass) and numpy_dtype(recipe.dtype) is not None
 
 
 def _pad_copies(

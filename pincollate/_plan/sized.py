@@ -114,7 +114,8 @@ class ListedParts:
     Their layout changes with every batch (each sample's rows), so it is not kept: the
     compiled plan places the lists itself and hands the layout these arguments, from which
     it makes its parts only when asked (the batch moved, pickled or checked). ``lists`` are
-    the lists' dtypes, each with whether it holds numbers (a 0-d tensor each), in the order
+    the lists' dtypes, each with whether it holds numbers (a 0-d tensor each) and whether
+    values may be absent (``None``; their positions follow its other arguments), in the order
     the compiled plan places them; ``parts`` says, by part index, which list is the part (its
     place in that order), or, for a ``PerSample()`` part, the dicts' keys, the list of each
     key, and whether the dicts are objects in per-sample lists (each sample's count of them
@@ -123,7 +124,7 @@ class ListedParts:
 
     __slots__ = ("lists", "nparts", "parts")
 
-    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, bool]], parts: dict[int, Any]):
+    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, bool, bool]], parts: dict[int, Any]):
         self.nparts = nparts
         self.lists = tuple(lists)
         self.parts = dict(parts)
@@ -138,11 +139,13 @@ class ListedParts:
 
     def _placed(self, parts: list[Part | None], geometry: Sequence[Any]) -> list[Part]:
         lists = []
-        for j, (dtype, numbers) in enumerate(self.lists):
-            split, trailing, offset = geometry[3 * j : 3 * j + 3]
+        arguments = iter(geometry)
+        for dtype, numbers, missing in self.lists:
+            split, trailing, offset = next(arguments), next(arguments), next(arguments)
+            absent = next(arguments) if missing else ()  # where the list's values are absent (None)
             shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
-            lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split, shapes))
-        counts = iter(geometry[3 * len(self.lists) :])
+            lists.append(SplitSpec(TensorSpec(dtype, (sum(split), *trailing), offset), split, shapes, absent))
+        counts = arguments  # then each sample's count of objects, for lists of per-object dicts
         for index, made_of in self.parts.items():
             if type(made_of) is int:
                 parts[index] = Part(lists[made_of])
