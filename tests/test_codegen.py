@@ -114,10 +114,11 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
 
 def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     # A plain buffer is pageable host memory: its tensors are carved without asking.
-    collate = MMCollate(pin_memory=False, fields={"objects": pincollate.AsList()})
-    # A list of items per sample (images per prompt), stacked where a sample's agree: its recipe places it.
+    collate = MMCollate(pin_memory=False, sequences="items")
+    # Lists of items without a rule (one tensor where every sample's stack agrees): its recipe places them.
     samples = [{"objects": [torch.full((1,), float(i + j)) for j in range(i)], "label": i} for i in range(4)]
-    collate(samples)
+    with pytest.warns(RaggedFieldWarning):
+        collate(samples)
     assert not collate._plans.last.whole  # a plan with a part its recipe places for each batch
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]

@@ -216,9 +216,11 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
 
 
 def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
-    batch = [{"a": torch.arange(n), "b": [torch.zeros(2)] * n} for n in (1, 3)]  # lists of images per prompt
-    compiled(batch)
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad()}, sequences="items")
+    # Lists of items without a rule: one tensor where every sample's stack agrees, else a list.
+    batch = [{"a": torch.arange(n), "b": [torch.zeros(2)] * n} for n in (1, 3)]
+    with pytest.warns(pincollate.RaggedFieldWarning):
+        compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
 
 
@@ -1005,3 +1007,50 @@ def test_lists_of_per_object_dicts_beside_padded_ids_in_pinned_memory_are_built_
     plan = compiled._plans.last
     assert plan.whole and plan.sized is not None and "islice" in plan.compiled.source
     assert_identical(out, MMCollate(pin_memory=False, fields=fields, compile=False)(batch))
+
+
+def _prompts(rng: random.Random, n: int) -> list[dict]:
+    """Prompts with padded ids and a list of images each: one to three, of one size or two."""
+    out = []
+    for i in range(n):
+        sizes = [rng.choice((2, 3)) for _ in range(rng.randint(0, 3))]
+        if rng.random() < 0.6:
+            sizes = sizes[:1] * len(sizes)  # a prompt whose images agree: one stack
+        out.append(
+            {"x": [torch.full((1, s, 2), float(10 * i + j)) for j, s in enumerate(sizes)], "ids": torch.arange(i + 1)}
+        )
+    return out
+
+
+ITEMS_OFF = {
+    "an item of another dtype": _with(_images(1, 2, 1), x1=[torch.zeros(3, 2, 2, dtype=torch.float64)] * 2),
+    "an item of another rank": _with(_images(1, 2, 1), x1=[torch.zeros(3, 2)]),
+    "a tensor, not a list": _with(_images(1, 1, 1), x0=torch.zeros(1, 3, 2, 2)),
+    "no items anywhere": _images(0, 0, 0),
+    "a subclass item": _with(_images(1, 1, 1), x2=[torch.nn.Parameter(torch.zeros(3, 2, 2))]),
+    "an empty item": _with(_images(1, 1, 1), x2=[torch.zeros(0, 2, 2)]),
+}
+
+
+def test_lists_of_items_are_placed_by_the_plan_s_function_as_the_careful_walk_places_them(monkeypatch):
+    fields = {"x": pincollate.AsList(), "ids": Pad()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    rng = random.Random(12)
+    earlier = [_agrees(compiled, careful, _images(2, 1, 3))]
+    plan = compiled._plans.last
+    assert plan.whole and plan.sized is not None and "grouped_units" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for batch in [_prompts(rng, 3) for _ in range(12)] + [_with(_images(1, 2, 1), x0=(torch.zeros(3, 2, 2),))]:
+            if not any(sample["x"] for sample in batch):
+                continue  # no items anywhere: the recipe's
+            earlier.append(_agrees(compiled, careful, batch))
+            assert earlier[-1][0].layout == compiled.plan(batch)  # type: ignore[index]
+    assert any(isinstance(x, list) and x for agreed in earlier for x in agreed[0]["x"])  # type: ignore[index]
+    for batch in ITEMS_OFF.values():  # one fact off: the longer way, the same outcome
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    out, expected = earlier[-1]  # type: ignore[misc]
+    assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked

@@ -20,7 +20,16 @@ from .._types.wrap import Wrap
 from .layout import Spec, TensorSpec
 from .views import Views
 
-__all__ = ["GroupsSpec", "ItemsSpec", "RowsSpec", "SplitSpec", "scalar_items", "with_absent"]
+__all__ = [
+    "GroupsSpec",
+    "ItemsSpec",
+    "RowsSpec",
+    "SplitSpec",
+    "grouped_units",
+    "scalar_items",
+    "split_views",
+    "with_absent",
+]
 
 _SQUEEZE = torch.Tensor.squeeze
 
@@ -40,6 +49,34 @@ def scalar_items(column: torch.Tensor, count: int, step: int) -> list[torch.Tens
         ([0, 2, 4, 6], torch.Size([]))
     """
     return list(map(_SQUEEZE, column.view(count, step)[:, 0].unsafe_split(1)))
+
+
+def split_views(
+    column: torch.Tensor, sizes: Sequence[int], shapes: Sequence[tuple[int, ...]] | None
+) -> list[torch.Tensor]:
+    """The values of a 1-D ``column`` whose ``sizes`` alternate a value's elements and the gap after it.
+
+    Each a tensor of ``shapes``' (``None``: as split); not autograd views of ``column``: each
+    keeps a version counter of its own, so an in-place change of one never invalidates another
+    saved for backward.
+
+    Examples:
+        >>> [v.tolist() for v in split_views(torch.arange(6), [2, 1, 2, 1], [(2,), (1, 2)])]
+        [[0, 1], [[3, 4]]]
+    """
+    pieces = column.unsafe_split_with_sizes(sizes)[0::2]
+    return list(pieces) if shapes is None else list(map(torch.Tensor.view, pieces, shapes))
+
+
+def grouped_units(units: Sequence[Any], groups: Sequence[int]) -> list[Any]:
+    """Each sample's items from the batch's units: ``-1`` its one stacked unit, else a list of that many.
+
+    Examples:
+        >>> grouped_units(["ab", "c", "d", "ef"], [-1, 2, 0, -1])
+        ['ab', ['c', 'd'], [], 'ef']
+    """
+    each = iter(units)
+    return [next(each) if count < 0 else list(itertools.islice(each, count)) for count in groups]
 
 
 def with_absent(items: list[Any], absent: Sequence[int]) -> list[Any]:
@@ -103,10 +140,7 @@ class SplitSpec(Spec):
             if item_shapes == ((),) * count and sizes == sizes[:2] * count and sizes[0] == 1:
                 out = list(scalar_items(column, count, 1 + sizes[1]))  # 0-d items, one per aligned step
             else:
-                # Not autograd views: each item has a version counter of its own, so an in-place
-                # change of one item never invalidates another saved for backward.
-                pieces = column.unsafe_split_with_sizes(sizes)[0::2]
-                out = list(pieces) if item_shapes is None else list(map(torch.Tensor.view, pieces, item_shapes))
+                out = list(split_views(column, sizes, item_shapes))
         if self.wraps is not None:
             out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
         return with_absent(out, self.absent)
@@ -196,5 +230,4 @@ class ItemsSpec(Spec):
         return (self.units,)
 
     def build(self, views: Views) -> Any:
-        units = iter(self.units.build(views))
-        return [next(units) if count < 0 else list(itertools.islice(units, count)) for count in self.groups]
+        return grouped_units(self.units.build(views), self.groups)

@@ -29,7 +29,7 @@ import torch
 from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
-from .._batch.list_specs import scalar_items, with_absent
+from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent
 from .._batch.specs import MappingSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
@@ -39,7 +39,7 @@ from .._types.build import make_mapping, make_sequence
 from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .._types.kinds import LISTS
 from .fill import Mismatch
-from .listed import ListRecipe, zero_rows
+from .listed import ItemsRecipe, ListRecipe, zero_rows
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -120,6 +120,8 @@ _WHOLE: dict[str, Any] = {
     "ALIGN": ALIGN,
     "repeat": itertools.repeat,
     "scalar_items": scalar_items,
+    "split_views": split_views,
+    "grouped_units": grouped_units,
     "with_absent": with_absent,
     "KEPT_VALUES": KEPT_VALUES,
     "fill_spaced": fill_spaced,
@@ -267,7 +269,7 @@ def compile_parts(
         w.line(1, "layout, bulk, specs, ids = sized")
     end = "layout.nbytes" if sized is not None else w.const(nbytes)
     # The lists, each after the one before it (after the sized layout), each starting aligned.
-    units = [(read[j][2]["recipe"].dtype, "numbers" in read[j][2], bool(read[j][2].get("absent"))) for j in listed_at]
+    units = [(read[j][2]["recipe"].dtype, _list_kind(read[j][2])) for j in listed_at]
     composition: dict[int, Any] = {}
     for j in listed_at:
         part, _, found = read[j]
@@ -285,8 +287,12 @@ def compile_parts(
         w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
         end = after
         shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
-        absent = f", {found['absent']}" if found.get("absent") else ""  # where values are absent
-        geometry.append(f"{found['split']}, {found['trailing']}, {start}{absent}")
+        more = ""
+        if found.get("absent"):
+            more = f", {found['absent']}"  # where values are absent
+        elif "items" in found:
+            more = f", {found['items'][0]}, {found['items'][1]}"  # the units' shapes, each sample's group
+        geometry.append(f"{found['split']}, {found['trailing']}, {start}{more}")
         shapes.append(shape)
         offsets.append(start)
         dtypes.append(w.const(numpy_dtype(units[n][0])))
@@ -366,6 +372,11 @@ def compile_parts(
         found = read[j][2]
         if "numbers" in found:  # a 0-d tensor each
             lines.append(f"{items[n]} = scalar_items({found['region']}, {found['count']}, {found['numbers'].step})")
+        elif "items" in found:  # each sample's stack of items, or its items
+            units, groups = found["items"]
+            lines.append(
+                f"{items[n]} = grouped_units(split_views({found['region']}, {found['split']}, {units}), {groups})"
+            )
         else:
             lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
         if found.get("absent"):
@@ -390,6 +401,15 @@ def compile_parts(
 
 #: The key a listed part is read with: its layout is placed by the function for each batch.
 _LISTED = "None"
+
+
+def _list_kind(found: dict[str, Any]) -> str:
+    """What a list of a listed plan holds, as :class:`~pincollate._plan.sized.ListedParts` makes its spec."""
+    if "numbers" in found:
+        return "numbers"
+    if "items" in found:
+        return "items"
+    return "absent" if found.get("absent") else "values"
 
 
 def _listed(
@@ -455,6 +475,35 @@ def _listed(
         "absent": absent,
         "recipe": recipe,
         "group": group,
+    }
+    w.parts_read.append((op, _LISTED, found))
+
+
+def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
+    """``AsList()`` of per-sample lists of tensors (images per prompt): its guards, then its units, by the recipe's rule."""
+    recipe = op.recipe
+    assert type(recipe) is ItemsRecipe
+    _comment(w, depth, op.path)
+    counts, flat = w.local("n"), w.local("flat")
+    w.line(depth, f"if not LISTS.issuperset(map(type, {column})):")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"{counts} = list(map(len, {column}))")
+    w.line(depth, f"{flat} = list(chain({column}))")
+    shapes = _tensor_guards(w, recipe, flat, depth, some=True)
+    units, groups, split, total, pieces = (w.local(stem) for stem in ("u", "groups", "split", "total", "pieces"))
+    w.line(depth, f"{units}, {groups}, {split}, {pieces} = {w.const(recipe)}.units({flat}, {counts}, {shapes})")
+    w.line(depth, f"{total} = sum({split})")
+    w.line(depth, f"if not {total}:  # every item empty: each its own empty tensor, by the recipe")
+    w.line(depth + 1, _SLOW)
+    found = {
+        "split": split,
+        "total": total,
+        "trailing": "()",
+        "row": w.const(recipe.dtype.itemsize),
+        "pieces": pieces,
+        "items": (units, groups),
+        "recipe": recipe,
+        "group": None,
     }
     w.parts_read.append((op, _LISTED, found))
 
@@ -660,6 +709,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
             _mixed_numbers(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is ItemsRecipe:  # type: ignore[attr-defined]
+            _listed_items(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is PerSampleRecipe:  # type: ignore[attr-defined]
             _rows(w, op, column, depth)  # type: ignore[arg-type]
         else:
@@ -715,9 +766,9 @@ def _arrays(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
 def is_listed(op: Op) -> bool:
     """Whether a part node is one a listed plan places inline.
 
-    ``AsList()`` of plain tensors of a dtype numpy has, or ``PerSample()`` of dicts whose
-    every key holds such tensors, numbers of one type or strings (detection targets), or of
-    lists of such dicts (a dict per object).
+    ``AsList()`` of plain tensors of a dtype numpy has (or of per-sample lists of them: images
+    per prompt), or ``PerSample()`` of dicts whose every key holds such tensors, numbers of one
+    type or strings (detection targets), or of lists of such dicts (a dict per object).
     """
     if type(op) is not CarefulOp:
         return False
@@ -735,6 +786,8 @@ def is_listed(op: Op) -> bool:
                 for kind in rows.columns
             )
         )
+    if type(recipe) is ItemsRecipe:  # AsList() of per-sample lists: always a list, of stacks or items
+        return recipe.whole is False and recipe.items and numpy_dtype(recipe.dtype) is not None
     return type(recipe) is ListRecipe and _listable(recipe)
 
 

@@ -166,13 +166,7 @@ class ItemsRecipe(Recipe):
         if shapes is None:
             return False
         dtype = self.dtype
-        # Per sample: the shape its items agree on (it has some), else None.
-        agreed: list[torch.Size | None] = []
-        start = 0
-        for count in counts:
-            own = shapes[start : start + count]
-            start += count
-            agreed.append(own[0] if count and own.count(own[0]) == count else None)
+        agreed = _agreed(counts, shapes)
         alike = None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1
         if self.whole and not alike:
             return False  # Stack() of items that do not stack: the careful planner's error
@@ -183,12 +177,35 @@ class ItemsRecipe(Recipe):
             return True
         if self.fallback is not None and not self.fallback.done:
             self.fallback(_item_shapes(counts, agreed, shapes), items=True)
-        step = ALIGN // dtype.itemsize
-        zeros = zero_rows(dtype, (), step)
-        units: list[tuple[int, ...]] = []  # each unit's shape: a sample's stack, or one item
+        units, groups, sizes, pieces = self.units(flat, counts, shapes, agreed)
+        region = place(fill, dtype, (sum(sizes),))
+        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
+        fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
+        return True
+
+    def units(
+        self,
+        flat: Sequence[torch.Tensor],
+        counts: Sequence[int],
+        shapes: Sequence[torch.Size],
+        agreed: Sequence[torch.Size | None] | None = None,
+    ) -> tuple[list[tuple[int, ...]], list[int], list[int], list[torch.Tensor]]:
+        """The placement rule of listed items: each sample's items one unit where they agree, else one each.
+
+        Returns each unit's shape (a sample's stack ``(k, *shape)``, or one item's), each
+        sample's group (``-1``: its one stacked unit; else how many units its list holds), the
+        sizes (a unit's elements, then the gap that aligns the next) and the pieces that one
+        ``torch.cat`` copies (a unit's items flat, then its gap's zeros; nothing empty).
+        ``agreed``: the shape each sample's items agree on (``None``: they do not), where known.
+        """
+        if agreed is None:
+            agreed = _agreed(counts, shapes)
+        step = ALIGN // self.dtype.itemsize
+        zeros = zero_rows(self.dtype, (), step)
+        units: list[tuple[int, ...]] = []
         groups: list[int] = []
-        sizes: list[int] = []  # a unit's elements, then its gap
-        pieces: list[torch.Tensor] = []  # a unit's items, then its gap's zeros; nothing empty
+        sizes: list[int] = []
+        pieces: list[torch.Tensor] = []
 
         def unit(shape: tuple[int, ...], items: Sequence[torch.Tensor], numel: int) -> None:
             units.append(shape)
@@ -210,10 +227,18 @@ class ItemsRecipe(Recipe):
                 for item, item_shape in zip(values, shapes[start : start + count], strict=True):
                     unit(tuple(item_shape), (item,), math.prod(item_shape))
             start += count
-        region = place(fill, dtype, (sum(sizes),))
-        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
-        fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
-        return True
+        return units, groups, sizes, pieces
+
+
+def _agreed(counts: Sequence[int], shapes: Sequence[torch.Size]) -> list[torch.Size | None]:
+    """Per sample: the shape its items agree on (it has some), else ``None``."""
+    agreed: list[torch.Size | None] = []
+    start = 0
+    for count in counts:
+        own = shapes[start : start + count]
+        start += count
+        agreed.append(own[0] if count and own.count(own[0]) == count else None)
+    return agreed
 
 
 def _item_shapes(
