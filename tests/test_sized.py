@@ -1054,3 +1054,67 @@ def test_lists_of_items_are_placed_by_the_plan_s_function_as_the_careful_walk_pl
         assert_identical(agreed[0], agreed[1])
     out, expected = earlier[-1]  # type: ignore[misc]
     assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked
+
+
+def _tv_targets(rng: random.Random, n: int, tv_tensors: object) -> list[dict]:
+    """torchvision v2 detection samples: an image, and a target of boxes (format, canvas size) and masks."""
+    out = []
+    for i in range(n):
+        count = rng.randint(0, 3)
+        canvas = rng.choice(((8, 8), (6, 10)))
+        boxes = tv_tensors.BoundingBoxes(torch.rand(count, 4) * 6, format="XYXY", canvas_size=canvas)  # type: ignore[attr-defined]
+        masks = tv_tensors.Mask(torch.zeros(count, 2, 2, dtype=torch.uint8))  # type: ignore[attr-defined]
+        out.append({"image": torch.full((3, 2, 2), i, dtype=torch.uint8), "boxes": boxes, "masks": masks})
+    return out
+
+
+def test_lists_of_tensor_subclasses_keep_their_classes_and_metadata_in_the_plan_s_function(monkeypatch):
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    fields = {"boxes": pincollate.AsList(), "masks": pincollate.AsList()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    rng = random.Random(5)
+    earlier = [_agrees(compiled, careful, _tv_targets(rng, 4, tv_tensors))]
+    plan = compiled._plans.last
+    assert plan.whole and "wrapped(" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for _ in range(10):
+            batch = _tv_targets(rng, 4, tv_tensors)
+            batch[0] = _tv_targets(random.Random(0), 1, tv_tensors)[0] | {"boxes": batch[0]["boxes"]}
+            earlier.append(_agrees(compiled, careful, batch))
+    canvases = {box.canvas_size for agreed in earlier for box in agreed[0]["boxes"]}  # type: ignore[index]
+    assert canvases == {(8, 8), (6, 10)}  # each box keeps its own
+    off = {
+        "a plain tensor among the boxes": torch.zeros(1, 4),
+        "masks as boxes": tv_tensors.Mask(torch.zeros(1, 4)),
+        "boxes of another dtype": tv_tensors.BoundingBoxes(
+            torch.zeros(1, 4, dtype=torch.float64), format="XYXY", canvas_size=(2, 2)
+        ),
+    }
+    for value in off.values():  # one fact off: the longer way, the same outcome
+        batch = _tv_targets(rng, 4, tv_tensors)
+        batch[1]["boxes"] = value
+        _agrees(compiled, careful, batch)
+    assert compiled._plans.last is plan  # taken by its guards, not planned again
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    out, expected = earlier[-1]  # type: ignore[misc]
+    assert out.layout is not None  # its layout's parts describe its boxes: it moves and pickles in one piece
+    assert_identical(pickle.loads(pickle.dumps(out)), expected)
+
+
+def test_a_list_of_parameters_is_listed_plain_by_the_plan_s_function(monkeypatch):
+    # nn.Parameter has no class of its own in a batch (torch.stack gives plain tensors): listed plain.
+    fields = {"w": pincollate.AsList()}
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    batches = [
+        [{"w": torch.nn.Parameter(torch.full((n, 2), float(n)), requires_grad=False)} for n in counts]
+        for counts in ((1, 2), (3, 1), (2, 2))
+    ]
+    _agrees(compiled, careful, batches[0])
+    plan = compiled._plans.last
+    assert plan.whole and "wrapped(" in plan.compiled.source
+    with _inline_only(plan, monkeypatch):
+        for batch in batches[1:]:
+            out, _ = _agrees(compiled, careful, batch)  # type: ignore[misc]
+            assert all(type(w) is torch.Tensor for w in out["w"])

@@ -29,6 +29,7 @@ __all__ = [
     "scalar_items",
     "split_views",
     "with_absent",
+    "wrapped",
 ]
 
 _SQUEEZE = torch.Tensor.squeeze
@@ -77,6 +78,11 @@ def grouped_units(units: Sequence[Any], groups: Sequence[int]) -> list[Any]:
     """
     each = iter(units)
     return [next(each) if count < 0 else list(itertools.islice(each, count)) for count in groups]
+
+
+def wrapped(items: list[torch.Tensor], wraps: Sequence[Wrap] | None) -> list[Any]:
+    """Each of ``items`` made its class by its wrap (``None``: plain tensors, as they are)."""
+    return items if wraps is None else list(map(Wrap.__call__, wraps, items))
 
 
 def with_absent(items: list[Any], absent: Sequence[int]) -> list[Any]:
@@ -141,9 +147,7 @@ class SplitSpec(Spec):
                 out = list(scalar_items(column, count, 1 + sizes[1]))  # 0-d items, one per aligned step
             else:
                 out = list(split_views(column, sizes, item_shapes))
-        if self.wraps is not None:
-            out = list(map(Wrap.__call__, self.wraps, out))  # type: ignore[arg-type]
-        return with_absent(out, self.absent)
+        return with_absent(wrapped(out, self.wraps), self.absent)  # type: ignore[arg-type]
 
     def places(self) -> tuple[list[int], list[tuple[int, ...]]]:
         """Each value's byte offset in the buffer, and each value's shape."""

@@ -29,7 +29,7 @@ import torch
 from .._batch.batch import Batch, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
-from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent
+from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
 from .._batch.specs import MappingSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
@@ -123,6 +123,8 @@ _WHOLE: dict[str, Any] = {
     "split_views": split_views,
     "grouped_units": grouped_units,
     "with_absent": with_absent,
+    "wrapped": wrapped,
+    "DisableTorchFunctionSubclass": torch._C.DisableTorchFunctionSubclass,
     "KEPT_VALUES": KEPT_VALUES,
     "fill_spaced": fill_spaced,
     "pitch": pitch,
@@ -269,7 +271,7 @@ def compile_parts(
         w.line(1, "layout, bulk, specs, ids = sized")
     end = "layout.nbytes" if sized is not None else w.const(nbytes)
     # The lists, each after the one before it (after the sized layout), each starting aligned.
-    units = [(read[j][2]["recipe"].dtype, _list_kind(read[j][2])) for j in listed_at]
+    units = [(read[j][2]["recipe"].dtype, *_list_kind(read[j][2])) for j in listed_at]
     composition: dict[int, Any] = {}
     for j in listed_at:
         part, _, found = read[j]
@@ -287,11 +289,8 @@ def compile_parts(
         w.line(1, f"{after} = ({start} + {found['total']} * {found['row']} + ALIGN - 1) // ALIGN * ALIGN")
         end = after
         shape = f"({found['total']},)" if found["trailing"] == "()" else f"({found['total']}, *{found['trailing']})"
-        more = ""
-        if found.get("absent"):
-            more = f", {found['absent']}"  # where values are absent
-        elif "items" in found:
-            more = f", {found['items'][0]}, {found['items'][1]}"  # the units' shapes, each sample's group
+        # What else the list's spec needs: absent positions, wraps, the units' shapes and groups.
+        more = "".join(f", {local}" for _, local in found["extras"])
         geometry.append(f"{found['split']}, {found['trailing']}, {start}{more}")
         shapes.append(shape)
         offsets.append(start)
@@ -372,15 +371,19 @@ def compile_parts(
         found = read[j][2]
         if "numbers" in found:  # a 0-d tensor each
             lines.append(f"{items[n]} = scalar_items({found['region']}, {found['count']}, {found['numbers'].step})")
-        elif "items" in found:  # each sample's stack of items, or its items
-            units, groups = found["items"]
+            continue
+        named = dict(found["extras"])
+        if "units" in named:  # each sample's stack of items, or its items
+            units, groups = named["units"], named["groups"]
             lines.append(
                 f"{items[n]} = grouped_units(split_views({found['region']}, {found['split']}, {units}), {groups})"
             )
-        else:
-            lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
-        if found.get("absent"):
-            lines.append(f"{items[n]} = with_absent({items[n]}, {found['absent']})")
+            continue
+        lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
+        if "wraps" in named:  # each value as its class (a box with its format and canvas size)
+            lines.append(f"{items[n]} = wrapped({items[n]}, {named['wraps']})")
+        if "absent" in named:
+            lines.append(f"{items[n]} = with_absent({items[n]}, {named['absent']})")
     for index, made_of in composition.items():
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
@@ -403,13 +406,10 @@ def compile_parts(
 _LISTED = "None"
 
 
-def _list_kind(found: dict[str, Any]) -> str:
-    """What a list of a listed plan holds, as :class:`~pincollate._plan.sized.ListedParts` makes its spec."""
-    if "numbers" in found:
-        return "numbers"
-    if "items" in found:
-        return "items"
-    return "absent" if found.get("absent") else "values"
+def _list_kind(found: dict[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    """What a list of a listed plan holds, as :class:`~pincollate._plan.sized.ListedParts` makes its spec:
+    whether numbers (a 0-d tensor each), and the names of its arguments after its region's."""
+    return "numbers" in found, tuple(name for name, _ in found["extras"])
 
 
 def _listed(
@@ -429,13 +429,22 @@ def _listed(
     recipe = op.recipe if recipe is None else recipe
     assert type(recipe) is ListRecipe
     _comment(w, depth, op.path if path is None else path)
-    absent = None
+    extras = []
     if recipe.missing:  # missing="none": an absent value is None in the list, the others placed
         absent, present = w.local("absent"), w.local("present")
         w.line(depth, f"{absent} = [i for i, value in enumerate({column}) if value is None]")
         w.line(depth, f"{present} = [value for value in {column} if value is not None] if {absent} else {column}")
         column = present  # every value absent: no class to check, the recipe's
+        extras.append(("absent", absent))
     shapes = _tensor_guards(w, recipe, column, depth)
+    if recipe.wrap is not None:  # a tensor subclass: each value's view made its class, as the recipe makes it
+        wraps = w.local("wraps")
+        if recipe.per_value:  # with its own metadata (a box's format and canvas size)
+            w.line(depth, f"{wraps} = list(map({w.const(recipe.wrap)}, {column}))")
+        else:  # one wrap for the class, none where it is listed plain (nn.Parameter)
+            w.line(depth, f"{wraps} = {w.const(recipe.wrap)}({column}[0])")
+            w.line(depth, f"{wraps} = None if {wraps} is None else ({wraps},) * len({column})")
+        extras.insert(0, ("wraps", wraps))
     rows, gaps, split, total, pieces = (w.local(stem) for stem in ("r", "g", "split", "total", "pieces"))
     itemsize = recipe.dtype.itemsize
     if recipe.ndim == 1:
@@ -472,7 +481,7 @@ def _listed(
         "trailing": trailing,
         "row": row,
         "pieces": pieces,
-        "absent": absent,
+        "extras": extras,
         "recipe": recipe,
         "group": group,
     }
@@ -501,7 +510,7 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         "trailing": "()",
         "row": w.const(recipe.dtype.itemsize),
         "pieces": pieces,
-        "items": (units, groups),
+        "extras": [("units", units), ("groups", groups)],
         "recipe": recipe,
         "group": None,
     }
@@ -575,6 +584,7 @@ def _rows_of(
                 "total": total,
                 "trailing": "()",
                 "row": w.const(kind.dtype.itemsize),
+                "extras": [],
                 "recipe": kind,
                 "group": rows.keys,
             }
@@ -792,7 +802,7 @@ def is_listed(op: Op) -> bool:
 
 
 def _listable(recipe: ListRecipe) -> bool:
-    return not (recipe.stacks or recipe.subclass) and numpy_dtype(recipe.dtype) is not None
+    return not recipe.stacks and numpy_dtype(recipe.dtype) is not None
 
 
 def _pad_copies(
@@ -933,13 +943,19 @@ def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: b
     shapes = w.local("s")
     empty = f"not {values} or " if some else ""
     w.line(depth, "try:")
-    w.line(
-        depth + 1,
-        f"if {empty}set(map(type, {values})) != {w.const(recipe.types)}"
-        f" or set(map(TENSOR_DTYPE, {values})) != {w.const(recipe.dtypes)}:",
-    )
-    w.line(depth + 2, _SLOW)
-    w.line(depth + 1, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
+    classes = f"{empty}set(map(type, {values})) != {w.const(recipe.types)}"
+    dtypes = f"set(map(TENSOR_DTYPE, {values})) != {w.const(recipe.dtypes)}"
+    inner = depth + 1
+    if recipe.subclass:  # its own __torch_function__ would run for every dtype and shape read
+        w.line(inner, f"if {classes}:")
+        w.line(inner + 1, _SLOW)
+        w.line(inner, "with DisableTorchFunctionSubclass():")
+        inner += 1
+        w.line(inner, f"if {dtypes}:")
+    else:
+        w.line(inner, f"if {classes} or {dtypes}:")
+    w.line(inner + 1, _SLOW)
+    w.line(inner, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
     w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
     w.line(depth + 1, _SLOW)
     w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")

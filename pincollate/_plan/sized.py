@@ -114,10 +114,10 @@ class ListedParts:
     Their layout changes with every batch (each sample's rows), so it is not kept: the
     compiled plan places the lists itself and hands the layout these arguments, from which
     it makes its parts only when asked (the batch moved, pickled or checked). ``lists`` are
-    the lists' dtypes, each with what it holds, in the order the compiled plan places them:
-    ``"values"`` (tensors), ``"numbers"`` (a 0-d tensor each), ``"absent"`` (tensors or
-    ``None``: the absent positions follow its other arguments), ``"items"`` (each sample's
-    stack of items, or its items: the units' shapes and the samples' groups follow); ``parts`` says, by part index, which list is the part (its
+    the lists' dtypes, in the order the compiled plan places them, each with whether it
+    holds numbers (a 0-d tensor each) and the names of the arguments that follow its
+    region's: ``"wraps"`` (each value's class and metadata), ``"absent"`` (where values are
+    ``None``), ``"units"`` and ``"groups"`` (each sample's stack of items, or its items); ``parts`` says, by part index, which list is the part (its
     place in that order), or, for a ``PerSample()`` part, the dicts' keys, the list of each
     key, and whether the dicts are objects in per-sample lists (each sample's count of them
     then follows the lists' arguments, in the order of ``parts``).
@@ -125,7 +125,7 @@ class ListedParts:
 
     __slots__ = ("lists", "nparts", "parts")
 
-    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, str]], parts: dict[int, Any]):
+    def __init__(self, nparts: int, lists: Sequence[tuple[torch.dtype, bool, tuple[str, ...]]], parts: dict[int, Any]):
         self.nparts = nparts
         self.lists = tuple(lists)
         self.parts = dict(parts)
@@ -141,16 +141,15 @@ class ListedParts:
     def _placed(self, parts: list[Part | None], geometry: Sequence[Any]) -> list[Part]:
         lists: list[Spec] = []
         arguments = iter(geometry)
-        for dtype, kind in self.lists:
+        for dtype, numbers, names in self.lists:
             split, trailing, offset = next(arguments), next(arguments), next(arguments)
+            more = {name: next(arguments) for name in names}
             region = TensorSpec(dtype, (sum(split), *trailing), offset)
-            if kind == "items":  # each sample's stack of items, or its items: the units, then the groups
-                units = next(arguments)
-                lists.append(ItemsSpec(SplitSpec(region, split, units), next(arguments)))
+            if "units" in more:  # each sample's stack of items, or its items
+                lists.append(ItemsSpec(SplitSpec(region, split, more["units"]), more["groups"]))
                 continue
-            absent = next(arguments) if kind == "absent" else ()  # where the list's values are absent (None)
-            shapes = ((),) * (len(split) // 2) if kind == "numbers" else None  # a number: one 0-d tensor
-            lists.append(SplitSpec(region, split, shapes, absent))
+            shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
+            lists.append(SplitSpec(region, split, shapes, more.get("absent", ()), more.get("wraps")))
         counts = arguments  # then each sample's count of objects, for lists of per-object dicts
         for index, made_of in self.parts.items():
             if type(made_of) is int:
