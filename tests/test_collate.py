@@ -419,3 +419,48 @@ def test_a_column_mixing_arrays_or_numbers_with_a_subclass_has_default_collates_
         out = collate(batch)
         assert_identical(out["x"], expected["x"])
         assert_one_buffer(out)
+
+
+def _outcome(collate: MMCollate, batch: list) -> tuple[str, list[str]]:
+    """What ``batch`` gives: its error's text (or "ok"), and the warnings it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            collate(batch)
+            said = "ok"
+        except CollateError as error:
+            said = str(error)
+    return said, [str(w.message) for w in caught]
+
+
+def test_a_batch_with_two_faults_gets_the_careful_walk_s_error_from_a_compiled_plan():
+    # A compiled plan reads number fields after the others, and a field that failed once is
+    # planned anew after them: the error is still the first fault in key order, the walk's.
+    batches = [
+        [{"score": 1}, {"score": 0.5}],
+        [{"lab": 1, "n2": 0, "score": 0.5}],
+        [{"lab": 2**1023, "n2": True, "score": -(2**63) - 1}],
+    ]
+    compiled, careful = MMCollate(pin_memory=False), MMCollate(pin_memory=False, compile=False)
+    outcomes = [(_outcome(compiled, batch), _outcome(careful, batch)) for batch in batches]
+    assert all(ours == theirs for ours, theirs in outcomes)
+    assert "['lab']" in outcomes[-1][0][0]
+    with pytest.raises(CollateError, match=r"\['lab'\]"):
+        compiled.plan(batches[-1])
+
+
+def test_a_failing_batch_warns_of_a_listed_sibling_as_the_careful_walk_does():
+    fields = {"x": pincollate.Concat(items="stack")}
+
+    def sample(f: torch.Tensor, x: torch.Tensor) -> dict:
+        return {"f": f, "x": x}
+
+    first = [sample(torch.ones(3), torch.tensor([[1, 2]])), sample(torch.ones(3), torch.tensor([[3, 4]]))]
+    # 'f' newly ragged (a per-sample list, warned of), 'x' items that do not stack (an error).
+    second = [sample(torch.ones(3), torch.tensor([[1, 2], [3, 4]])), sample(torch.zeros(4), torch.zeros(0, 2))]
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
+    for batch in (first, first, second):
+        ours, theirs = _outcome(compiled, batch), _outcome(careful, batch)
+        assert ours == theirs
+    assert ours[0] != "ok" and any("['f'] holds values of different shapes" in said for said in ours[1])

@@ -176,22 +176,54 @@ class MMCollate:
 
     def plan(self, batch: Sequence[Any]) -> Layout:
         """The [Layout][pincollate.Layout] ``batch`` would have, without copying anything."""
-        return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
+        try:
+            return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
+        except CollateError as error:
+            walked = self._walked_error(batch, error)
+            if walked is error:
+                raise
+            raise walked from None
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
-        kind = resolve_kind(self.pin_memory)
-        if type(batch) is not list or not batch:
-            return self._through_plans(_samples(batch), kind)
-        last = self._plans.last
-        if last is not None and last.whole and kind != "shared":
-            # A run of batches of one structure: straight to the last plan's function, which
-            # checks the batch completely as it runs.
-            try:
-                return last.compiled.run(batch, kind, 0, self.pin_slots, None)
-            except Mismatch as mismatch:
-                return self._through_plans(batch, kind, (last, mismatch.paths))
-        return self._through_plans(batch, kind)
+        try:
+            kind = resolve_kind(self.pin_memory)
+            if type(batch) is not list or not batch:
+                return self._through_plans(_samples(batch), kind)
+            last = self._plans.last
+            if last is not None and last.whole and kind != "shared":
+                # A run of batches of one structure: straight to the last plan's function, which
+                # checks the batch completely as it runs.
+                try:
+                    return last.compiled.run(batch, kind, 0, self.pin_slots, None)
+                except Mismatch as mismatch:
+                    return self._through_plans(batch, kind, (last, mismatch.paths))
+            return self._through_plans(batch, kind)
+        except CollateError as error:
+            walked = self._walked_error(batch, error)
+            if walked is error:
+                raise
+            raise walked from None
+
+    def _walked_error(self, batch: Sequence[Any], error: CollateError) -> CollateError:
+        """The error the careful walk of the whole batch gives (``compile=False``'s), else ``error``.
+
+        A compiled plan checks its fields in the order its code reads them (blocks of numbers
+        after the other fields, a field planned anew after the cached ones), and a batch with
+        two faults may fail first at the later one. Its error is the careful walk's: the first
+        fault in the samples' key order, named as ``compile=False`` names it (and warned of as
+        it warns), at the cost of one walk of a batch that fails.
+        """
+        if not self.compile:
+            return error  # it was the walk's
+        try:
+            samples = _samples(batch)
+            self._planner.plan(samples, ())
+        except CollateError as walked:
+            return walked
+        except Exception:  # the walk cannot say more than the error already does
+            return error
+        return error
 
     def _use(self, plan: Plan, samples: list[Any], kind: Kind | None) -> Any:
         """The batch of ``samples`` by ``plan`` (``kind`` ``None``: its layout only, nothing copied)."""
