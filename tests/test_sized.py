@@ -6,6 +6,7 @@ import dataclasses
 import io
 import pickle
 import random
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -1118,3 +1119,44 @@ def test_a_list_of_parameters_is_listed_plain_by_the_plan_s_function(monkeypatch
         for batch in batches[1:]:
             out, _ = _agrees(compiled, careful, batch)  # type: ignore[misc]
             assert all(type(w) is torch.Tensor for w in out["w"])
+
+
+def _captions(*lengths: int, dtype: torch.dtype = torch.int64) -> list[dict]:
+    """A field without a policy: token ids of these lengths (one tensor where they agree, else a list)."""
+    return [{"x": torch.arange(n, dtype=dtype).unsqueeze(1).repeat(1, 2), "label": i} for i, n in enumerate(lengths)]
+
+
+UNSETTLED_OFF = {
+    "another dtype": _captions(2, 3, 1, dtype=torch.int32),
+    "another rank": [{"x": torch.zeros(2), "label": 0}, *_captions(2, 3)],
+    "a subclass": [{"x": torch.nn.Parameter(torch.zeros(2, 2), requires_grad=False), "label": 0}, *_captions(2, 3)],
+    "other trailing sizes": [{"x": torch.zeros(2, 3, dtype=torch.int64), "label": 0}, *_captions(2, 3)],
+    "an array": [{"x": np.zeros((2, 2), dtype=np.int64), "label": 0}, *_captions(2, 3)],
+    "None": [{"x": None, "label": 0}, *_captions(2, 3)],
+}
+
+
+def test_a_field_without_a_policy_stacks_or_lists_in_the_plan_s_function_as_the_careful_walk_does(monkeypatch):
+    compiled, careful = MMCollate(pin_memory=False), MMCollate(pin_memory=False, compile=False)
+    with pytest.warns(pincollate.RaggedFieldWarning) as warned:
+        earlier = [_agrees(compiled, careful, _captions(2, 2, 2)), _agrees(compiled, careful, _captions(1, 3, 2))]
+    assert len(warned) == 2  # each collate warns once, for the batch that lists the field
+    plan = compiled._plans.last
+    assert plan.whole and ".listed(" in plan.compiled.source
+    with _inline_only(plan, monkeypatch), warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once already
+        for lengths in ((2, 2, 2), (4, 1, 1), (3, 3, 3), (0, 0, 1), (1, 1, 1)):
+            earlier.append(_agrees(compiled, careful, _captions(*lengths)))
+            assert earlier[-1][0].layout == compiled.plan(_captions(*lengths))  # type: ignore[index]
+    kinds = [type(agreed[0]["x"]) for agreed in earlier[1:]]  # type: ignore[index]
+    assert kinds == [list, torch.Tensor, list, torch.Tensor, list, torch.Tensor]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pincollate.RaggedFieldWarning)
+        for batch in UNSETTLED_OFF.values():  # one fact off: the longer way, the same outcome
+            _agrees(compiled, careful, batch)
+    for agreed in earlier:  # what they gave is unchanged
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+    for agreed in earlier[-2:]:  # a list and a stack, each described by its layout: in one piece
+        assert agreed[0].layout is not None  # type: ignore[index]
+        assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])  # type: ignore[index]

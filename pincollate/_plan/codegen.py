@@ -379,7 +379,11 @@ def compile_parts(
                 f"{items[n]} = grouped_units(split_views({found['region']}, {found['split']}, {units}), {groups})"
             )
             continue
-        lines.append(f"{items[n]} = list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])")
+        made = f"list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
+        if "stacked" in named:  # one tensor where every value is there and of one shape
+            stacked = named["stacked"]
+            made = f"{found['region']}.view({stacked}) if {stacked} is not None else {made}"
+        lines.append(f"{items[n]} = {made}")
         if "wraps" in named:  # each value as its class (a box with its format and canvas size)
             lines.append(f"{items[n]} = wrapped({items[n]}, {named['wraps']})")
         if "absent" in named:
@@ -464,7 +468,16 @@ def _listed(
         w.line(depth, f"{step} = pitch(1, {row})")
         w.line(depth, f"{zeros} = {w.const(zero_rows)}({w.const(recipe.dtype)}, {trailing}, {step})")
     w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
-    w.line(depth, f"{gaps} = [-count % {step} for count in {rows}]  # rows of zeros after each value")
+    if recipe.stacks:  # no policy: one tensor where every value is there and of one shape, else a list
+        stacked = w.local("stacked")
+        alike = f"not {extras[0][1]} and " if recipe.missing else ""
+        w.line(depth, f"{stacked} = (len({column}), *{shapes}[0]) if {alike}len(set({shapes})) == 1 else None")
+        w.line(depth, f"if {stacked} is None:  # listed: warned of once, where the shapes differ")
+        w.line(depth + 1, f"{w.const(recipe)}.listed({shapes}{', ' + extras[0][1] if recipe.missing else ''})")
+        w.line(depth, f"{gaps} = [-count % {step} for count in {rows}] if {stacked} is None else [0] * len({rows})")
+        extras.append(("stacked", stacked))
+    else:
+        w.line(depth, f"{gaps} = [-count % {step} for count in {rows}]  # rows of zeros after each value")
     w.line(depth, f"{split} = list(chain(zip({rows}, {gaps}, strict=True)))")
     w.line(depth, f"{total} = sum({split})")
     w.line(depth, f"if not {total}:  # every value empty: each its own empty tensor, by the recipe")
@@ -802,7 +815,8 @@ def is_listed(op: Op) -> bool:
 
 
 def _listable(recipe: ListRecipe) -> bool:
-    return not recipe.stacks and numpy_dtype(recipe.dtype) is not None
+    # A field without a policy stacks where its values agree: plain tensors only (a subclass's stack keeps its class).
+    return not (recipe.stacks and recipe.subclass) and numpy_dtype(recipe.dtype) is not None
 
 
 def _pad_copies(

@@ -76,6 +76,12 @@ class ListRecipe(Recipe):
         fill.parts[index] = self.sized(present, shapes, fill, absent)
         return True
 
+    def listed(self, shapes: Sequence[torch.Size], absent: Sequence[int] = ()) -> None:
+        """Where a field without a policy is listed because its values' ``shapes`` differ: warn, once."""
+        if self.fallback is not None and not self.fallback.done:
+            samples = [i for i in range(len(shapes) + len(absent)) if i not in absent]
+            self.fallback(zip(samples, shapes, strict=True))
+
     def sized(
         self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill, absent: Sequence[int] = ()
     ) -> Part:
@@ -87,9 +93,8 @@ class ListRecipe(Recipe):
             stacked = place(fill, dtype, (len(shapes), *first), None if wrap is None else wrap(column[0]))
             fill.tasks.append((stack_tensors, stacked, column, None))
             return Part(stacked)
-        if self.stacks and len(distinct) > 1 and self.fallback is not None and not self.fallback.done:
-            samples = [i for i in range(len(shapes) + len(absent)) if i not in absent]
-            self.fallback(zip(samples, shapes, strict=True))
+        if self.stacks and len(distinct) > 1:
+            self.listed(shapes, absent)
         wraps: Sequence[Wrap | None] | None = None
         if wrap is not None:
             if self.per_value:

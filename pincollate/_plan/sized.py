@@ -117,7 +117,9 @@ class ListedParts:
     the lists' dtypes, in the order the compiled plan places them, each with whether it
     holds numbers (a 0-d tensor each) and the names of the arguments that follow its
     region's: ``"wraps"`` (each value's class and metadata), ``"absent"`` (where values are
-    ``None``), ``"units"`` and ``"groups"`` (each sample's stack of items, or its items); ``parts`` says, by part index, which list is the part (its
+    ``None``), ``"stacked"`` (the shape of the one tensor a field without a policy makes where
+    its values agree, else ``None``), ``"units"`` and ``"groups"`` (each sample's stack of
+    items, or its items); ``parts`` says, by part index, which list is the part (its
     place in that order), or, for a ``PerSample()`` part, the dicts' keys, the list of each
     key, and whether the dicts are objects in per-sample lists (each sample's count of them
     then follows the lists' arguments, in the order of ``parts``).
@@ -147,6 +149,9 @@ class ListedParts:
             region = TensorSpec(dtype, (sum(split), *trailing), offset)
             if "units" in more:  # each sample's stack of items, or its items
                 lists.append(ItemsSpec(SplitSpec(region, split, more["units"]), more["groups"]))
+                continue
+            if more.get("stacked") is not None:  # a field without a policy whose values agree: one tensor
+                lists.append(TensorSpec(dtype, more["stacked"], offset))
                 continue
             shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
             lists.append(SplitSpec(region, split, shapes, more.get("absent", ()), more.get("wraps")))
