@@ -217,11 +217,10 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
 
 
 def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad()}, sequences="items")
-    # Lists of items without a rule: one tensor where every sample's stack agrees, else a list.
-    batch = [{"a": torch.arange(n), "b": [torch.zeros(2)] * n} for n in (1, 3)]
-    with pytest.warns(pincollate.RaggedFieldWarning):
-        compiled(batch)
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
+    # Lists of bfloat16 tensors: numpy has no such dtype to place them by.
+    batch = [{"a": torch.arange(n), "b": torch.zeros(n, dtype=torch.bfloat16)} for n in (1, 3)]
+    compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
 
 
@@ -1160,3 +1159,37 @@ def test_a_field_without_a_policy_stacks_or_lists_in_the_plan_s_function_as_the_
     for agreed in earlier[-2:]:  # a list and a stack, each described by its layout: in one piece
         assert agreed[0].layout is not None  # type: ignore[index]
         assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"sequences": "items"}, {"fields": {"x": pincollate.Stack()}}, {}],
+    ids=["items-no-rule", "stack-rule", "transpose"],
+)
+def test_items_that_make_one_tensor_or_lists_are_placed_by_the_plan_s_function_as_the_careful_walk_places_them(
+    settings, monkeypatch
+):
+    fields = {**settings.get("fields", {}), "ids": Pad()}
+    kwargs = {**settings, "fields": fields}
+    compiled, careful = (MMCollate(pin_memory=False, compile=c, **kwargs) for c in (True, False))
+    first = _images(2, 2, 2) if "x" in fields else _images(2, 1, 3)  # Stack(): items that stack
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pincollate.RaggedFieldWarning)
+        earlier = [_agrees(compiled, careful, first)]
+        plan = compiled._plans.last
+        assert plan.whole and ".arranged(" in plan.compiled.source
+        inline = [_images(2, 2, 2), _images(1, 1, 1), _images(3, 3, 3)]  # one tensor (B, k, *shape)
+        if "x" not in fields:  # no rule: lists where they differ
+            inline += [_images(2, 1, 3), _with(_images(2, 2, 2), x1=[torch.zeros(3, 2, 2), torch.zeros(3, 3, 2)])]
+        with _inline_only(plan, monkeypatch):
+            for batch in inline:
+                if settings == {} and len({len(sample["x"]) for sample in batch}) == 1:
+                    continue  # lists of one length are transposed: the walk's
+                earlier.append(_agrees(compiled, careful, batch))
+        for batch in (_images(2, 1, 3), _images(0, 0, 0), _images(1, 1, 1, dtype=torch.float64), _images(2, 2, 2)):
+            _agrees(compiled, careful, batch)  # the longer way (or an error), with the same outcome
+    for agreed in earlier:  # what they gave is unchanged
+        if agreed is not None:
+            assert_identical(agreed[0], agreed[1])
+            assert agreed[0].layout is not None  # type: ignore[union-attr]
+            assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])

@@ -373,10 +373,11 @@ def compile_parts(
             lines.append(f"{items[n]} = scalar_items({found['region']}, {found['count']}, {found['numbers'].step})")
             continue
         named = dict(found["extras"])
-        if "units" in named:  # each sample's stack of items, or its items
-            units, groups = named["units"], named["groups"]
+        if "units" in named:  # one tensor of all the items, or each sample's stack of items, or its items
+            units, groups, stacked = named["units"], named["groups"], named["stacked"]
             lines.append(
-                f"{items[n]} = grouped_units(split_views({found['region']}, {found['split']}, {units}), {groups})"
+                f"{items[n]} = {found['region']}.view({stacked}) if {stacked} is not None else "
+                f"grouped_units(split_views({found['region']}, {found['split']}, {units}), {groups})"
             )
             continue
         made = f"list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
@@ -502,7 +503,7 @@ def _listed(
 
 
 def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
-    """``AsList()`` of per-sample lists of tensors (images per prompt): its guards, then its units, by the recipe's rule."""
+    """Per-sample lists of tensors as items (images per prompt): its guards, then what they make, by the recipe's rule."""
     recipe = op.recipe
     assert type(recipe) is ItemsRecipe
     _comment(w, depth, op.path)
@@ -510,10 +511,17 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     w.line(depth, f"if not LISTS.issuperset(map(type, {column})):")
     w.line(depth + 1, _SLOW)
     w.line(depth, f"{counts} = list(map(len, {column}))")
+    if not recipe.items:  # sequences="transpose": lists of one length are transposed, by the walk
+        w.line(depth, f"if len(set({counts})) == 1:")
+        w.line(depth + 1, _SLOW)
     w.line(depth, f"{flat} = list(chain({column}))")
     shapes = _tensor_guards(w, recipe, flat, depth, some=True)
+    arranged, stacked = w.local("arranged"), w.local("stacked")
     units, groups, split, total, pieces = (w.local(stem) for stem in ("u", "groups", "split", "total", "pieces"))
-    w.line(depth, f"{units}, {groups}, {split}, {pieces} = {w.const(recipe)}.units({flat}, {counts}, {shapes})")
+    w.line(depth, f"{arranged} = {w.const(recipe)}.arranged({flat}, {counts}, {shapes})")
+    w.line(depth, f"if {arranged} is None:  # Stack() of items that do not stack: the walk's error")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"{stacked}, {units}, {groups}, {split}, {pieces} = {arranged}")
     w.line(depth, f"{total} = sum({split})")
     w.line(depth, f"if not {total}:  # every item empty: each its own empty tensor, by the recipe")
     w.line(depth + 1, _SLOW)
@@ -523,7 +531,7 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         "trailing": "()",
         "row": w.const(recipe.dtype.itemsize),
         "pieces": pieces,
-        "extras": [("units", units), ("groups", groups)],
+        "extras": [("stacked", stacked), ("units", units), ("groups", groups)],
         "recipe": recipe,
         "group": None,
     }
@@ -809,8 +817,8 @@ def is_listed(op: Op) -> bool:
                 for kind in rows.columns
             )
         )
-    if type(recipe) is ItemsRecipe:  # AsList() of per-sample lists: always a list, of stacks or items
-        return recipe.whole is False and recipe.items and numpy_dtype(recipe.dtype) is not None
+    if type(recipe) is ItemsRecipe:  # per-sample lists of items: one tensor, or each sample's stack or items
+        return numpy_dtype(recipe.dtype) is not None
     return type(recipe) is ListRecipe and _listable(recipe)
 
 

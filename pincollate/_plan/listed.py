@@ -171,22 +171,41 @@ class ItemsRecipe(Recipe):
         if shapes is None:
             return False
         dtype = self.dtype
-        agreed = _agreed(counts, shapes)
-        alike = None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1
-        if self.whole and not alike:
+        arranged = self.arranged(flat, counts, shapes)
+        if arranged is None:
             return False  # Stack() of items that do not stack: the careful planner's error
-        if alike and self.whole is not False:
-            stacked = place(fill, dtype, (len(column), counts[0], *shapes[0]))
+        stacked_shape, units, groups, sizes, pieces = arranged
+        if stacked_shape is not None:
+            stacked = place(fill, dtype, stacked_shape)
             fill.tasks.append((_stack_items, stacked, flat, None))
             fill.parts[index] = Part(stacked)
             return True
-        if self.fallback is not None and not self.fallback.done:
-            self.fallback(_item_shapes(counts, agreed, shapes), items=True)
-        units, groups, sizes, pieces = self.units(flat, counts, shapes, agreed)
         region = place(fill, dtype, (sum(sizes),))
         fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
         fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
         return True
+
+    def arranged(
+        self, flat: Sequence[torch.Tensor], counts: Sequence[int], shapes: Sequence[torch.Size]
+    ) -> tuple[tuple[int, ...] | None, list[tuple[int, ...]], list[int], list[int], list[torch.Tensor]] | None:
+        """What the batch's items make: one tensor ``(B, k, *shape)``, or each sample's stack or items.
+
+        Where every sample's items agree in count and shape and the field's rule allows
+        (no rule, or ``Stack()``), the first is the stack's shape and the sizes are the whole
+        region's (its pieces the items, flat); else ``None`` and :meth:`units`'s, with the
+        warning of a field without a rule that is listed. ``None`` where ``Stack()`` asks for
+        one tensor the items cannot make (the careful walk's error).
+        """
+        agreed = _agreed(counts, shapes)
+        alike = None not in agreed and len(set(counts)) == 1 and len(set(agreed)) == 1
+        if self.whole and not alike:
+            return None
+        if alike and self.whole is not False:
+            shape = (len(counts), counts[0], *shapes[0])
+            return shape, [], [], [math.prod(shape), 0], [item.reshape(-1) for item in flat]
+        if self.fallback is not None and not self.fallback.done:
+            self.fallback(_item_shapes(counts, agreed, shapes), items=True)
+        return (None, *self.units(flat, counts, shapes, agreed))
 
     def units(
         self,
@@ -247,7 +266,7 @@ def _agreed(counts: Sequence[int], shapes: Sequence[torch.Size]) -> list[torch.S
 
 
 def _item_shapes(
-    counts: list[int], agreed: list[torch.Size | None], shapes: list[torch.Size]
+    counts: Sequence[int], agreed: Sequence[torch.Size | None], shapes: Sequence[torch.Size]
 ) -> list[tuple[int, tuple[int, ...]]]:
     """What a warning names of items that did not stack: two items of one sample that
     differ, else each sample's stack (an empty list as ``(0,)``).

@@ -147,11 +147,11 @@ class ListedParts:
             split, trailing, offset = next(arguments), next(arguments), next(arguments)
             more = {name: next(arguments) for name in names}
             region = TensorSpec(dtype, (sum(split), *trailing), offset)
+            if more.get("stacked") is not None:  # values (or items) that agree, without a policy: one tensor
+                lists.append(TensorSpec(dtype, more["stacked"], offset))
+                continue
             if "units" in more:  # each sample's stack of items, or its items
                 lists.append(ItemsSpec(SplitSpec(region, split, more["units"]), more["groups"]))
-                continue
-            if more.get("stacked") is not None:  # a field without a policy whose values agree: one tensor
-                lists.append(TensorSpec(dtype, more["stacked"], offset))
                 continue
             shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
             lists.append(SplitSpec(region, split, shapes, more.get("absent", ()), more.get("wraps")))
