@@ -6,6 +6,7 @@ compiled plan is compared with, fresh and warm, on every sample family.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import traceback
@@ -114,15 +115,15 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
 
 def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     # A plain buffer is pageable host memory: its tensors are carved without asking.
-    collate = MMCollate(pin_memory=False, fields={"objects": pincollate.AsList()})
-    # bfloat16 values, which numpy has no dtype for: a part its recipe places for each batch.
-    samples = [{"objects": torch.arange(i, dtype=torch.bfloat16) + i, "label": i} for i in range(4)]
+    collate = MMCollate(pin_memory=False, fields={"objects": pincollate.PerSample()})
+    # Targets of a mapping class of their own: a part its recipe places for each batch.
+    samples = [{"objects": collections.OrderedDict(v=torch.arange(i) + i), "label": i} for i in range(4)]
     collate(samples)
     assert not collate._plans.last.whole  # a plan with a part its recipe places for each batch
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]
     assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
-    assert [objects.tolist() for objects in out["objects"]] == [
+    assert [objects["v"].tolist() for objects in out["objects"]] == [
         [],
         [1.0],
         [2.0, 3.0],

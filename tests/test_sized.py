@@ -217,9 +217,9 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
 
 
 def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
-    # Lists of bfloat16 tensors: numpy has no such dtype to place them by.
-    batch = [{"a": torch.arange(n), "b": torch.zeros(n, dtype=torch.bfloat16)} for n in (1, 3)]
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()})
+    # Targets of a mapping class of their own: rebuilt as that class by the recipe.
+    batch = [{"a": torch.arange(n), "b": collections.OrderedDict(x=torch.zeros(n))} for n in (1, 3)]
     compiled(batch)
     assert not compiled._plans.last.whole and compiled._plans.last.sized is None
 
@@ -499,12 +499,24 @@ def test_absent_values_of_a_list_are_placed_by_the_plan_s_function_as_the_carefu
     assert_identical(pickle.loads(pickle.dumps(out)), expected)  # its layout's parts, made when asked
 
 
-def test_lists_of_a_dtype_numpy_lacks_keep_the_queued_fill():
-    compiled = MMCollate(pin_memory=False, fields=LISTED)
-    batch = [{"boxes": torch.zeros(n, 4, dtype=torch.bfloat16), "labels": torch.arange(n)} for n in (1, 2)]
-    compiled(batch)
-    assert not compiled._plans.last.whole
-    assert_identical(compiled(batch), MMCollate(pin_memory=False, fields=LISTED, compile=False)(batch))
+def test_lists_of_a_dtype_numpy_lacks_are_placed_by_the_plan_s_function(monkeypatch):
+    # bfloat16 (a VLM's pixels): the list's region is made over the buffer as its own, not with the others.
+    compiled, careful = (MMCollate(pin_memory=False, fields=LISTED, compile=c) for c in (True, False))
+    batches = [
+        [{"boxes": torch.full((n, 4), float(n), dtype=torch.bfloat16), "labels": torch.arange(n)} for n in counts]
+        for counts in ((1, 2), (3, 0), (2, 2), (0, 0), (4, 1))
+    ]
+    earlier = [_agrees(compiled, careful, batches[0])]
+    plan = compiled._plans.last
+    assert plan.whole
+    with _inline_only(plan, monkeypatch):
+        earlier += [_agrees(compiled, careful, batch) for batch in batches[1:3]]
+    earlier.append(_agrees(compiled, careful, batches[3]))  # every value empty: the recipe's
+    earlier.append(_agrees(compiled, careful, batches[4]))
+    for agreed in earlier:
+        assert agreed is not None
+        assert_identical(agreed[0], agreed[1])
+        assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])
 
 
 @pytest.mark.slow

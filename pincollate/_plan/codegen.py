@@ -282,6 +282,7 @@ def compile_parts(
         composition[index] = (keys_of, members, counts is not None)
     listed = ListedParts(nparts, units, composition)
     geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
+    bulk_at: list[int] = []  # the lists whose regions are made at once: those of a dtype numpy has
     for n, j in enumerate(listed_at):
         found = read[j][2]
         start, after = w.local("o"), w.local("e")
@@ -294,8 +295,11 @@ def compile_parts(
         geometry.append(f"{found['split']}, {found['trailing']}, {start}{more}")
         shapes.append(shape)
         offsets.append(start)
-        dtypes.append(w.const(numpy_dtype(units[n][0])))
+        as_numpy = numpy_dtype(units[n][0])
+        dtypes.append(w.const(as_numpy))
         ids.append(str(-1 - n))  # no object's id: the lists' regions in ``made``
+        if as_numpy is not None:  # bfloat16 (VLM pixels): made over the buffer as its own
+            bulk_at.append(n)
     # Each sample's count of objects, for the PerSample() parts of lists of dicts, after the lists'.
     geometry += [counts for _, _, counts in w.rows.values() if counts is not None]
     lists = bool(listed_at or w.rows)  # listed parts: lists, or PerSample() dicts of strings alone
@@ -319,7 +323,7 @@ def compile_parts(
             else [f"*bulk[{k}]" for k in range(4)]
         )
         made_at_once = ", ".join(
-            f"({known}, {', '.join(more)})"
+            f"({known}, {', '.join(more[n] for n in bulk_at)})"
             for known, more in zip(made_with, (ids, dtypes, shapes, offsets), strict=True)
         )
         _buffer(w, end, f"Views(buffer, values, (), ({made_at_once}), kind == PAGEABLE)")
@@ -818,13 +822,13 @@ def is_listed(op: Op) -> bool:
             )
         )
     if type(recipe) is ItemsRecipe:  # per-sample lists of items: one tensor, or each sample's stack or items
-        return numpy_dtype(recipe.dtype) is not None
+        return True
     return type(recipe) is ListRecipe and _listable(recipe)
 
 
 def _listable(recipe: ListRecipe) -> bool:
     # A field without a policy stacks where its values agree: plain tensors only (a subclass's stack keeps its class).
-    return not (recipe.stacks and recipe.subclass) and numpy_dtype(recipe.dtype) is not None
+    return not (recipe.stacks and recipe.subclass)
 
 
 def _pad_copies(
