@@ -45,6 +45,18 @@ def fresh_mm_collate():
     arena._settled.clear()
 
 
+@pytest.fixture(autouse=True)
+def compile_at_first_sight(request, monkeypatch):
+    """A new structure's plan compiled by its first batch, so a test reads and exercises the plan its
+    batch made; tests marked ``walk_first`` (workers, frameworks, the default's own tests) run as
+    users do: the first batch walked, the plan compiled when the structure comes again.
+    """
+    if request.node.get_closest_marker("walk_first") is None and request.node.get_closest_marker("slow") is None:
+        from pincollate._plan import cache
+
+        monkeypatch.setattr(cache, "WALK_FIRST_SIGHT", False)
+
+
 @pytest.fixture
 def fake_pinned(monkeypatch):
     """Pretend pinning works: count pinned allocations and mark their buffers.

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, RaggedFieldWarning, Stack
+from pincollate._batch.layout import PartSpec
 from pincollate._plan.careful import Planner
 from samples import (
     LEAF_KINDS,
@@ -702,3 +703,101 @@ def test_the_careful_walk_reads_a_plain_columns_class_once_not_each_values_wrap(
     monkeypatch.setattr(Column, "_wrap", per_value)
     out = MMCollate(pin_memory=False, compile=False)([{"x": torch.ones(2), "n": i} for i in range(3)])
     assert type(out["x"]) is torch.Tensor and out["n"].tolist() == [0, 1, 2]
+
+
+# --- a new structure walked first, compiled when it comes again (what users run) ----------------
+
+
+def _walks(monkeypatch) -> list[int]:
+    """Counts the careful walks of whole batches (``Planner.plan`` at the root)."""
+    walks: list[int] = []
+    plan = Planner.plan
+
+    def counted(self, values, path):
+        if path == ():
+            walks.append(len(values))
+        return plan(self, values, path)
+
+    monkeypatch.setattr(Planner, "plan", counted)
+    return walks
+
+
+@pytest.mark.walk_first
+@pytest.mark.parametrize("name", sorted(PARITY))
+def test_a_new_structure_is_walked_once_then_compiled(name, monkeypatch):
+    """Its first batch is the careful walk's (no plan made, no code generated), its second the
+    compiled plan's, and both are what ``compile=False`` gives."""
+    samples = PARITY[name]()
+    walks = _walks(monkeypatch)
+    collate, reference = MMCollate(pin_memory=False), MMCollate(pin_memory=False, compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)
+        first = collate(samples)
+        assert walks == [len(samples)] and collate._plans.planned == 0 and collate._plans.last is None
+        second = collate(samples)
+        assert collate._plans.planned == 1 and collate._plans.last is not None
+        third = collate(samples)
+        if type(collate._plans.last.template) is not PartSpec:  # not a root no plan describes
+            assert walks == [len(samples)]  # the whole batch walked once, the first time only
+        expected = reference(samples)
+    for batch in (first, second, third):
+        assert_identical(batch, expected)
+    assert collate._plans.planned == 1
+
+
+@pytest.mark.walk_first
+def test_a_ragged_field_does_not_keep_its_structure_walked(monkeypatch):
+    """Each batch of a ragged field (its lengths, a token list's length) has a new shape: the
+    structure is still the one seen before, so the second batch compiles it and later ones run it."""
+    walks = _walks(monkeypatch)
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad(), "tokens": Pad()})
+    batches = [
+        [{"ids": torch.arange(n + i), "tokens": list(range(2 * n + i)), "y": n} for n in (2, 5, 3)] for i in range(6)
+    ]
+    reference = MMCollate(pin_memory=False, fields={"ids": Pad(), "tokens": Pad()}, compile=False)
+    for batch in batches:
+        assert_identical(collate(batch), reference(batch))
+    assert walks.count(3) == 1 + len(batches)  # the first batch, and the reference's every batch
+    assert collate._plans.planned == 1 and collate._plans.last.whole
+
+
+@pytest.mark.walk_first
+def test_an_epochs_last_smaller_batch_is_walked_until_it_comes_again(monkeypatch):
+    walks = _walks(monkeypatch)
+    collate = MMCollate(pin_memory=False)
+    data = [{"x": torch.full((2,), float(i)), "y": i} for i in range(10)]
+    epochs = [[data[0:4], data[4:8], data[8:10]] for _ in range(2)]
+    for epoch in epochs:
+        for batch in epoch:
+            assert_identical(collate(batch), default_collate(batch))
+    # Walked: the first batch of size 4 and the first of size 2; compiled: each when it came again.
+    assert walks == [4, 2]
+    assert collate._plans.planned == 2
+
+
+@pytest.mark.walk_first
+def test_a_layout_asked_for_is_the_one_the_next_batch_gets():
+    samples = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.zeros(2, 3), "y": 2}]
+    collate = MMCollate(pin_memory=False)
+    for _ in range(3):  # walked, then compiled: plan() asks before each, and counts as no batch
+        layout = collate.plan(samples)
+        assert collate(samples).layout == layout
+
+
+@pytest.mark.walk_first
+def test_a_first_batch_warns_and_fails_as_a_compiled_one_does():
+    """The walk is the compiled plan's reference: a listed field warns once either way, and a bad
+    first batch names the sample and key path (and teaches nothing: the next is walked too)."""
+    ragged = [{"x": torch.zeros(n)} for n in (1, 2)]
+    collate = MMCollate(pin_memory=False)
+    with pytest.warns(RaggedFieldWarning):
+        collate(ragged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        collate(ragged)  # compiled now: the field was warned of once, not again
+    bad = [{"x": torch.zeros(2)}, {"x": "text"}]
+    fresh = MMCollate(pin_memory=False)
+    for _ in range(2):
+        with pytest.raises(CollateError, match=r"sample 1.*\['x'\]|\['x'\].*sample 1"):
+            fresh(bad)
+    assert fresh._plans.planned == 0

@@ -519,9 +519,12 @@ def test_a_layout_crosses_once_then_as_its_key(clean, monkeypatch):
     sent.clear()
     batches = list(loader(Uniform(80), collate=MMCollate(pin_memory=False)))
     assert len(batches) == 20 and all(torch.equal(b["x"][:, 0], b["i"].float()) for b in batches)
-    assert all(key[1] for key, _ in sent)
-    # Each worker (its ring's token) sent the layout once; every later batch came as the key alone.
-    assert sum(with_layout for _, with_layout in sent) == len({key for key, _ in sent}) == 2
+    walked = [entry for entry in sent if not entry[0][1]]
+    keyed = [entry for entry in sent if entry[0][1]]
+    # Each worker's first batch is a new structure's, walked: its layout crossed whole, as a ragged one's.
+    assert len(walked) == 2 and all(with_layout for _, with_layout in walked)
+    # Each worker (its ring's token) sent its plan's layout once; every later batch came as the key alone.
+    assert sum(with_layout for _, with_layout in keyed) == len({key for key, _ in keyed}) == 2
     del batches
 
 

@@ -261,6 +261,7 @@ class MMCollate:
             except Mismatch as mismatch:
                 learned = mismatch.paths
         key = plans.signature(samples)
+        walk = False
         if tried is None or key != tried.key:
             learned = ()
             found = plans.get(key)
@@ -271,13 +272,18 @@ class MMCollate:
                     return out
                 except Mismatch as mismatch:
                     learned = mismatch.paths
-        plan, commit = plans.make(samples, learned)
+            else:
+                # A new structure is walked this once, planned and compiled if it comes again
+                # (a layout asked for, nothing collated, is the one its next batch gets).
+                walk = plans.first_sight(samples, remember=kind is not None)
+        plan, commit = (plans.walked(len(samples)), None) if walk else plans.make(samples, learned)
         try:
             out = self._use(plan, samples, kind)
         except Mismatch as mismatch:
             # A fresh plan checked every value it relies on; samples changed under us.
             raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
-        commit()
+        if commit is not None:
+            commit()
         if self._rules or self._renames:
             self._report_unmatched()
         return out

@@ -55,6 +55,11 @@ Path = tuple[Hashable, ...]
 
 _CAREFUL = object()
 
+#: Whether a new structure's first batch is walked and its plan compiled when it comes again
+#: (:meth:`Plans.first_sight`); ``False`` compiles at first sight (the suite's tests of the
+#: compiled code, which read the plan a first batch made).
+WALK_FIRST_SIGHT = True
+
 #: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
 _WALKED = "# the careful walk of the whole batch (CarefulOp.run): no generated code\n"
 
@@ -191,6 +196,11 @@ class Plans:
 
     ``careful`` holds the key paths planned anew for each batch; it only grows.
     ``planned`` counts the plans made, so tests can tell the cache is used.
+
+    A structure is compiled the second time it comes (:meth:`first_sight`): its first batch
+    is the careful walk's, which costs a fraction of planning and compiling, so a structure
+    seen once (an epoch's last, smaller batch; one bucket's shape) never pays for code it
+    would not run again.
     """
 
     def __init__(self, settings: Settings, planner: Planner, capacity: int = 64):
@@ -203,6 +213,10 @@ class Plans:
         #: The plan the last batch used: tried first, without a signature.
         self.last: Plan | None = None
         self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
+        #: Signatures whose first batch was walked, not planned: the next one plans them.
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        #: The careful walk of a whole batch, by batch size: what a first sight runs.
+        self._walks: dict[int, Plan] = {}
         self._lock = threading.Lock()
 
     def signature(self, samples: Sequence[Any]) -> Hashable:
@@ -211,6 +225,35 @@ class Plans:
     def get(self, key: Hashable) -> Plan | None:
         """The cached plan for a signature, or ``None``."""
         return self._plans.get(key)
+
+    def first_sight(self, samples: Sequence[Any], remember: bool = True) -> bool:
+        """Whether the structure of ``samples`` comes for the first time (``remember``: from now on, it has come).
+
+        The structure is sample 0's signature with ranks for shapes: a ragged field that no
+        plan has learnt yet changes its shape with every batch, not its rank. Never with
+        ``compile=False``, whose every plan walks its batch.
+        """
+        if not WALK_FIRST_SIGHT or not self.settings.compiled:
+            return False
+        key = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False))
+        with self._lock:
+            if key in self._seen:
+                return False
+            if not remember:
+                return True
+            self._seen[key] = None
+            if len(self._seen) > 4 * self.capacity:
+                self._seen.popitem(last=False)
+            return True
+
+    def walked(self, size: int) -> Plan:
+        """A plan that walks a whole batch of ``size`` samples carefully (what ``compile=False`` plans), cached by size."""
+        plan = self._walks.get(size)
+        if plan is None:
+            if len(self._walks) >= 8:  # sizes a loader makes are few: keep the table small
+                self._walks.clear()
+            plan = self._walks[size] = Plan(PartSpec(0), CarefulOp((), 0, None), 0, 0, 1, size, self.planner)
+        return plan
 
     def make(self, samples: Sequence[Any], learned: Sequence[Path] = ()) -> tuple[Plan, Callable[[], None]]:
         """Plan ``samples``, with ``learned`` paths careful besides those known.
@@ -242,14 +285,19 @@ class Plans:
         return plan, commit
 
 
-def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0) -> object:
-    """What of ``value`` decides its plan; careful paths are not looked into."""
+def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0, shapes: bool = True) -> object:
+    """What of ``value`` decides its plan; careful paths are not looked into.
+
+    ``shapes=False``: a tensor's rank in place of its shape, a list's first value in place of
+    all of them, a leaf's class: the structure that a ragged field (whose shape or length changes
+    from batch to batch until a plan learns it is ragged) keeps.
+    """
     if careful and path in careful:
         return _CAREFUL
     cls = type(value)
     if cls is torch.Tensor:
         # A nested tensor has no shape; the careful planner says why it is refused.
-        return (cls, value.dtype, value.shape) if not value.is_nested else _CAREFUL
+        return (cls, value.dtype, value.shape if shapes else value.dim()) if not value.is_nested else _CAREFUL
     if cls in NUMBERS or cls in KEPT_VALUES:
         return cls
     if depth > MAX_DEPTH:
@@ -257,12 +305,17 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     depth += 1
     handler = lookup(cls)
     if handler is not None:
-        return (cls, handler.signature(value)) if handler.signature is not None else cls
+        return (cls, handler.signature(value)) if handler.signature is not None and shapes else cls
     kind = kind_of(value)
     if kind is None or (kind is SEQUENCE and items):
         return cls
+    if kind is SEQUENCE and not shapes:  # a list's length, like a shape, may change with every batch
+        return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if len(value) else None)
     if kind is MAPPING:
-        return (cls, *((type(k), k, _signature(v, (*path, k), careful, items, depth)) for k, v in value.items()))
+        return (
+            cls,
+            *((type(k), k, _signature(v, (*path, k), careful, items, depth, shapes)) for k, v in value.items()),
+        )
     try:
         keys, children = kind.flatten(value)
     except Exception:  # a registered container's flatten failed: the careful planner says why
@@ -271,7 +324,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         cls,
         # A registered flatten may give keys and children of two lengths: the plan then says so.
         *(
-            (type(key), key, _signature(child, (*path, key), careful, items, depth))
+            (type(key), key, _signature(child, (*path, key), careful, items, depth, shapes))
             for key, child in zip(keys, children, strict=False)
         ),
     )

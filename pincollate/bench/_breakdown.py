@@ -39,6 +39,7 @@ def worker_breakdown(scenario: str = "video", quick: bool = False) -> dict[str, 
     dataset = InMemory(cls(length=batch_size * n))
     batches = [[dataset[i * batch_size + j] for j in range(batch_size)] for i in range(n)]
     collate = MMCollate(pin_memory=False)
+    collate(batches[0])  # a new structure's first batch is walked: its plan is compiled by the next
     collate(batches[0])
     plan = collate._plans.last
     assert plan is not None and plan.layout is not None, "the breakdown needs a scenario without per-batch parts"

@@ -52,7 +52,8 @@ def format_table(report: dict[str, Any]) -> str:
     if first:
         lines += [
             "",
-            f"first batch of {first['fields']} ragged fields: {first['first_ms']:.2f} ms, later batches {first['steady_ms']:.2f} ms "
+            f"first batch of {first['fields']} ragged fields: {first['first_ms']:.2f} ms (walked), second "
+            f"{first['second_ms']:.2f} ms (planned, compiled), later batches {first['steady_ms']:.2f} ms "
             f"(first/later = {first['ratio']:.2f}x)",
         ]
     gpu = report.get("gpu")
