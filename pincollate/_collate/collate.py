@@ -93,8 +93,9 @@ class MMCollate:
         pin_slots: in the main process, register each worker slot with CUDA once,
             so worker batches arrive page-locked and ``pin_memory`` copies nothing.
             Needs CUDA in the main process; without it slots are left as they are.
-        compile: ``True`` plans each structure once and runs every later batch as the
-            plan's generated code; ``False`` walks every batch carefully, value by value
+        compile: ``True`` walks a new structure's first batch carefully, plans the
+            structure once when it comes again, and runs every later batch as the plan's
+            generated code; ``False`` walks every batch carefully, value by value
             (slower; the same batches and errors: for debugging, and as the reference
             the compiled plans are tested against).
 
@@ -247,7 +248,8 @@ class MMCollate:
         The last plan used checks the batch completely as it runs, so a run of batches of
         one structure never computes a signature. A batch that does not fit is looked up
         by signature; if its own plan does not fit either, the fields that failed are
-        planned carefully from now on, in a new plan: at most two plans per batch.
+        planned carefully from now on, in a new plan: at most two plans per batch. A
+        structure that has not come before is walked (:meth:`Plans.first_sight`), not planned.
         ``failed``: the last plan, tried already, and the paths where the batch did not fit it.
         """
         plans = self._plans
