@@ -1207,3 +1207,83 @@ def test_items_that_make_one_tensor_or_lists_are_placed_by_the_plan_s_function_a
             assert_identical(agreed[0], agreed[1])
             assert agreed[0].layout is not None  # type: ignore[union-attr]
             assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])
+
+
+def _pairs(rng: random.Random, n: int) -> list[tuple]:
+    """``(image, target)`` pairs, as torchvision's detection datasets give them."""
+    return [(sample["image"], sample["target"]) for sample in _detections(rng, n)]
+
+
+def _ids_and_boxes(rng: random.Random, n: int) -> list[list]:
+    return [[torch.arange(rng.randint(1, 6)), torch.rand(rng.randint(0, 3), 4), i] for i in range(n)]
+
+
+TUPLE_TOPS = {
+    "image, label": (lambda rng, n: [(torch.full((3, 2, 2), float(i)), i) for i in range(n)], {}),
+    "image, AsList() targets": (_pairs, {"1.boxes": pincollate.AsList(), "1.labels": pincollate.AsList()}),
+    "image, PerSample() targets": (_pairs, {"1": pincollate.PerSample()}),
+    "Pad() ids beside AsList() boxes": (
+        _ids_and_boxes,
+        {"0": Pad(mask_key=None, lengths_key=None), "1": pincollate.AsList()},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TUPLE_TOPS))
+def test_a_tuple_samples_batch_is_built_by_the_plan_s_function_as_the_careful_walk_builds_it(name):
+    """A tuple or list sample (an image and its label or target) comes back a BatchList built by the plan's
+    function, its per-sample lists placed by it too, batch after batch of one long-lived collate."""
+    build, fields = TUPLE_TOPS[name]
+    compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
+    rng = random.Random(7)
+    kept = []
+    for _ in range(10):
+        batch = build(rng, 5)
+        out, expected = _agrees(compiled, careful, batch)  # type: ignore[misc]
+        assert type(out) is pincollate.BatchList and out.layout is not None
+        if compiled._plans.last.layout is None:  # parts: the queued fill places them as the function does
+            assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        kept.append((out, expected))
+    plan = compiled._plans.last
+    assert plan.whole and "batch = BatchList([" in plan.compiled.source
+    for out, expected in kept:  # earlier batches unchanged by later ones
+        assert_identical(out, expected)
+    again = pickle.loads(pickle.dumps(kept[-1][0]))
+    assert_identical(again, kept[-1][1])
+    stream = io.BytesIO()
+    torch.save(kept[-1][0], stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream), kept[-1][1])
+
+
+def test_a_tuple_samples_batch_in_pinned_memory_is_built_by_its_layout(fake_pinned):
+    fields = {"1.boxes": pincollate.AsList(), "1.labels": pincollate.AsList()}
+    batch = _pairs(random.Random(3), 4)
+    compiled = MMCollate(pin_memory=True, fields=fields)
+    for _ in range(3):
+        out = compiled(batch)
+    assert "batch = BatchList([" in compiled._plans.last.compiled.source
+    assert_identical(out, MMCollate(pin_memory=False, fields=fields, compile=False)(batch))
+    assert type(out) is pincollate.BatchList
+    storages = {t.untyped_storage().data_ptr() for t in (out[0], *out[1]["boxes"])}
+    assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
+
+
+@pytest.mark.slow
+def test_tuple_samples_with_listed_targets_cross_from_workers_as_the_careful_walk_makes_them():
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 24
+
+        def __getitem__(self, i: int) -> tuple:
+            return _pairs(random.Random(i), 1)[0]
+
+    fields = {"1": pincollate.PerSample()}
+    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
+    loader = torch.utils.data.DataLoader(
+        Pairs(), batch_size=4, num_workers=2, collate_fn=MMCollate(pin_memory=False, fields=fields)
+    )
+    expected = [careful([Pairs()[i] for i in range(k * 4, k * 4 + 4)]) for k in range(6)]
+    for out, reference in zip(loader, expected, strict=True):
+        assert type(out) is pincollate.BatchList
+        assert_identical(out, reference)

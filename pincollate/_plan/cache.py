@@ -26,7 +26,7 @@ import torch
 from .._batch.batch import carries, make_batch
 from .._batch.compiled import inlines_parts
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
-from .._batch.specs import MappingSpec
+from .._batch.specs import MappingSpec, SequenceSpec
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
@@ -59,6 +59,10 @@ _CAREFUL = object()
 #: (:meth:`Plans.first_sight`); ``False`` compiles at first sight (the suite's tests of the
 #: compiled code, which read the plan a first batch made).
 WALK_FIRST_SIGHT = True
+
+#: The tops whose batch a plan's generated function builds itself (a Batch, a BatchList): where
+#: lists are placed by the function, their values are its locals.
+_BUILT_INLINE = (MappingSpec, SequenceSpec)
 
 #: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
 _WALKED = "# the careful walk of the whole batch (CarefulOp.run): no generated code\n"
@@ -136,8 +140,8 @@ class Plan:
         if all(is_sized(part) or is_listed(part) for part in parts) and (
             not listed
             or (
-                type(template) is MappingSpec
-                and template.cls is None
+                type(template) in _BUILT_INLINE
+                and template.cls is None  # type: ignore[attr-defined]
                 and inlines_parts(template)  # each list put in place by the function itself
             )
         ):

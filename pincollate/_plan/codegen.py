@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .._batch.batch import Batch, make_batch
+from .._batch.batch import Batch, BatchList, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
-from .._batch.specs import MappingSpec, jagged
+from .._batch.specs import MappingSpec, SequenceSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
 from .._generate import Writer, text
@@ -97,6 +97,7 @@ _WHOLE: dict[str, Any] = {
     "Views": Views,
     "make_batch": make_batch,
     "Batch": Batch,
+    "BatchList": BatchList,
     "set_attribute": object.__setattr__,
     "CARRIED": "_pincollate",  # the attribute a batch carries its layout, buffer and values in
     "PAGEABLE": "plain",  # the buffer kind of plain host memory
@@ -244,7 +245,7 @@ def compile_parts(
       starting aligned, then the next list), one ``torch.cat`` fills it and each value is a
       view of its column (as :class:`~pincollate._batch.list_specs.SplitSpec` builds it); the
       batch's layout then makes its parts only when asked
-      (:class:`~pincollate._plan.sized.ListedParts`). A dict at the top only.
+      (:class:`~pincollate._plan.sized.ListedParts`). A dict or a list (a tuple sample) at the top only.
 
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype, a value longer than ``max_length``) is no
@@ -628,20 +629,22 @@ def _rows_of(
 def _output(
     w: _PlanWriter, root: Spec, bulk: frozenset[int], parts: Parts | None = None, before: Sequence[str] = ()
 ) -> None:
-    """The end of a whole batch's function: a dict built here as a Batch over the tensors made at once.
+    """The end of a whole batch's function: a dict or a list built here, as a Batch or a BatchList, over
+    the tensors made at once.
 
-    Any other top (a user's mapping class, a sequence, a dataclass), and a buffer whose
-    tensors were not made at once (pinned memory), is built by the layout (its parts made
-    where they are deferred). ``before``: lines that make the parts' locals.
+    Any other top (a user's mapping or sequence class, a namedtuple, a dataclass), and a buffer
+    whose tensors were not made at once (pinned memory), is built by the layout (its parts
+    made where they are deferred). ``before``: lines that make the parts' locals.
     """
-    if type(root) is not MappingSpec or root.cls is not None:
+    carrier = {MappingSpec: "Batch", SequenceSpec: "BatchList"}.get(type(root))
+    if carrier is None or root.cls is not None:  # type: ignore[attr-defined]
         w.line(1, "return make_batch(layout, buffer, values, views)")
         return
     w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
     w.line(2, "return make_batch(layout, buffer, values, views)")
     for line in before:
         w.line(1, line)
-    w.line(1, f"batch = Batch({expression(w, root, bulk, parts)})")
+    w.line(1, f"batch = {carrier}({expression(w, root, bulk, parts)})")
     w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
     w.line(1, "return batch")
 
