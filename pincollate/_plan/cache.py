@@ -26,7 +26,6 @@ import torch
 from .._batch.batch import carries, make_batch
 from .._batch.compiled import inlines_parts
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
-from .._batch.specs import MappingSpec, SequenceSpec
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
@@ -35,6 +34,7 @@ from .careful import Planner
 from .codegen import (
     PARTS_LOOP,
     CompiledPlan,
+    builds_inline,
     compile_parts,
     compile_plan,
     compile_whole,
@@ -59,10 +59,6 @@ _CAREFUL = object()
 #: (:meth:`Plans.first_sight`); ``False`` compiles at first sight (the suite's tests of the
 #: compiled code, which read the plan a first batch made).
 WALK_FIRST_SIGHT = True
-
-#: The tops whose batch a plan's generated function builds itself (a Batch, a BatchList): where
-#: lists are placed by the function, their values are its locals.
-_BUILT_INLINE = (MappingSpec, SequenceSpec)
 
 #: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
 _WALKED = "# the careful walk of the whole batch (CarefulOp.run): no generated code\n"
@@ -139,11 +135,8 @@ class Plan:
         listed = [part for part in parts if is_listed(part)]
         if all(is_sized(part) or is_listed(part) for part in parts) and (
             not listed
-            or (
-                type(template) in _BUILT_INLINE
-                and template.cls is None  # type: ignore[attr-defined]
-                and inlines_parts(template)  # each list put in place by the function itself
-            )
+            # Each list put in place by the function itself, its values locals of the batch it builds.
+            or (builds_inline(template) and inlines_parts(template))
         ):
             # Every part padded, concatenated or a per-sample list: one generated function makes the
             # whole batch, its layout picked by the sized parts' sizes, its lists placed after them.

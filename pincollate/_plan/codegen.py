@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .._batch.batch import Batch, BatchList, make_batch
+from .._batch.batch import Batch, BatchList, carrier_class, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
-from .._batch.specs import MappingSpec, SequenceSpec, jagged
+from .._batch.specs import MappingSpec, NamedTupleSpec, SequenceSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
 from .._generate import Writer, text
@@ -65,6 +65,7 @@ from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceO
 __all__ = [
     "PARTS_LOOP",
     "CompiledPlan",
+    "builds_inline",
     "compile_parts",
     "compile_plan",
     "compile_whole",
@@ -245,7 +246,7 @@ def compile_parts(
       starting aligned, then the next list), one ``torch.cat`` fills it and each value is a
       view of its column (as :class:`~pincollate._batch.list_specs.SplitSpec` builds it); the
       batch's layout then makes its parts only when asked
-      (:class:`~pincollate._plan.sized.ListedParts`). A dict or a list (a tuple sample) at the top only.
+      (:class:`~pincollate._plan.sized.ListedParts`). A top the function builds itself only (:func:`builds_inline`).
 
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype, a value longer than ``max_length``) is no
@@ -629,24 +630,40 @@ def _rows_of(
 def _output(
     w: _PlanWriter, root: Spec, bulk: frozenset[int], parts: Parts | None = None, before: Sequence[str] = ()
 ) -> None:
-    """The end of a whole batch's function: a dict or a list built here, as a Batch or a BatchList, over
-    the tensors made at once.
+    """The end of a whole batch's function: the batch built here over the tensors made at once, where
+    :func:`builds_inline` says so.
 
-    Any other top (a user's mapping or sequence class, a namedtuple, a dataclass), and a buffer
-    whose tensors were not made at once (pinned memory), is built by the layout (its parts
-    made where they are deferred). ``before``: lines that make the parts' locals.
+    Any other top, and a buffer whose tensors were not made at once (pinned memory), is built
+    by the layout (its parts made where they are deferred). ``before``: lines that make the
+    parts' locals.
     """
-    carrier = {MappingSpec: "Batch", SequenceSpec: "BatchList"}.get(type(root))
-    if carrier is None or root.cls is not None:  # type: ignore[attr-defined]
+    if not builds_inline(root):
         w.line(1, "return make_batch(layout, buffer, values, views)")
         return
     w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
     w.line(2, "return make_batch(layout, buffer, values, views)")
     for line in before:
         w.line(1, line)
-    w.line(1, f"batch = {carrier}({expression(w, root, bulk, parts)})")
+    if type(root) is NamedTupleSpec:  # the namedtuple's carrier subclass, as make_batch makes it
+        items = ", ".join(expression(w, child, bulk, parts, 1) for child in root.children)
+        w.line(1, f"batch = {w.const(carrier_class(root.cls))}({items})")
+    else:
+        carrier = "Batch" if type(root) is MappingSpec else "BatchList"
+        w.line(1, f"batch = {carrier}({expression(w, root, bulk, parts)})")
     w.line(1, "set_attribute(batch, CARRIED, (layout, buffer, values))")
     w.line(1, "return batch")
+
+
+def builds_inline(root: Spec) -> bool:
+    """Whether a whole batch's function builds a batch of top ``root`` itself (a Batch of a dict, a
+    BatchList of a list or tuple, a namedtuple's carrier), its parts' values being its locals.
+
+    A user's mapping or sequence class and a dataclass are built by the layout (:func:`make_batch`).
+    """
+    kind = type(root)
+    if kind is MappingSpec or kind is SequenceSpec:
+        return root.cls is None  # type: ignore[attr-defined]
+    return kind is NamedTupleSpec
 
 
 def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
