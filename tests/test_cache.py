@@ -7,6 +7,7 @@ import re
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -801,3 +802,39 @@ def test_a_first_batch_warns_and_fails_as_a_compiled_one_does():
         with pytest.raises(CollateError, match=r"sample 1.*\['x'\]|\['x'\].*sample 1"):
             fresh(bad)
     assert fresh._plans.planned == 0
+
+
+@pytest.mark.parametrize(
+    "warm, ragged",
+    [
+        (
+            [{"boxes": torch.zeros(3, 4)}, {"boxes": torch.ones(3, 4)}],
+            [{"boxes": torch.zeros(3, 4)}, {"boxes": torch.ones(2, 4)}],
+        ),
+        ([torch.zeros(3), torch.ones(3)], [torch.zeros(3), torch.ones(2)]),
+        (  # a block of same-shape fields: one value of one field ragged
+            [{"a": torch.zeros(2), "b": torch.ones(2)}] * 3,
+            [
+                {"a": torch.zeros(2), "b": torch.ones(2)},
+                {"a": torch.zeros(2), "b": torch.ones(3)},
+                {"a": torch.zeros(2), "b": torch.ones(2)},
+            ],
+        ),
+        ([{"x": np.zeros((2, 2))}] * 2, [{"x": np.zeros((2, 2))}, {"x": np.zeros((3, 2))}]),
+    ],
+    ids=["field", "top", "block", "numpy"],
+)
+def test_a_layout_asked_for_a_ragged_batch_of_a_stacked_structure_is_the_collates(warm, ragged):
+    """The plan's function only checks sample 0's shape of a stacked column (the copy compares the
+    others); asked for the layout alone, it compares them itself."""
+    collate = MMCollate(pin_memory=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)
+        collate(warm), collate(warm)
+        assert collate._plans.last.whole
+        planned = collate.plan(ragged)
+        out = collate(ragged)
+    if isinstance(out, list) and not hasattr(out, "layout"):  # a top-level list of tensors carries none
+        assert type(planned.root) is PartSpec
+    else:
+        assert planned == out.layout

@@ -585,14 +585,15 @@ class _Target:
     boxes: object
 
 
-def test_lists_inside_a_dataclass_keep_the_queued_fill():
-    # A dataclass builds itself from the layout's parts: the plan's function would not put the list in place.
+def test_lists_inside_a_dataclass_are_placed_by_the_plan_s_function():
+    # The dataclass is an expression of its fields in the plan's function: the list is one of its locals.
     fields = {"t.boxes": pincollate.AsList()}
     compiled, careful = (MMCollate(pin_memory=False, fields=fields, compile=c) for c in (True, False))
-    batch = [{"t": _Target(torch.rand(i + 1, 4)), "label": i} for i in range(2)]
-    compiled(batch)
-    assert_identical(compiled(batch), careful(batch))
-    assert not compiled._plans.last.whole
+    for n in (1, 2, 3):
+        batch = [{"t": _Target(torch.rand(i + n, 4)), "label": i} for i in range(2)]
+        assert_identical(compiled(batch), careful(batch))
+    plan = compiled._plans.last
+    assert plan.whole and "new_dataclass(" in plan.compiled.source
 
 
 def test_a_concatenation_past_int32_offsets_gets_the_careful_error(monkeypatch):
@@ -1229,7 +1230,21 @@ def _named_pairs(rng: random.Random, n: int) -> list[_Pair]:
     return [_Pair(image, target) for image, target in _pairs(rng, n)]
 
 
+@dataclasses.dataclass
+class _Sample:
+    image: object
+    target: object
+
+
+def _dataclass_pairs(rng: random.Random, n: int) -> list[_Sample]:
+    return [_Sample(image, target) for image, target in _pairs(rng, n)]
+
+
 TUPLE_TOPS = {
+    "a dataclass of image, AsList() targets": (
+        _dataclass_pairs,
+        {"target.boxes": pincollate.AsList(), "target.labels": pincollate.AsList()},
+    ),
     "a namedtuple of image, PerSample() target": (_named_pairs, {"target": pincollate.PerSample()}),
     "image, label": (lambda rng, n: [(torch.full((3, 2, 2), float(i)), i) for i in range(n)], {}),
     "image, AsList() targets": (_pairs, {"1.boxes": pincollate.AsList(), "1.labels": pincollate.AsList()}),
@@ -1265,8 +1280,8 @@ def test_a_tuple_samples_batch_is_built_by_the_plan_s_function_as_the_careful_wa
     stream = io.BytesIO()
     torch.save(kept[-1][0], stream)
     stream.seek(0)
-    # A user's namedtuple is no global torch.load takes by default; the batches of pincollate's own types are.
-    assert_identical(torch.load(stream, weights_only=not isinstance(kept[-1][0], tuple)), kept[-1][1])
+    # A user's class is no global torch.load takes by default; the batches of pincollate's own types are.
+    assert_identical(torch.load(stream, weights_only=type(kept[-1][0]) is pincollate.BatchList), kept[-1][1])
 
 
 def test_a_tuple_samples_batch_in_pinned_memory_is_built_by_its_layout(fake_pinned):
@@ -1300,3 +1315,19 @@ def test_tuple_samples_with_listed_targets_cross_from_workers_as_the_careful_wal
     for out, reference in zip(loader, expected, strict=True):
         assert type(out) is pincollate.BatchList
         assert_identical(out, reference)
+
+
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 3), (1, 0, 3), (2, 2, 0)], ids=str)
+@pytest.mark.parametrize("count", [1, 2])
+def test_items_without_elements_give_what_the_careful_walk_gives(shape, count):
+    """Each sample's items stacked as one (B, k, *shape) tensor with no elements, as the walk makes it:
+    a long-lived collate that stacked items with elements, then a batch of items without."""
+    compiled, careful = (MMCollate(pin_memory=False, sequences="items", compile=c) for c in (True, False))
+    full = tuple(n or 3 for n in shape)
+    for dims in (full, full, shape, shape, full):
+        batch = [{"x": [torch.ones(dims) * i for _ in range(count)], "y": i} for i in range(3)]
+        out, _ = _agrees(compiled, careful, batch)  # type: ignore[misc]
+        assert out["x"].shape == (3, count, *dims)
+    lists = [[torch.zeros(shape)] * count for _ in range(2)]  # each sample a list of items
+    for _ in range(3):
+        _agrees(compiled, careful, lists)

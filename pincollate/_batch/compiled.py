@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._generate import Writer, text
-from .._types.build import make_mapping, make_sequence
+from .._types.build import make_mapping, make_sequence, new_dataclass
 from .layout import PartSpec, Spec, TensorSpec, ValueSpec
-from .specs import MappingSpec, NamedTupleSpec, SequenceSpec
+from .specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec
 from .views import Views
 
 __all__ = ["compile_build", "expression", "inlines_parts"]
@@ -41,7 +41,7 @@ def compile_build(root: Spec, bulk_ids: tuple[int, ...]) -> Callable[[Views], An
     w.line(1, "made = views.made")
     w.line(1, "values = views.values")
     w.line(1, f"return {expression(w, root, bulk)}")
-    names = {"make_mapping": make_mapping, "make_sequence": make_sequence}
+    names = {"make_mapping": make_mapping, "make_sequence": make_sequence, "new_dataclass": new_dataclass}
     run, _, _ = w.compile("views", "build", text(type(root).__name__), names)
     return run
 
@@ -49,14 +49,14 @@ def compile_build(root: Spec, bulk_ids: tuple[int, ...]) -> Callable[[Views], An
 def inlines_parts(spec: Spec, depth: int = 0) -> bool:
     """Whether :func:`expression` builds every part placeholder under ``spec`` from its ``parts`` (inline).
 
-    Mappings, sequences and namedtuples are expressions of their children; any other node
-    (a dataclass, a registered class, a subtree too deep for one expression) builds itself
-    from its views, where a part needs the layout's parts.
+    Mappings, sequences, namedtuples and dataclasses are expressions of their children; any
+    other node (a registered class, a subtree too deep for one expression) builds itself from
+    its views, where a part needs the layout's parts.
     """
     kind = type(spec)
     if kind is PartSpec:
         return True
-    if depth < _MOST_DEPTH and kind in (MappingSpec, SequenceSpec, NamedTupleSpec):
+    if depth < _MOST_DEPTH and kind in (MappingSpec, SequenceSpec, NamedTupleSpec, DataclassSpec):
         return all(inlines_parts(child, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
     return not any(type(found) is PartSpec for found in _walk(spec))
 
@@ -97,6 +97,12 @@ def expression(w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None 
     if depth < _MOST_DEPTH and kind is NamedTupleSpec:
         items = ", ".join(expression(w, child, bulk, parts, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
         return f"{w.const(spec.cls)}({items})"  # type: ignore[attr-defined]
-    # Every other node (a tensor made on its own, a dataclass, a registered class, lists of
+    if depth < _MOST_DEPTH and kind is DataclassSpec:
+        fields = ", ".join(
+            f"{w.const(name)}: {expression(w, child, bulk, parts, depth + 1)}"
+            for name, child in zip(spec.names, spec.children, strict=True)  # type: ignore[attr-defined]
+        )
+        return f"new_dataclass({w.const(spec.cls)}, {{{fields}}})"  # type: ignore[attr-defined]
+    # Every other node (a tensor made on its own, a registered class, lists of
     # per-sample values, a subtree too deep for one expression) builds itself.
     return f"{w.const(spec)}.build(views)"

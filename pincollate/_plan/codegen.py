@@ -30,12 +30,12 @@ from .._batch.batch import Batch, BatchList, carrier_class, make_batch
 from .._batch.compiled import Parts, expression
 from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
-from .._batch.specs import MappingSpec, NamedTupleSpec, SequenceSpec, jagged
+from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
 from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
-from .._types.build import make_mapping, make_sequence
+from .._types.build import make_mapping, make_sequence, new_dataclass
 from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .._types.kinds import LISTS
 from .fill import Mismatch
@@ -83,6 +83,7 @@ _GLOBALS: dict[str, Any] = {
     "PLAIN": PLAIN,
     "TENSOR_DTYPE": TENSOR_DTYPE,
     "TENSOR_SHAPE": TENSOR_SHAPE,
+    "SHAPE": operator.attrgetter("shape"),  # a tensor's or a numpy array's
     "fill_block": fill_block,
     "fill_one_field": fill_one_field,
     "chain": itertools.chain.from_iterable,
@@ -107,6 +108,7 @@ _WHOLE: dict[str, Any] = {
     "set_grad_enabled": torch._C._set_grad_enabled,
     "make_mapping": make_mapping,
     "make_sequence": make_sequence,
+    "new_dataclass": new_dataclass,
     # What the parts of sized and listed plans name.
     "pad_1d": pad_1d,
     "valid_1d": valid_1d,
@@ -167,6 +169,9 @@ class _PlanWriter(Writer):
         self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]], str | None]] = {}
         self.nvalues = 0
         self.size = 0
+        #: The columns whose copy compares every value's shape with sample 0's (``torch.stack``), each
+        #: with the shapes it takes and its path: a batch only checked (no copy) compares them itself.
+        self.shaped: list[tuple[str, frozenset[Any], Path]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -208,8 +213,7 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     assert copies is not None
     bulk = with_regions(layout.bulk(), [spec for _, spec, _, _ in copies])
     w.line(1, f"layout = {w.const(layout)}")
-    w.line(1, "if kind is None:  # checked only")
-    w.line(2, "return layout")
+    _checked_only(w)
     # A plain buffer is pageable host memory: its tensors are carved without asking about pins.
     _buffer(w, f"{layout.nbytes}", f"Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
     if copies:
@@ -313,8 +317,7 @@ def compile_parts(
         else:  # the sized parts are the sized layout's
             deferred = f"({w.const(listed.over)}, (layout.parts, {arguments}))"
         w.line(1, f"layout = Layout({root}, {end}, None, {root_bulk}, {deferred})")
-    w.line(1, "if kind is None:  # checked only")
-    w.line(2, "return layout")
+    _checked_only(w)
     # The plan's fixed tensors, the sized parts' and the lists' regions, made at once.
     if not lists:
         _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
@@ -647,6 +650,12 @@ def _output(
     if type(root) is NamedTupleSpec:  # the namedtuple's carrier subclass, as make_batch makes it
         items = ", ".join(expression(w, child, bulk, parts, 1) for child in root.children)
         w.line(1, f"batch = {w.const(carrier_class(root.cls))}({items})")
+    elif type(root) is DataclassSpec:  # the dataclass's carrier subclass, as make_batch makes it
+        fields = ", ".join(
+            f"{w.const(name)}: {expression(w, child, bulk, parts, 1)}"
+            for name, child in zip(root.names, root.children, strict=True)
+        )
+        w.line(1, f"batch = new_dataclass({w.const(carrier_class(root.cls))}, {{{fields}}})")
     else:
         carrier = "Batch" if type(root) is MappingSpec else "BatchList"
         w.line(1, f"batch = {carrier}({expression(w, root, bulk, parts)})")
@@ -656,14 +665,15 @@ def _output(
 
 def builds_inline(root: Spec) -> bool:
     """Whether a whole batch's function builds a batch of top ``root`` itself (a Batch of a dict, a
-    BatchList of a list or tuple, a namedtuple's carrier), its parts' values being its locals.
+    BatchList of a list or tuple, a namedtuple's or a dataclass's carrier), its parts' values being
+    its locals.
 
-    A user's mapping or sequence class and a dataclass are built by the layout (:func:`make_batch`).
+    A user's mapping or sequence class is built by the layout (:func:`make_batch`).
     """
     kind = type(root)
     if kind is MappingSpec or kind is SequenceSpec:
         return root.cls is None  # type: ignore[attr-defined]
-    return kind is NamedTupleSpec
+    return kind is NamedTupleSpec or kind is DataclassSpec
 
 
 def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
@@ -674,6 +684,23 @@ def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
     w.nvalues = nvalues
     w.size = size
     _emit(w, op, "samples", 1)
+
+
+def _checked_only(w: _PlanWriter) -> None:
+    """A batch only checked (``kind`` ``None``: :meth:`MMCollate.plan`) returns its layout without a copy.
+
+    The copies of stacked columns compare each value's shape with sample 0's (the guards read
+    only that one); without them, the shapes are compared here: a ragged column is a miss,
+    as its copy would make it.
+    """
+    w.line(1, "if kind is None:  # checked only")
+    for column, shapes, path in w.shaped:
+        w.line(2, "try:")
+        w.line(3, f"if set(map(SHAPE, {column})) != {w.const(shapes)}:")
+        _mismatch(w, 4, path)
+        w.line(2, "except AttributeError:  # a value without a shape: its copy would fail")
+        w.line(3, f"raise Mismatch(*{w.const((path,))}) from None")
+    w.line(2, "return layout")
 
 
 def _buffer(w: _PlanWriter, nbytes: str, views: str) -> None:
@@ -1047,6 +1074,7 @@ def _stack(w: _PlanWriter, op: StackOp, column: str, depth: int) -> None:
         guards.append(f"set(map({w.const(op.key)}, {column})) != {w.const(op.expected)}")
     if op.shape is not None:
         guards.append(f"{column}[0].shape != {w.const(op.shape)}")
+        w.shaped.append((column, frozenset((op.shape,)), op.path))
     w.line(depth, "try:")
     w.line(depth + 1, f"if {' or '.join(guards)}:")
     _mismatch(w, depth + 2, op.path)
@@ -1133,6 +1161,7 @@ def _block(w: _PlanWriter, op: BlockOp, columns: list[str], depth: int) -> None:
     w.line(depth + 1, f"{ok} = False")
     w.line(depth, f"if not {ok}:")
     w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({values}))")
+    w.shaped.append((values, op.shapes, op.path))
     w.copy(depth, op.fill, op.block, values, op)
 
 

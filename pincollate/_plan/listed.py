@@ -283,8 +283,10 @@ def _item_shapes(
 
 
 def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
-    # (B, k, *shape): the batch's items in order, k per sample.
-    torch.stack(items, out=region.view(-1, *region.shape[2:]))
+    # (B, k, *shape): the batch's items in order, k per sample (sizes spelt out: items without
+    # elements leave view(-1, ...) ambiguous; a view, never a copy, so the stack writes the region).
+    batch, count, *shape = region.shape
+    torch.stack(items, out=region.view(batch * count, *shape))
 
 
 def items_recipe(
