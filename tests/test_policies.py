@@ -459,3 +459,54 @@ def test_persample_takes_lists_and_tuples_of_per_item_dicts():
 def test_aslist_is_a_per_sample_list_for_every_value_kind(values):
     out = MMCollate(pin_memory=False, fields={"v": AsList()})([{"v": v} for v in values])
     assert out["v"] == values
+
+
+# --- Pad against a reference written with plain indexing ----------------------------------
+
+
+def _padded_by_hand(values: list[torch.Tensor], size: int, dim: int, value: float, left: bool) -> torch.Tensor:
+    """Each value at the start (or end) of its row along ``dim``, ``value`` elsewhere: Pad's contract."""
+    shape = list(values[0].shape)
+    shape[dim] = size
+    out = torch.full((len(values), *shape), value, dtype=values[0].dtype)
+    for i, v in enumerate(values):
+        n = v.shape[dim]
+        out[i].narrow(dim, size - n if left else 0, n).copy_(v)
+    return out
+
+
+PAD_DTYPES = [torch.float32, torch.int64, torch.bfloat16, torch.float16, torch.uint8, torch.bool, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", PAD_DTYPES, ids=str)
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+@pytest.mark.parametrize(
+    "trailing, dims",
+    [((), None), ((3,), None), ((2, 3), None), ((4,), [-1]), ((700, 3), None)],
+    ids=["1-d", "rows", "2-d rows", "last dim", "large rows"],
+)
+@pytest.mark.parametrize("compiled", [False, True], ids=["walk", "compiled"])
+@pytest.mark.parametrize("mask", [True, False], ids=["mask", "no mask"])
+def test_pad_gives_what_indexing_by_hand_gives(dtype, left, trailing, dims, compiled, mask):
+    """The walk and the compiled plan share Pad's copy kernel: both checked against plain indexing,
+    over every copy path (numpy's boolean assignment, an integer view of the bits, one concatenation
+    of large rows, row by row), lengths 0 included, over batch after batch of one collate."""
+    generator = torch.Generator().manual_seed(0)
+    side = "left" if left else "right"
+    policy = Pad(value=1, side=side, dims=dims, mask_key="{key}_mask" if mask else None)
+    collate = MMCollate(pin_memory=False, fields={"x": policy}, compile=compiled)
+    for lengths in ([3, 0, 5, 1], [2, 6, 6, 4], [1, 1, 1, 1], [7, 2, 0, 3]):
+        if dims is None:
+            values = [torch.randn(n, *trailing, generator=generator).to(dtype) for n in lengths]
+            dim = 0
+        else:
+            values = [torch.randn(*trailing[:-1], 3, n, generator=generator).to(dtype) for n in lengths]
+            dim = values[0].dim() - 1
+        out = collate([{"x": v} for v in values])
+        size = max(lengths) if dims is None or max(lengths) else 0
+        expected = _padded_by_hand(values, size, dim, 1, left)
+        assert out["x"].dtype == dtype and torch.equal(out["x"].view(expected.shape), expected)
+        assert out["x"].shape == expected.shape
+        assert out["x_lengths"].tolist() == lengths
+        valid = _padded_by_hand([torch.ones(n, dtype=torch.bool) for n in lengths], size, 0, False, left)
+        assert torch.equal(out["x_mask"], valid) if mask else "x_mask" not in out

@@ -192,7 +192,10 @@ def pad_1d(
         shape = [region.shape[0]] + [1] * (region.dim() - 1)
         shape[dim + 1] = size
         source = torch.cat([v.reshape(-1) for v in values])
-        region.masked_scatter_(torch.from_numpy(valid).view(shape), source.view(region.dtype))
+        # A left side's mask is a reversed view: negative strides (even along a dimension of one,
+        # which numpy calls contiguous), which torch does not take.
+        mask = torch.from_numpy(valid if min(valid.strides, default=0) >= 0 else valid.copy())
+        region.masked_scatter_(mask.view(shape), source.view(region.dtype))
         return
     for i, (item, length) in enumerate(zip(values, lengths, strict=True)):
         region[i].narrow(dim, size - length if left else 0, length).copy_(item)

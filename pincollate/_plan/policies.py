@@ -25,9 +25,13 @@ from .._errors import CollateError
 from .._types.builtin import fill_numbers
 from .column import Column
 from .fill import Node, Segment, TensorNode, Tree
-from .padding import fill_mask, fill_mask_1d, fill_padded
+from .padding import fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
 __all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "fits", "int_node"]
+
+
+#: The class of values Pad's walk copies with the compiled plan's kernel.
+_PLAIN = {torch.Tensor}
 
 
 class Policy:
@@ -277,9 +281,15 @@ class Pad(Policy):
             sizes[d] = self._round(sizes[d])
         n = len(column.values)
         shape = (n, *sizes)
-        entries = [(i, values[i], shapes[i]) for i in present]
-        fill = functools.partial(fill_padded, value=self.value, left=self.side == "left", handler=column.handler)
-        node = TensorNode(dtype, shape, [Segment(0, shape, fill, entries)])
+        left = self.side == "left"
+        if len(dims) == 1 and len(present) == n and set(map(type, values)) == _PLAIN:
+            # One padded dimension of plain tensors: the compiled plan's copy kernel (pad_1d).
+            payload: Any = (values, [shapes[i][dims[0]] for i in range(n)], dims[0])
+            fill: Any = functools.partial(fill_padded_1d, value=self.value, left=left)
+        else:  # several padded dimensions, absent values, arrays, subclasses: value by value
+            payload = [(i, values[i], shapes[i]) for i in present]
+            fill = functools.partial(fill_padded, value=self.value, left=left, handler=column.handler)
+        node = TensorNode(dtype, shape, [Segment(0, shape, fill, payload)])
         extras: dict[str, Node] = {}
         lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
@@ -289,9 +299,9 @@ class Pad(Policy):
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
             if len(dims) == 1:
-                mask_fill: Any = functools.partial(fill_mask_1d, left=self.side == "left")
+                mask_fill: Any = functools.partial(fill_mask_1d, left=left)
                 bounds: Any = [row[0] for row in lengths]
             else:
-                mask_fill, bounds = functools.partial(fill_mask, left=self.side == "left"), lengths
+                mask_fill, bounds = functools.partial(fill_mask, left=left), lengths
             extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
         return node, extras
