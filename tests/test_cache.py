@@ -838,3 +838,22 @@ def test_a_layout_asked_for_a_ragged_batch_of_a_stacked_structure_is_the_collate
         assert type(planned.root) is PartSpec
     else:
         assert planned == out.layout
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["whole plan", "plan with a walked part"])
+def test_a_layout_asked_for_a_batch_the_collate_refuses_raises_its_error(parts):
+    """A value without a tensor's class in a block of 0-d fields passes the block's guards (which read
+    sample 0's); its copy refuses it: asked for the layout alone, the plan refuses it too."""
+
+    def sample(i: int, bad: bool = False) -> dict:
+        ids = ["oops" if bad else torch.tensor(i), torch.tensor(i)]
+        return {"ids": ids, "a": torch.tensor(1, dtype=torch.uint8), "c": [str(i % 2 == 0)]}
+
+    collate = MMCollate(pin_memory=False, fields={"c": AsList()} if parts else None)
+    for _ in range(3):
+        collate([sample(0), sample(1), sample(2)])
+    assert collate._plans.last.whole is not parts
+    bad = [sample(0), sample(1, bad=True), sample(2)]
+    for ask in (collate.plan, collate):
+        with pytest.raises(CollateError, match=re.escape("sample 1 at ['ids'][0]: expected Tensor, got str")):
+            ask(bad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -510,3 +512,51 @@ def test_pad_gives_what_indexing_by_hand_gives(dtype, left, trailing, dims, comp
         assert out["x_lengths"].tolist() == lengths
         valid = _padded_by_hand([torch.ones(n, dtype=torch.bool) for n in lengths], size, 0, False, left)
         assert torch.equal(out["x_mask"], valid) if mask else "x_mask" not in out
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [torch.zeros(0, dtype=torch.bfloat16), torch.tensor([1, 2, 3], dtype=torch.int16)],
+        [torch.zeros(0, dtype=torch.bfloat16), torch.tensor([1, 2, 3])],
+        [torch.zeros(0), torch.tensor([1, 2, 3], dtype=torch.bfloat16)],
+        [torch.tensor([1.5], dtype=torch.float16), torch.tensor([1, 2, 3], dtype=torch.int32)],
+    ],
+    ids=["bf16 empty, int16", "bf16 empty, int64", "f32 empty, bf16", "f16, int32"],
+)
+@pytest.mark.parametrize("compiled", [False, True], ids=["walk", "compiled"])
+def test_pad_of_values_of_several_dtypes_casts_each_as_indexing_by_hand_does(values, compiled):
+    """The field's dtype is the values' promoted one; each value is cast into it (an empty one too decides it)."""
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, compile=compiled)
+    dtype = torch.promote_types(values[0].dtype, values[1].dtype)
+    expected = _padded_by_hand([v.to(dtype) for v in values], 3, 0, 0, False)
+    for _ in range(2):
+        out = collate([{"x": v} for v in values])
+        assert out["x"].dtype == dtype and torch.equal(out["x"], expected)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["walk", "compiled"])
+def test_a_negative_zero_pad_value_keeps_its_sign_whatever_padded_before(compiled):
+    batch = [{"x": torch.ones(70000)}, {"x": torch.ones(60000)}]  # past SCATTER_BYTES: the large-row path
+    for value in (0.0, -0.0, 0.0):
+        collate = MMCollate(pin_memory=False, fields={"x": Pad(value=value)}, compile=compiled)
+        for _ in range(2):
+            padding = collate(batch)["x"][1, 60000:]
+            assert torch.equal(
+                torch.signbit(padding), torch.full_like(padding, math.copysign(1, value) < 0, dtype=torch.bool)
+            )
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["walk", "compiled"])
+def test_an_absent_value_under_pad_has_length_zero_along_the_padded_dimension(compiled):
+    """missing='none': an absent value is all padding, whichever dimension the present values differ in."""
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, missing="none", compile=compiled)
+    collate([{"x": torch.zeros(0, 4)}, {"x": torch.zeros(0, 2)}, {"x": None}])
+    for batch, lengths in (
+        ([{"x": torch.zeros(0, 1)}, {}, {"x": torch.zeros(0, 0)}], [1, 0, 0]),
+        ([{"x": torch.ones(2, 3)}, {}, {"x": torch.ones(2, 1)}], [3, 0, 1]),
+        ([{"x": torch.ones(2, 3)}, {"x": None}, {"x": torch.ones(1, 3)}], [2, 0, 1]),
+    ):
+        out = collate(batch)
+        assert out["x_lengths"].tolist() == lengths
+        assert out["x_mask"].sum(1).tolist() == lengths

@@ -176,7 +176,11 @@ class MMCollate:
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:
-        """The [Layout][pincollate.Layout] ``batch`` would have, without copying anything."""
+        """The [Layout][pincollate.Layout] ``batch`` would have, without making the batch.
+
+        A batch the collate would refuse raises the same
+        [CollateError][pincollate.CollateError] here.
+        """
         try:
             return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
         except CollateError as error:

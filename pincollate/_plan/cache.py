@@ -150,11 +150,19 @@ class Plan:
         self.whole = True
 
     def check(self, samples: Sequence[Any]) -> Layout:
-        """The layout of ``samples``'s batch, nothing copied (their parts planned where the plan has parts)."""
+        """The layout of ``samples``'s batch (their parts planned where the plan has parts).
+
+        A whole plan's function compares what its copies would (every stacked value's shape)
+        and copies nothing. A plan with parts queues copies that check what its guards leave
+        to them (each value's class and shape in a block): they run into memory of their own,
+        dropped, so that a batch the collate would refuse is refused here too.
+        """
         if self.whole:
             return self.compiled.run(samples, None, 0, False, None)  # type: ignore[no-any-return]
         assert self.planner is not None, "a plan with parts needs its planner"
-        return self.run(samples, self.planner)[0]
+        layout, fill = self.run(samples, self.planner)
+        fill.execute(allocate(layout.nbytes, "plain", 0, False, None), True)
+        return layout
 
     def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
         """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet)."""

@@ -267,7 +267,7 @@ def _pad_values(dtype: torch.dtype, value: Any, rows: int, trailing: tuple[int, 
 
     Only read, never written: threads may share it, and one that grows it replaces it.
     """
-    key = (dtype, value, trailing)
+    key = (dtype, repr(value), trailing)  # by its text: -0.0 == 0.0, but its padding keeps its sign
     kept = _pads.get(key)
     if kept is None or kept.shape[0] < rows:
         # Grown to the next power of two rows: a few sizes over a run, at most twice PAD_BYTES.

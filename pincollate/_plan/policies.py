@@ -282,8 +282,14 @@ class Pad(Policy):
         n = len(column.values)
         shape = (n, *sizes)
         left = self.side == "left"
-        if len(dims) == 1 and len(present) == n and set(map(type, values)) == _PLAIN:
-            # One padded dimension of plain tensors: the compiled plan's copy kernel (pad_1d).
+        if (
+            len(dims) == 1
+            and len(present) == n
+            and set(map(type, values)) == _PLAIN
+            and {value.dtype for value in values} == {dtype}
+        ):
+            # One padded dimension of plain tensors of the field's dtype: the compiled plan's copy
+            # kernel (pad_1d). Values of several dtypes are cast as each is copied, below.
             payload: Any = (values, [shapes[i][dims[0]] for i in range(n)], dims[0])
             fill: Any = functools.partial(fill_padded_1d, value=self.value, left=left)
         else:  # several padded dimensions, absent values, arrays, subclasses: value by value

@@ -80,8 +80,14 @@ class PadRecipe(Recipe):
             present = next((value for value in column if value is not None), None)
             if type(present) is not torch.Tensor or present.dim() != self.ndim:
                 return False  # nothing present, not a tensor, another rank: the careful planner
-            # Empty along the padded dimension (``dims``, else the first: where that is not
-            # the one whose sizes differ, two then differ and the careful planner pads).
+            # Empty along the padded dimension (``dims``, else the first). Without ``dims``, the
+            # padded one is the one whose sizes differ among the values present: where that is
+            # not the first, the careful planner pads (an empty first dimension would not
+            # make it differ, and the stand-in would take another's length).
+            if self.dim is None:
+                shapes = [value.shape for value in column if type(value) is torch.Tensor]
+                if any(len(set(sizes)) > 1 for sizes in list(zip(*shapes, strict=False))[1:]):  # ranks checked by run
+                    return False
             shape = list(present.shape)
             shape[0 if self.dim is None else self.dim] = 0
             empty = present.new_empty(shape)
