@@ -1331,3 +1331,55 @@ def test_items_without_elements_give_what_the_careful_walk_gives(shape, count):
     lists = [[torch.zeros(shape)] * count for _ in range(2)]  # each sample a list of items
     for _ in range(3):
         _agrees(compiled, careful, lists)
+
+
+NUMBER_LIST_KINDS = {
+    int: lambda rng, n: [rng.randint(-5, 2**40) for _ in range(n)],
+    float: lambda rng, n: [rng.uniform(-1, 1) for _ in range(n)],
+    bool: lambda rng, n: [rng.random() < 0.5 for _ in range(n)],
+}
+
+NUMBER_LISTS_OFF = {
+    "an empty list": lambda: [],
+    "an int among floats": lambda: [1.5, 2],
+    "a bool among ints": lambda: [1, True],
+    "an int past int64": lambda: [2**63],
+    "a tuple": lambda: (1, 2),
+    "a numpy scalar": lambda: [np.int64(3)],
+    "a nested list": lambda: [[1], [2]],
+    "a tensor": lambda: torch.tensor([1, 2]),
+    "None": lambda: None,
+    "a string": lambda: "12",
+}
+
+
+@pytest.mark.parametrize("sequences", ["transpose", "items"])
+@pytest.mark.parametrize("kind", sorted(NUMBER_LIST_KINDS, key=str), ids=lambda kind: kind.__name__)
+def test_aslist_of_number_lists_is_placed_by_the_plan_s_function_as_the_careful_walk_places_them(kind, sequences):
+    """A variable number of labels per sample under AsList(): each sample's numbers one 1-D tensor of
+    the dtype the walk gives them, batch after batch of one collate, and a batch one fact off each."""
+    fields = {"labels": pincollate.AsList()}
+    compiled, careful = (
+        MMCollate(pin_memory=False, fields=fields, sequences=sequences, compile=c) for c in (True, False)
+    )
+    rng = random.Random(11)
+    make = NUMBER_LIST_KINDS[kind]
+
+    def batch(n: int = 4) -> list[dict]:
+        return [{"labels": make(rng, rng.randint(1, 5)), "x": torch.full((2,), float(i))} for i in range(n)]
+
+    kept = []
+    for _ in range(6):
+        kept.append((batch(), None))
+        kept[-1] = _agrees(compiled, careful, kept[-1][0])  # type: ignore[assignment]
+    plan = compiled._plans.last
+    assert plan.whole and "number_items(" in plan.compiled.source
+    for off in NUMBER_LISTS_OFF.values():
+        bad = batch()
+        bad[2]["labels"] = off()
+        _agrees(compiled, careful, bad)
+        _agrees(compiled, careful, batch())  # the plan still serves the batches it describes
+    for out, expected in kept:  # earlier batches unchanged
+        assert_identical(out, expected)
+    again = pickle.loads(pickle.dumps(kept[-1][0]))
+    assert_identical(again, kept[-1][1])

@@ -39,7 +39,7 @@ from .._types.build import make_mapping, make_sequence, new_dataclass
 from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
 from .._types.kinds import LISTS
 from .fill import Mismatch
-from .listed import ItemsRecipe, ListRecipe, zero_rows
+from .listed import ItemsRecipe, ListRecipe, NumberItems, number_items, zero_rows
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -116,6 +116,7 @@ _WHOLE: dict[str, Any] = {
     "number_tensor": number_tensor,
     "Joined": Joined,
     "array_tensors": array_tensors,
+    "number_items": number_items,
     "jagged": jagged,
     "spread": spread,
     "cat": torch.cat,
@@ -791,6 +792,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
             _mixed_numbers(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is NumberItems:  # type: ignore[attr-defined]
+            _listed(w, op, _number_items(w, op, column, depth), depth, recipe=op.recipe.inner)  # type: ignore[arg-type,attr-defined]
         elif type(op.recipe) is ItemsRecipe:  # type: ignore[attr-defined]
             _listed_items(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is PerSampleRecipe:  # type: ignore[attr-defined]
@@ -845,6 +848,20 @@ def _arrays(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
     return tensors
 
 
+def _number_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
+    """A column of Python number lists as 1-D tensors (:func:`number_items`): returns their local.
+
+    Anything else (an empty list, another number class, an int past ``int64``) goes the longer way.
+    """
+    recipe = op.recipe
+    assert type(recipe) is NumberItems
+    tensors = w.local("n")
+    w.line(depth, f"{tensors} = number_items({column}, {w.const(recipe.kind)})")
+    w.line(depth, f"if {tensors} is None:")
+    w.line(depth + 1, _SLOW)
+    return tensors
+
+
 def is_listed(op: Op) -> bool:
     """Whether a part node is one a listed plan places inline.
 
@@ -869,6 +886,8 @@ def is_listed(op: Op) -> bool:
             )
         )
     if type(recipe) is ItemsRecipe:  # per-sample lists of items: one tensor, or each sample's stack or items
+        return True
+    if type(recipe) is NumberItems:  # AsList() of number lists: read as 1-D tensors, then listed
         return True
     return type(recipe) is ListRecipe and _listable(recipe)
 

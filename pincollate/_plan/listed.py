@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._batch.layout import Part
@@ -30,7 +31,7 @@ from .fill import Fill
 from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
 
-__all__ = ["ItemsRecipe", "ListRecipe", "items_recipe", "zero_rows"]
+__all__ = ["ItemsRecipe", "ListRecipe", "NumberItems", "items_recipe", "number_items", "zero_rows"]
 
 
 class ListRecipe(Recipe):
@@ -287,6 +288,71 @@ def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
     # elements leave view(-1, ...) ambiguous; a view, never a copy, so the stack writes the region).
     batch, count, *shape = region.shape
     torch.stack(items, out=region.view(batch * count, *shape))
+
+
+#: The numbers a per-sample list of one Python number type is read as, and the dtype the walk
+#: stacks each sample's numbers to (``default_collate``'s rule for a column of them).
+_NUMBER_ITEMS = {int: (np.int64, torch.int64), float: (np.float64, torch.float64), bool: (np.bool_, torch.bool)}
+
+
+def number_items(column: Sequence[Any], kind: type) -> list[torch.Tensor] | None:
+    """Each sample's list of Python numbers of exactly ``kind`` as a 1-D tensor, views of one tensor of all.
+
+    ``None`` where a value is not a list or tuple, a list is empty (an empty list to the walk),
+    a number is of another class (the walk gives each sample its own numbers' dtype) or an int
+    does not fit ``int64``: the careful planner takes those.
+
+    Examples:
+        >>> [t.tolist() for t in number_items([[1, 2], [3]], int)]
+        [[1, 2], [3]]
+        >>> number_items([[1, 2], [3.5]], int) is None
+        True
+    """
+    if set(map(type, column)) - LISTS:
+        return None
+    lengths = list(map(len, column))
+    if not all(lengths):
+        return None
+    flat = list(itertools.chain.from_iterable(column))
+    if set(map(type, flat)) != {kind}:
+        return None
+    try:
+        numbers = torch.from_numpy(np.array(flat, dtype=_NUMBER_ITEMS[kind][0]))
+    except OverflowError:  # an int beyond int64: the careful error
+        return None
+    return list(torch.split(numbers, lengths))
+
+
+class NumberItems(Recipe):
+    """``AsList()`` of Python number lists (a variable number of labels per sample): each sample's numbers
+    as a 1-D tensor, as the walk stacks them.
+
+    Every number of a batch must be exactly ``kind`` (``int``, ``float`` or ``bool``), so every
+    sample's tensor has the one dtype the walk gives it; :func:`number_items` reads them all at
+    once and ``inner`` (a listed recipe of 1-D tensors) places them.
+    """
+
+    __slots__ = ("inner", "kind")
+
+    def __init__(self, kind: type):
+        dtype = _NUMBER_ITEMS[kind][1]
+        super().__init__(dtype, 1)
+        self.kind = kind
+        self.inner = ListRecipe(dtype, 1, stacks=False)
+
+    @staticmethod
+    def of(column: Sequence[Any]) -> NumberItems | None:
+        """The recipe for a first column of number lists (one number class, no empty list), or ``None``."""
+        if set(map(type, column)) - LISTS:
+            return None
+        kinds = set(map(type, itertools.chain.from_iterable(column)))
+        if len(kinds) != 1 or (kind := kinds.pop()) not in _NUMBER_ITEMS:
+            return None
+        return NumberItems(kind) if number_items(column, kind) is not None else None
+
+    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
+        values = number_items(column, self.kind)
+        return values is not None and self.inner.run(values, fill, index)
 
 
 def items_recipe(

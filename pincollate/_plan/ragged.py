@@ -34,7 +34,7 @@ from .._types.leaves import lookup
 from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
 from .fallback import FieldFallback
 from .fill import Fill, Filler, Regions
-from .listed import ListRecipe, items_recipe
+from .listed import ListRecipe, NumberItems, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
@@ -279,6 +279,8 @@ def recipe_for(
     if kind == ITEMS_ROUTE and lists and items is not None:
         if policy is None:
             return items_recipe(column, items, fallback=fallback)
+        if type(policy) is AsList and (numbers := NumberItems.of(column)) is not None:
+            return numbers  # each sample's numbers one 1-D tensor
         if type(policy) in (AsList, Stack):
             return items_recipe(column, True, whole=type(policy) is Stack)  # a rule on the lists: always items
     return None
