@@ -340,3 +340,22 @@ def test_lists_of_numbers_in_an_arrow_table_collate_as_their_numpy_conversion(po
             theirs = ColumnCollate(**settings)(numpy)
         assert_same(ours, theirs)
         assert_one_buffer(ours)
+
+
+def test_a_column_of_number_lists_under_aslist_gives_what_the_careful_walk_gives():
+    """Labels per row (a variable number, as a dataset's list column holds them): one 1-D tensor each,
+    batch after batch, and a batch the recipe does not describe (an empty list, floats) walked."""
+    fields = {"labels": AsList()}
+    columns = ColumnCollate(pin_memory=False, fields=fields)
+    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
+    for labels in ([[1, 2], [3], [4, 5, 6]], [[7], [8, 9], [1]], [[1], [], [2, 3]], [[0.5], [1.5, 2.5], [3.0]]):
+        batch = {"labels": labels, "x": [1.0, 2.0, 3.0]}
+        out = columns(batch)
+        expected = careful([{"labels": row, "x": x} for row, x in zip(labels, batch["x"], strict=True)])
+        assert len(out["labels"]) == len(expected["labels"])
+        for ours, theirs in zip(out["labels"], expected["labels"], strict=True):
+            assert type(ours) is type(theirs)
+            if isinstance(theirs, torch.Tensor):
+                assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+            else:
+                assert ours == theirs
