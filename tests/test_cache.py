@@ -780,13 +780,14 @@ def test_an_epochs_last_smaller_batch_is_walked_until_it_comes_again(monkeypatch
 def test_a_layout_asked_for_is_the_one_the_next_batch_gets():
     samples = [{"x": torch.ones(2, 3), "y": 1}, {"x": torch.zeros(2, 3), "y": 2}]
     collate = MMCollate(pin_memory=False)
-    for _ in range(3):  # walked, then compiled: plan() asks before each, and counts as no batch
+    for planned in (0, 1, 1):  # walked, then compiled: plan() asks before each, and counts as no batch
         layout = collate.plan(samples)
         assert collate(samples).layout == layout
+        assert collate._plans.planned == planned
 
 
 @pytest.mark.walk_first
-def test_a_first_batch_warns_and_fails_as_a_compiled_one_does():
+def test_a_first_batch_warns_and_fails_as_a_compiled_one_does(monkeypatch):
     """The walk is the compiled plan's reference: a listed field warns once either way, and a bad
     first batch names the sample and key path (and teaches nothing: the next is walked too)."""
     ragged = [{"x": torch.zeros(n)} for n in (1, 2)]
@@ -798,10 +799,17 @@ def test_a_first_batch_warns_and_fails_as_a_compiled_one_does():
         collate(ragged)  # compiled now: the field was warned of once, not again
     bad = [{"x": torch.zeros(2)}, {"x": "text"}]
     fresh = MMCollate(pin_memory=False)
+    walks = _walks(monkeypatch)
     for _ in range(2):
         with pytest.raises(CollateError, match=r"sample 1.*\['x'\]|\['x'\].*sample 1"):
             fresh(bad)
-    assert fresh._plans.planned == 0
+    assert fresh._plans.planned == 0 and walks  # walked (again for its error): a failed first sight is no sighting
+    good = [{"x": torch.zeros(2)}, {"x": torch.ones(2)}]
+    walks.clear()
+    fresh(good)
+    assert fresh._plans.planned == 0 and walks == [2]  # the structure's first good batch: walked
+    fresh(good)
+    assert fresh._plans.planned == 1 and walks == [2]  # then planned
 
 
 @pytest.mark.parametrize(
@@ -857,3 +865,41 @@ def test_a_layout_asked_for_a_batch_the_collate_refuses_raises_its_error(parts):
     for ask in (collate.plan, collate):
         with pytest.raises(CollateError, match=re.escape("sample 1 at ['ids'][0]: expected Tensor, got str")):
             ask(bad)
+
+
+@pytest.mark.walk_first
+def test_a_tuple_of_another_length_is_another_structure(monkeypatch):
+    """A list's length is left out of the structure (token lists), a tuple's is not: each arity walked first."""
+    walks = _walks(monkeypatch)
+    collate = MMCollate(pin_memory=False)
+    pairs = [(torch.ones(2), 1), (torch.zeros(2), 2)]
+    triples = [(torch.ones(2), "a", {"m": 1}), (torch.zeros(2), "b", {"m": 2})]
+    for batch in (pairs, triples, pairs, triples):
+        collate(batch)
+    assert walks == [2, 2] and collate._plans.planned == 2
+
+
+def test_a_layout_asked_for_a_block_whose_value_changes_dtype_is_the_collates():
+    """A block's guards read its fields' first values (a value of another dtype past them is left to
+    its copy); asked for the layout alone, the copy still decides."""
+    collate = MMCollate(pin_memory=False)
+    warm = [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}] * 3
+    collate(warm), collate(warm)
+    for changed in (torch.tensor(1.0, dtype=torch.float64), np.float32(1.0), np.array(1.0, dtype=np.float32)):
+        batch = [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}, {"a": changed, "b": torch.tensor(2.0)}]
+        batch.append(batch[0])
+        planned = collate.plan(batch)
+        assert planned == collate(batch).layout
+
+
+def test_a_nested_tensor_past_sample_0_in_a_block_is_named_by_plan_and_collate():
+    collate = MMCollate(pin_memory=False)
+    warm = [{"a": torch.tensor(1.0), "b": torch.tensor(2.0)}] * 3
+    collate(warm), collate(warm)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's note on the strided layout's prototype stage
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    batch = [warm[0], {"a": nested, "b": torch.tensor(2.0)}, warm[0]]
+    for ask in (collate.plan, collate):
+        with pytest.raises(CollateError, match=re.escape("sample 1 at ['a']")):
+            ask(batch)

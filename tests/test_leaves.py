@@ -245,3 +245,20 @@ def test_a_handler_may_give_its_shape_as_a_list(compile_):
     for _ in range(2):
         out = collate([{"x": Vec([1.0, 2.0])}, {"x": Vec([3.0, 4.0])}])
         assert out["x"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+@pytest.mark.parametrize("compile_", [True, False], ids=["compiled", "walked"])
+def test_a_users_handler_for_tensors_fills_padded_values_its_own_way(own_handlers, compile_):
+    """Pad's walk copies plain tensors with the plan's kernel only where the built-in handler takes
+    tensors: a user's handler fills each value as it says (here: plus 100)."""
+    from pincollate import Pad
+    from pincollate._types.builtin import describe_tensor
+
+    def fill(region, values):
+        region.copy_(torch.stack(values) + 100)
+
+    own_handlers(torch.Tensor, LeafHandler("Tensor", "mine", describe_tensor, fill))
+    collate = MMCollate(pin_memory=False, fields={"x": Pad()}, compile=compile_)
+    for _ in range(3):
+        out = collate([{"x": torch.ones(1)}, {"x": torch.ones(2)}])
+        assert out["x"].tolist() == [[101, 0], [101, 101]]

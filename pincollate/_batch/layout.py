@@ -197,7 +197,7 @@ class Layout:
 
     The containers, keys, and for every tensor its dtype, shape and byte offset in the
     buffer; no sample values. A batch carries it (``batch.layout``), and
-    [MMCollate.plan][pincollate.MMCollate.plan] gives it without copying anything.
+    [MMCollate.plan][pincollate.MMCollate.plan] gives it without making the batch.
     ``root`` is the output tree's spec; ``parts`` fill its placeholders (policy
     outputs placed anew for each batch). A batch of per-sample lists made by a plan's
     generated function makes its layout's parts when they are first asked for.

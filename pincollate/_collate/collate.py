@@ -176,10 +176,13 @@ class MMCollate:
         )
 
     def plan(self, batch: Sequence[Any]) -> Layout:
-        """The [Layout][pincollate.Layout] ``batch`` would have, without making the batch.
+        """The [Layout][pincollate.Layout] the next call on ``batch`` gives its batch, without making the batch.
 
         A batch the collate would refuse raises the same
-        [CollateError][pincollate.CollateError] here.
+        [CollateError][pincollate.CollateError] here: the copies, which check what the plan's
+        guards leave to them, run into plain memory of their own, dropped (a batch's worth of
+        memory and copying for a moment). A new structure's first batch is walked and its
+        layout is the walk's; a later batch's is the compiled plan's.
         """
         try:
             return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
@@ -267,7 +270,7 @@ class MMCollate:
             except Mismatch as mismatch:
                 learned = mismatch.paths
         key = plans.signature(samples)
-        walk = False
+        first: Hashable | None = None
         if tried is None or key != tried.key:
             learned = ()
             found = plans.get(key)
@@ -279,10 +282,9 @@ class MMCollate:
                 except Mismatch as mismatch:
                     learned = mismatch.paths
             else:
-                # A new structure is walked this once, planned and compiled if it comes again
-                # (a layout asked for, nothing collated, is the one its next batch gets).
-                walk = plans.first_sight(samples, remember=kind is not None)
-        plan, commit = (plans.walked(len(samples)), None) if walk else plans.make(samples, learned)
+                # A new structure is walked this once, planned and compiled if it comes again.
+                first = plans.first_sight(samples)
+        plan, commit = (plans.walked(len(samples)), None) if first is not None else plans.make(samples, learned)
         try:
             out = self._use(plan, samples, kind)
         except Mismatch as mismatch:
@@ -290,6 +292,8 @@ class MMCollate:
             raise CollateError(f"the samples changed while they were collated (at {mismatch.paths})") from mismatch
         if commit is not None:
             commit()
+        elif first is not None and kind is not None:  # a layout asked for is the one its next batch gets
+            plans.saw(first)
         if self._rules or self._renames:
             self._report_unmatched()
         return out

@@ -1,8 +1,9 @@
 """The plan cache: one Layout per sample structure, checked cheaply for every batch.
 
 A batch's *signature* is sample 0's structure (container types, keys with their
-types, leaf types, dtypes and shapes) and the batch size. The first batch of a
-signature is planned once: every field whose values all agree (one type, dtype and
+types, leaf types, dtypes and shapes) and the batch size. A new structure's first batch
+is walked carefully (:meth:`Plans.first_sight`); when it comes again, its signature is
+planned once: every field whose values all agree (one type, dtype and
 shape; mappings with one key set; sequences of one length) gets a slot in a cached
 :class:`~pincollate._batch.layout.Layout` and an op that, for every later batch, gathers the
 field's column and checks it at C speed (:mod:`pincollate._plan.template` plans it). Fields that do
@@ -152,13 +153,14 @@ class Plan:
     def check(self, samples: Sequence[Any]) -> Layout:
         """The layout of ``samples``'s batch (their parts planned where the plan has parts).
 
-        A whole plan's function compares what its copies would (every stacked value's shape)
-        and copies nothing. A plan with parts queues copies that check what its guards leave
-        to them (each value's class and shape in a block): they run into memory of their own,
-        dropped, so that a batch the collate would refuse is refused here too.
+        The copies check what the guards leave to them (a stacked value's shape past sample 0,
+        a block's classes and dtypes): they run into plain memory of their own, dropped, so a
+        batch the collate would refuse (or plan again) is refused (or planned again) here too.
         """
         if self.whole:
-            return self.compiled.run(samples, None, 0, False, None)  # type: ignore[no-any-return]
+            layout = self.compiled.run(samples, None, 0, False, None)
+            self.compiled.run(samples, "plain", 0, False, None)
+            return layout  # type: ignore[no-any-return]
         assert self.planner is not None, "a plan with parts needs its planner"
         layout, fill = self.run(samples, self.planner)
         fill.execute(allocate(layout.nbytes, "plain", 0, False, None), True)
@@ -204,8 +206,8 @@ class Plans:
 
     A structure is compiled the second time it comes (:meth:`first_sight`): its first batch
     is the careful walk's, which costs a fraction of planning and compiling, so a structure
-    seen once (an epoch's last, smaller batch; one bucket's shape) never pays for code it
-    would not run again.
+    seen once (an epoch's last, smaller batch) never pays for code it would not run again.
+    New shapes of a structure seen before (another bucket's) are planned at once.
     """
 
     def __init__(self, settings: Settings, planner: Planner, capacity: int = 64):
@@ -231,25 +233,26 @@ class Plans:
         """The cached plan for a signature, or ``None``."""
         return self._plans.get(key)
 
-    def first_sight(self, samples: Sequence[Any], remember: bool = True) -> bool:
-        """Whether the structure of ``samples`` comes for the first time (``remember``: from now on, it has come).
+    def first_sight(self, samples: Sequence[Any]) -> Hashable | None:
+        """The structure of ``samples`` where it has not come before (:meth:`saw` remembers it), else ``None``.
 
-        The structure is sample 0's signature with ranks for shapes: a ragged field that no
-        plan has learnt yet changes its shape with every batch, not its rank. Never with
-        ``compile=False``, whose every plan walks its batch.
+        The structure is sample 0's keys, classes, dtypes and ranks (a list's first value for
+        all of them): a ragged field that no plan has learnt yet changes its shapes or a list's
+        length with every batch, not its structure. Never with ``compile=False``, whose every
+        plan walks its batch.
         """
         if not WALK_FIRST_SIGHT or not self.settings.compiled:
-            return False
+            return None
         key = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False))
         with self._lock:
-            if key in self._seen:
-                return False
-            if not remember:
-                return True
+            return None if key in self._seen else key
+
+    def saw(self, key: Hashable) -> None:
+        """Remember a structure whose first batch was walked (and collated: one that fails teaches nothing)."""
+        with self._lock:
             self._seen[key] = None
             if len(self._seen) > 4 * self.capacity:
                 self._seen.popitem(last=False)
-            return True
 
     def walked(self, size: int) -> Plan:
         """A plan that walks a whole batch of ``size`` samples carefully (what ``compile=False`` plans), cached by size."""
@@ -293,7 +296,7 @@ class Plans:
 def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: int = 0, shapes: bool = True) -> object:
     """What of ``value`` decides its plan; careful paths are not looked into.
 
-    ``shapes=False``: a tensor's rank in place of its shape, a list's first value in place of
+    ``shapes=False``: a tensor's rank in place of its shape, a ``list``'s first value in place of
     all of them, a leaf's class: the structure that a ragged field (whose shape or length changes
     from batch to batch until a plan learns it is ragged) keeps.
     """
@@ -314,8 +317,8 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     kind = kind_of(value)
     if kind is None or (kind is SEQUENCE and items):
         return cls
-    if kind is SEQUENCE and not shapes:  # a list's length, like a shape, may change with every batch
-        return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if len(value) else None)
+    if cls is list and not shapes:  # a list's length, like a shape, may change with every batch (a tuple's keeps)
+        return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if value else None)
     if kind is MAPPING:
         return (
             cls,

@@ -83,7 +83,6 @@ _GLOBALS: dict[str, Any] = {
     "PLAIN": PLAIN,
     "TENSOR_DTYPE": TENSOR_DTYPE,
     "TENSOR_SHAPE": TENSOR_SHAPE,
-    "SHAPE": operator.attrgetter("shape"),  # a tensor's or a numpy array's
     "fill_block": fill_block,
     "fill_one_field": fill_one_field,
     "chain": itertools.chain.from_iterable,
@@ -170,9 +169,6 @@ class _PlanWriter(Writer):
         self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]], str | None]] = {}
         self.nvalues = 0
         self.size = 0
-        #: The columns whose copy compares every value's shape with sample 0's (``torch.stack``), each
-        #: with the shapes it takes and its path: a batch only checked (no copy) compares them itself.
-        self.shaped: list[tuple[str, frozenset[Any], Path]] = []
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
         if self.copies is None:
@@ -214,7 +210,8 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     assert copies is not None
     bulk = with_regions(layout.bulk(), [spec for _, spec, _, _ in copies])
     w.line(1, f"layout = {w.const(layout)}")
-    _checked_only(w)
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return layout")
     # A plain buffer is pageable host memory: its tensors are carved without asking about pins.
     _buffer(w, f"{layout.nbytes}", f"Views(buffer, values, (), {w.const(bulk)}, kind == PAGEABLE)")
     if copies:
@@ -318,7 +315,8 @@ def compile_parts(
         else:  # the sized parts are the sized layout's
             deferred = f"({w.const(listed.over)}, (layout.parts, {arguments}))"
         w.line(1, f"layout = Layout({root}, {end}, None, {root_bulk}, {deferred})")
-    _checked_only(w)
+    w.line(1, "if kind is None:  # checked only")
+    w.line(2, "return layout")
     # The plan's fixed tensors, the sized parts' and the lists' regions, made at once.
     if not lists:
         _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
@@ -685,23 +683,6 @@ def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
     w.nvalues = nvalues
     w.size = size
     _emit(w, op, "samples", 1)
-
-
-def _checked_only(w: _PlanWriter) -> None:
-    """A batch only checked (``kind`` ``None``: :meth:`MMCollate.plan`) returns its layout without a copy.
-
-    The copies of stacked columns compare each value's shape with sample 0's (the guards read
-    only that one); without them, the shapes are compared here: a ragged column is a miss,
-    as its copy would make it.
-    """
-    w.line(1, "if kind is None:  # checked only")
-    for column, shapes, path in w.shaped:
-        w.line(2, "try:")
-        w.line(3, f"if set(map(SHAPE, {column})) != {w.const(shapes)}:")
-        _mismatch(w, 4, path)
-        w.line(2, "except AttributeError:  # a value without a shape: its copy would fail")
-        w.line(3, f"raise Mismatch(*{w.const((path,))}) from None")
-    w.line(2, "return layout")
 
 
 def _buffer(w: _PlanWriter, nbytes: str, views: str) -> None:
@@ -1093,7 +1074,6 @@ def _stack(w: _PlanWriter, op: StackOp, column: str, depth: int) -> None:
         guards.append(f"set(map({w.const(op.key)}, {column})) != {w.const(op.expected)}")
     if op.shape is not None:
         guards.append(f"{column}[0].shape != {w.const(op.shape)}")
-        w.shaped.append((column, frozenset((op.shape,)), op.path))
     w.line(depth, "try:")
     w.line(depth + 1, f"if {' or '.join(guards)}:")
     _mismatch(w, depth + 2, op.path)
@@ -1180,7 +1160,6 @@ def _block(w: _PlanWriter, op: BlockOp, columns: list[str], depth: int) -> None:
     w.line(depth + 1, f"{ok} = False")
     w.line(depth, f"if not {ok}:")
     w.line(depth + 1, f"raise Mismatch(*{w.const(op)}.blame({values}))")
-    w.shaped.append((values, op.shapes, op.path))
     w.copy(depth, op.fill, op.block, values, op)
 
 

@@ -177,7 +177,11 @@ class BlockOp(Op):
         bad = []
         for j, path in enumerate(self.paths):
             column = payload[j * rows : j * rows + n]
-            if not all(type(v) is torch.Tensor and v.dtype == self.dtype and v.shape == self.shape for v in column):
+            try:
+                fits = all(type(v) is torch.Tensor and v.dtype == self.dtype and v.shape == self.shape for v in column)
+            except RuntimeError:  # a nested tensor has no shape: the careful walk names it
+                fits = False
+            if not fits:
                 bad.append(path)
         return tuple(bad) or self.paths
 

@@ -22,16 +22,13 @@ import torch
 
 from .._batch.specs import ListSpec
 from .._errors import CollateError
-from .._types.builtin import fill_numbers
+from .._types.builtin import builtin, fill_numbers
 from .column import Column
 from .fill import Node, Segment, TensorNode, Tree
+from .ops import PLAIN
 from .padding import fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
 __all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "fits", "int_node"]
-
-
-#: The class of values Pad's walk copies with the compiled plan's kernel.
-_PLAIN = {torch.Tensor}
 
 
 class Policy:
@@ -285,7 +282,8 @@ class Pad(Policy):
         if (
             len(dims) == 1
             and len(present) == n
-            and set(map(type, values)) == _PLAIN
+            and builtin(torch.Tensor, column.handler)  # a user's handler for tensors fills its own way
+            and set(map(type, values)) == PLAIN
             and {value.dtype for value in values} == {dtype}
         ):
             # One padded dimension of plain tensors of the field's dtype: the compiled plan's copy

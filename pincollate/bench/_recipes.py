@@ -86,10 +86,17 @@ KINDS: dict[str, tuple[Callable[[int, random.Random], Any], dict[str, Policy], C
 
 
 def _careful(fields: dict[str, Policy], first: list[Any]) -> MMCollate:
-    """A collate whose plan, made without recipes, walks its per-batch fields for every batch."""
+    """A collate whose plan, made without recipes, walks its per-batch fields for every batch.
+
+    A new structure's first batch is walked and its plan made by the second: both run here.
+    """
     collate = MMCollate(pin_memory=False, fields=fields)
     with mock.patch.object(_template, "part_recipe", lambda *args: None):
         collate(first)
+        collate(first)
+    plan = collate._plans.last
+    parts = [op for _, op, _ in getattr(plan.op, "singles", ())] if plan is not None else []
+    assert plan is not None and not any(getattr(op, "recipe", None) for op in parts), "a recipe in the careful plan"
     return collate
 
 

@@ -74,18 +74,13 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     e25 = (o24 + total20 * k22 + ALIGN - 1) // ALIGN * ALIGN
     layout = Layout(k27, e25, None, k28, (k29, (split7, t11, o22, split19, (), o24, )))
     if kind is None:  # checked only
-        try:
-            if set(map(SHAPE, c2)) != k30:
-                raise Mismatch(*k31)  # ['image']
-        except AttributeError:  # a value without a shape: its copy would fail
-            raise Mismatch(*k32) from None
         return layout
     buffer = allocate(e25, kind, slots, pin_slots, pin) if into is None else into
-    views = Views(buffer, values, (), ((*k33, -1, -2), (*k34, k25, k26), (*k35, (total8, *t11), (total20,)), (*k36, o22, o24)), kind == PAGEABLE)
+    views = Views(buffer, values, (), ((*k30, -1, -2), (*k31, k25, k26), (*k32, (total8, *t11), (total20,)), (*k33, o22, o24)), kind == PAGEABLE)
     made = views.made
     x26 = made[-1] if -1 in made else views.tensor(k18, (total8, *t11), o22)
-    x28 = made[-2] if -2 in made else views.tensor(k37, (total20,), o24)
-    region30 = made[k38] if k38 in made else k39.region(views)
+    x28 = made[-2] if -2 in made else views.tensor(k34, (total20,), o24)
+    region30 = made[k35] if k35 in made else k36.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
@@ -96,13 +91,13 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 2  # ['labels']
         cat(pieces21, out=x28)
     except Exception as exc:
-        raise Mismatch(*k40[at].blame((c2, None, None,)[at])) from exc
+        raise Mismatch(*k37[at].blame((c2, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout
         return make_batch(layout, buffer, values, views)
     items27 = list(x26.unsafe_split_with_sizes(split7)[0::2])
     items29 = list(x28.unsafe_split_with_sizes(split19)[0::2])
-    batch = Batch({k41: made[k42], k43: items27, k44: items29})
+    batch = Batch({k38: made[k39], k40: items27, k41: items29})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch
