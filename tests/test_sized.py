@@ -8,6 +8,7 @@ import pickle
 import random
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -519,21 +520,34 @@ def test_lists_of_a_dtype_numpy_lacks_are_placed_by_the_plan_s_function(monkeypa
         assert_identical(pickle.loads(pickle.dumps(agreed[0])), agreed[1])
 
 
+class _Seeded(torch.utils.data.Dataset):
+    """24 samples, sample ``i`` made by ``make`` from a generator seeded with ``i``."""
+
+    def __init__(self, make: Any):
+        self.make = make
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> Any:
+        return self.make(random.Random(i))
+
+
+def _through_workers(make: Any, fields: dict) -> list[tuple[Any, Any]]:
+    """Each batch of 4 through 2 DataLoader workers, beside the careful walk's batch of the same samples."""
+    data = _Seeded(make)
+    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=4, num_workers=2, collate_fn=MMCollate(pin_memory=False, fields=fields)
+    )
+    expected = [careful([data[i] for i in range(k * 4, k * 4 + 4)]) for k in range(6)]
+    return list(zip(loader, expected, strict=True))
+
+
 @pytest.mark.slow
 def test_listed_batches_cross_from_workers_as_the_careful_walk_makes_them():
-    class Targets(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 24
-
-        def __getitem__(self, i: int) -> dict:
-            return _targets(random.Random(i), 1, (4,), torch.float32)[0]
-
-    careful = MMCollate(pin_memory=False, fields=LISTED, compile=False)
-    loader = torch.utils.data.DataLoader(
-        Targets(), batch_size=4, num_workers=2, collate_fn=MMCollate(pin_memory=False, fields=LISTED)
-    )
-    expected = [careful([Targets()[i] for i in range(k * 4, k * 4 + 4)]) for k in range(6)]
-    for k, (out, reference) in enumerate(zip(loader, expected, strict=True)):
+    batches = _through_workers(lambda rng: _targets(rng, 1, (4,), torch.float32)[0], LISTED)
+    for k, (out, reference) in enumerate(batches):
         assert_identical(out, reference)
         # Each worker's first batch (batches come from the workers in turn) is walked, one part for
         # the whole batch; its later ones run the compiled plan, its two listed fields the parts.
@@ -1299,20 +1313,7 @@ def test_a_tuple_samples_batch_in_pinned_memory_is_built_by_its_layout(fake_pinn
 
 @pytest.mark.slow
 def test_tuple_samples_with_listed_targets_cross_from_workers_as_the_careful_walk_makes_them():
-    class Pairs(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return 24
-
-        def __getitem__(self, i: int) -> tuple:
-            return _pairs(random.Random(i), 1)[0]
-
-    fields = {"1": pincollate.PerSample()}
-    careful = MMCollate(pin_memory=False, fields=fields, compile=False)
-    loader = torch.utils.data.DataLoader(
-        Pairs(), batch_size=4, num_workers=2, collate_fn=MMCollate(pin_memory=False, fields=fields)
-    )
-    expected = [careful([Pairs()[i] for i in range(k * 4, k * 4 + 4)]) for k in range(6)]
-    for out, reference in zip(loader, expected, strict=True):
+    for out, reference in _through_workers(lambda rng: _pairs(rng, 1)[0], {"1": pincollate.PerSample()}):
         assert type(out) is pincollate.BatchList
         assert_identical(out, reference)
 

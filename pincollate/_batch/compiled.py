@@ -67,11 +67,15 @@ def _walk(spec: Spec) -> Iterator[Spec]:
         yield from _walk(child)
 
 
-def expression(w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None = None, depth: int = 0) -> str:
+def expression(
+    w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None = None, depth: int = 0, cls: type | None = None
+) -> str:
     """The expression that builds ``spec`` from ``made`` (the tensors made at once) and ``values``.
 
     ``parts``: the expressions of the layout's parts (by index: the node's, then each extra
-    output's name and expression), where the code that runs it has them as locals.
+    output's name and expression), where the code that runs it has them as locals. ``cls``:
+    the class a namedtuple or dataclass ``spec`` is built as, in place of its own (its
+    carrier subclass, at a batch's top).
     """
     kind = type(spec)
     if kind is TensorSpec and id(spec) in bulk:
@@ -96,13 +100,13 @@ def expression(w: Writer, spec: Spec, bulk: frozenset[int], parts: Parts | None 
         return f"[{items}]" if cls is None else f"make_sequence({w.const(cls)}, [{items}])"
     if depth < _MOST_DEPTH and kind is NamedTupleSpec:
         items = ", ".join(expression(w, child, bulk, parts, depth + 1) for child in spec.children)  # type: ignore[attr-defined]
-        return f"{w.const(spec.cls)}({items})"  # type: ignore[attr-defined]
+        return f"{w.const(cls or spec.cls)}({items})"  # type: ignore[attr-defined]
     if depth < _MOST_DEPTH and kind is DataclassSpec:
         fields = ", ".join(
             f"{w.const(name)}: {expression(w, child, bulk, parts, depth + 1)}"
             for name, child in zip(spec.names, spec.children, strict=True)  # type: ignore[attr-defined]
         )
-        return f"new_dataclass({w.const(spec.cls)}, {{{fields}}})"  # type: ignore[attr-defined]
+        return f"new_dataclass({w.const(cls or spec.cls)}, {{{fields}}})"  # type: ignore[attr-defined]
     # Every other node (a tensor made on its own, a registered class, lists of
     # per-sample values, a subtree too deep for one expression) builds itself.
     return f"{w.const(spec)}.build(views)"

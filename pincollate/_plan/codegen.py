@@ -646,15 +646,8 @@ def _output(
     w.line(2, "return make_batch(layout, buffer, values, views)")
     for line in before:
         w.line(1, line)
-    if type(root) is NamedTupleSpec:  # the namedtuple's carrier subclass, as make_batch makes it
-        items = ", ".join(expression(w, child, bulk, parts, 1) for child in root.children)
-        w.line(1, f"batch = {w.const(carrier_class(root.cls))}({items})")
-    elif type(root) is DataclassSpec:  # the dataclass's carrier subclass, as make_batch makes it
-        fields = ", ".join(
-            f"{w.const(name)}: {expression(w, child, bulk, parts, 1)}"
-            for name, child in zip(root.names, root.children, strict=True)
-        )
-        w.line(1, f"batch = new_dataclass({w.const(carrier_class(root.cls))}, {{{fields}}})")
+    if type(root) is NamedTupleSpec or type(root) is DataclassSpec:  # its carrier subclass, as make_batch makes it
+        w.line(1, f"batch = {expression(w, root, bulk, parts, cls=carrier_class(root.cls))}")
     else:
         carrier = "Batch" if type(root) is MappingSpec else "BatchList"
         w.line(1, f"batch = {carrier}({expression(w, root, bulk, parts)})")
@@ -822,11 +815,7 @@ def _arrays(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
     """
     recipe = op.recipe
     assert type(recipe) is Arrays
-    tensors = w.local("a")
-    w.line(depth, f"{tensors} = array_tensors({column}, {w.const(recipe.arrays)})")
-    w.line(depth, f"if {tensors} is None:")
-    w.line(depth + 1, _SLOW)
-    return tensors
+    return _converted(w, "a", f"array_tensors({column}, {w.const(recipe.arrays)})", depth)
 
 
 def _number_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
@@ -836,8 +825,14 @@ def _number_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str
     """
     recipe = op.recipe
     assert type(recipe) is NumberItems
-    tensors = w.local("n")
-    w.line(depth, f"{tensors} = number_items({column}, {w.const(recipe.kind)})")
+    return _converted(w, "n", f"number_items({column}, {w.const(recipe.kind)})", depth)
+
+
+def _converted(w: _PlanWriter, stem: str, conversion: str, depth: int) -> str:
+    """A column as tensors by ``conversion`` (an expression; ``None`` where the recipe does not take
+    the column, which then goes the longer way): returns their local."""
+    tensors = w.local(stem)
+    w.line(depth, f"{tensors} = {conversion}")
     w.line(depth, f"if {tensors} is None:")
     w.line(depth + 1, _SLOW)
     return tensors
