@@ -38,11 +38,12 @@ contract, so the rule is written from what can hold that memory:
 What cannot be seen is never counted as free. :func:`verdict` applies the rule; every
 owner (the worker's ring, the receiving process, the plain-buffer pool) learns the
 answer through the callback it gave :func:`grant`, once per lease, in the process that
-made the lease. The checks cost two finalizers per batch, nothing per tensor.
+made the lease. The checks cost two weak references per batch, nothing per tensor.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import weakref
@@ -61,7 +62,7 @@ Done = Callable[[bool], None]
 class Lease:
     """One hand-out of recycled memory: what decides when, and whether, it comes back."""
 
-    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared")
+    __slots__ = ("__weakref__", "alive", "done", "exported", "forked", "keep", "pid", "shared", "watches")
 
     def __init__(self, done: Done, shared: bool, keep: Any):
         self.done: Done | None = done
@@ -71,6 +72,8 @@ class Lease:
         self.alive = True  # the lease's storage lives
         self.exported = True  # the storage still holds this memory (it has not moved)
         self.forked = False
+        #: The weak references that tell of the storage's death and of its memory's release.
+        self.watches: tuple[weakref.ref[Any], ...] | None = None
 
 
 def verdict(lease: Lease) -> bool | None:
@@ -86,37 +89,46 @@ def verdict(lease: Lease) -> bool | None:
 
 
 _live: dict[int, Lease] = {}  # this process's leases that are not over yet
-# Reentrant: the garbage collector may run a finalizer (another lease's end) while this
+# Reentrant: the garbage collector may run a callback (another lease's end) while this
 # thread holds it.
 _lock = threading.RLock()
+#: Set at interpreter exit: what dies then ends no lease (its owners are going too).
+_exiting: list[bool] = []
+atexit.register(_exiting.append, True)
 
 
-def _settle(lease: Lease, **event: bool) -> None:
-    """Record what happened to the lease's storage; end the lease once the rule says so."""
-    if os.getpid() != lease.pid:
+def _settle(
+    lease: Lease,
+    name: str,
+    _getpid: Callable[[], int] = os.getpid,
+    _lock: Any = _lock,
+    _live: dict[int, Lease] = _live,
+    _exiting: list[bool] = _exiting,
+    _verdict: Callable[[Lease], bool | None] = verdict,
+) -> None:
+    """Record what happened to the lease's storage; end the lease once the rule says so.
+
+    A weak reference's callback: what it reads is bound here, so it runs even while the
+    interpreter exits and this module's names are gone.
+    """
+    if _exiting or _getpid() != lease.pid:
         return  # a fork child's copy dying says nothing about this process's lease
     with _lock:
-        for name, value in event.items():
-            setattr(lease, name, value)
-        answer = verdict(lease)
+        setattr(lease, name, False)
+        answer = _verdict(lease)
         done, keep = lease.done, lease.keep
         if answer is None or done is None:
             return
-        lease.done = lease.keep = None
+        lease.done = lease.keep = lease.watches = None
         _live.pop(id(lease), None)
     # Outside the lock: an owner's callback takes its own locks, in whichever thread let go.
     done(answer)
     del keep  # the memory stays mapped until its owner has heard
 
 
-def _released(lease: Lease) -> None:
-    """The storage let go of the memory: it died, or it moved (``share_memory_``)."""
-    _settle(lease, exported=False)
-
-
-def _died(lease: Lease) -> None:
-    """The storage died: no tensor, array or capsule made from it is left."""
-    _settle(lease, alive=False)
+def _watch(lease: Lease, name: str, _settle: Callable[[Lease, str], None] = _settle) -> Callable[[Any], None]:
+    """The callback of a weak reference that records ``name`` as over (the memory released, the storage dead)."""
+    return lambda _: _settle(lease, name)
 
 
 def grant(memory: np.ndarray[Any, Any], done: Done, *, shared: bool, keep: Any = None) -> torch.Tensor:
@@ -145,10 +157,15 @@ def grant(memory: np.ndarray[Any, Any], done: Done, *, shared: bool, keep: Any =
     """
     buffer = torch.from_numpy(memory)
     lease = Lease(done, shared, keep)
+    # The storage holds ``memory`` until it dies, or until share_memory_ swaps its pointer
+    # ("exported": its memory released), and torch keeps the storage's Python object while the
+    # storage lives ("alive"). The lease holds both weak references (and ``_live`` the lease)
+    # until it ends, so both callbacks run; a weak reference costs a fifth of a finalizer.
+    lease.watches = (
+        weakref.ref(memory, _watch(lease, "exported")),
+        weakref.ref(buffer.untyped_storage(), _watch(lease, "alive")),
+    )
     _live[id(lease)] = lease
-    # The storage holds ``memory`` until it dies, or until share_memory_ swaps its pointer.
-    weakref.finalize(memory, _released, lease).atexit = False
-    weakref.finalize(buffer.untyped_storage(), _died, lease).atexit = False
     return buffer
 
 
