@@ -43,8 +43,9 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
 
     The scenario's baseline (``default_collate`` or the hand-written collate) and
     ``mm_collate`` whole; then ``mm_collate``'s stages: checking the batch against its
-    cached plan and placing its per-batch parts (``plan.run``; ``plan.check`` for a plan
-    whose generated function makes the whole batch), the copies into a buffer kept from one
+    cached plan and placing its per-batch parts (``plan.run``; for a plan whose generated
+    function makes the whole batch, that function's guards up to the layout, which it returns
+    without copying where it is asked for no buffer kind), the copies into a buffer kept from one
     call to the next (``fill.execute``, which also makes the tensors the copies write; for a
     plan whose function makes the whole batch, that function into the buffer less the build), taking the buffer and handing it back (pageable memory without an
     accelerator; a large one is leased), and building the batch over it. ``rest`` is the
@@ -73,7 +74,7 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     kind = resolve_kind(collate.pin_memory)
     whole = plan.whole  # one generated function checks, copies and builds
     if whole:
-        buffer = allocate(max(plan.check(batch).nbytes for batch in batches), kind)
+        buffer = allocate(max(plan.compiled.run(batch, None, 0, False, None).nbytes for batch in batches), kind)
         made = {id(batch): carried(plan.compiled.run(batch, kind, 0, False, None, buffer)) for batch in batches}
         nbytes = {key: state[0].nbytes for key, state in made.items()}  # type: ignore[index]
         built = {
@@ -88,7 +89,8 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
 
     def check(batch: Any) -> None:
         if whole:
-            plan.check(batch)
+            # The guards and the layout, nothing copied (``plan.check`` also copies, into scratch memory).
+            plan.compiled.run(batch, None, 0, False, None)
         else:
             plan.run(batch, planner)
 
