@@ -560,3 +560,71 @@ def test_an_absent_value_under_pad_has_length_zero_along_the_padded_dimension(co
         out = collate(batch)
         assert out["x_lengths"].tolist() == lengths
         assert out["x_mask"].sum(1).tolist() == lengths
+
+
+# --- per-sample lists of tensors: one region, in the walk as in the compiled plan ------------------
+
+
+def _listed_samples():
+    from torchvision import tv_tensors
+
+    grad = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    rows = [torch.arange(12.0).reshape(4, 3), torch.zeros(0, 3), torch.arange(6.0).reshape(3, 2).t(), grad]
+    flat = [torch.ones(2, 3, dtype=torch.int16), torch.full((3, 2), 7, dtype=torch.int16)]
+    flat += [torch.zeros(0, 4, dtype=torch.int16), torch.arange(5, dtype=torch.int16).reshape(1, 5)]
+    boxes = [
+        tv_tensors.BoundingBoxes(torch.rand(n, 4) * 8, format="XYXY", canvas_size=(8 + n, 9)) for n in (2, 0, 3, 1)
+    ]
+    half = [torch.arange(n, dtype=torch.bfloat16) for n in (3, 1, 5, 2)]
+    return [
+        {"rows": rows[i], "flat": flat[i], "boxes": boxes[i], "half": half[i], "maybe": None if i == 1 else rows[i]}
+        for i in range(4)
+    ]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_per_sample_list_of_tensors_lies_in_one_region_its_values_kept(compiled):
+    # The walk (compile=False, and every new structure's first batch) lists a column of the
+    # batch's tensors as the compiled plan does: one region, a view per value, each value its own.
+    samples = _listed_samples()
+    fields = {key: AsList() for key in ("rows", "flat", "boxes", "half", "maybe")}
+    collate = MMCollate(pin_memory=False, compile=compiled, missing="none", fields=fields)
+    for _ in range(3):  # the first batch walked, then (compiled) planned and run warm
+        out = collate(samples)
+        for key in fields:
+            listed = out[key]
+            assert isinstance(listed, list) and len(listed) == len(samples)
+            for item, sample in zip(listed, samples, strict=True):
+                value = sample[key]
+                if value is None:
+                    assert item is None
+                    continue
+                assert type(item) is type(value) and item.dtype == value.dtype and torch.equal(item, value.detach())
+                assert not item.requires_grad
+                if key == "boxes":
+                    assert item.canvas_size == value.canvas_size and item.format == value.format
+            present = [item for item in listed if item is not None and item.numel()]
+            assert len({item.untyped_storage().data_ptr() for item in present}) == 1, key
+        others = [out[key][0] for key in ("rows", "flat", "half")]
+        assert len({t.untyped_storage().data_ptr() for t in others}) == 3  # a field's list: a storage of its own
+        first = out["rows"][0]
+        first.add_(1)  # one value changed in place: no other value, no sample
+        assert all(item._version == 0 for item in out["rows"][1:] if item.numel())
+        assert torch.equal(samples[0]["rows"], torch.arange(12.0).reshape(4, 3))
+
+
+def test_the_walk_lists_a_column_with_the_compiled_plans_own_copy(monkeypatch):
+    # One size rule and one copy for per-sample lists: the walk runs ListRecipe.sized.
+    from pincollate._plan.listed import ListRecipe
+
+    calls = []
+    sized = ListRecipe.sized
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return sized(self, *args, **kwargs)
+
+    monkeypatch.setattr(ListRecipe, "sized", counted)
+    samples = [{"rows": sample["rows"]} for sample in _listed_samples()]
+    out = MMCollate(pin_memory=False, compile=False, fields={"rows": AsList()})(samples)
+    assert len(calls) == 1 and [t.shape for t in out["rows"]] == [(4, 3), (0, 3), (2, 3), (2, 3)]

@@ -20,9 +20,11 @@ from .._errors import CollateError
 from .._types.builtin import builtin
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
-from .fill import Node, Segment, TensorNode, Tree, Value
+from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
+from .listed import ListRecipe
+from .recipe import kept_tensors
 
-__all__ = ["Column", "Path", "stack_or_list", "stacked_class"]
+__all__ = ["Column", "Path", "listed", "stack_or_list", "stacked_class"]
 
 Path = tuple[Hashable, ...]
 
@@ -192,7 +194,33 @@ def stacked_class(classes: Sequence[type], join: Callable[..., torch.Tensor] = t
 
 
 def stack_or_list(column: Column) -> Node:
-    """The default: stack when the values agree, else a list of per-sample values."""
+    """The default: stack when the values agree, else a list of per-sample values (:func:`listed`)."""
     if column.uniform:
         return column.stacked()
+    return listed(column)
+
+
+def listed(column: Column) -> Node:
+    """The column's values as a per-sample list, ``None`` where a value is absent.
+
+    A column of the batch's samples (not a sample's items, which the walk may stack again)
+    holding tensors that the compiled plan lists in one region (one dtype, one rank, plain
+    or a subclass kept as its class: :func:`~pincollate._plan.recipe.kept_tensors`) is placed
+    as the compiled plan places it (:class:`~pincollate._plan.listed.ListRecipe`): one
+    ``torch.cat`` into one region, each value a view of it. The walk and the compiled plan
+    share that size rule and that copy. Anything else: each value a tensor of its own.
+    """
+    if column.origins is None and column.handler.is_tensor:
+        present = column.present
+        values = column.values if len(present) == len(column.values) else [column.values[i] for i in present]
+        kept = kept_tensors(values) if values else None
+        if kept is not None:
+            recipe = ListRecipe(kept[0], kept[1], stacks=False, cls=kept[2])
+            shapes: list[Any] = [column.shapes[i] for i in present]
+            absent = [i for i, shape in enumerate(column.shapes) if shape is None]
+
+            def place(fill: Fill) -> Any:
+                return recipe.sized(values, shapes, fill, absent).node
+
+            return Listed(place)
     return Tree(ListSpec, [column.single(i) for i in range(len(column.values))])

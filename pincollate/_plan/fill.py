@@ -31,6 +31,7 @@ __all__ = [
     "ColumnPlanner",
     "Fill",
     "Filler",
+    "Listed",
     "Mismatch",
     "Node",
     "Owner",
@@ -171,7 +172,20 @@ class Tree:
         self.children: list[Node] = children
 
 
-Node = TensorNode | Value | Tree
+class Listed:
+    """A planned per-sample list placed by ``place(fill)``, which returns its spec and queues its copies.
+
+    What a column of the batch's tensors listed in one region becomes
+    (:func:`~pincollate._plan.column.listed`): the compiled plan's size rule and copy, run by the walk.
+    """
+
+    __slots__ = ("place",)
+
+    def __init__(self, place: Callable[[Fill], Spec]):
+        self.place: Callable[[Fill], Spec] = place
+
+
+Node = TensorNode | Value | Tree | Listed
 
 
 # --- the per-batch fill ----------------------------------------------------------------
@@ -210,6 +224,8 @@ class Fill:
         if type(node) is Value:
             self.values.append(node.value)
             return ValueSpec(len(self.values) - 1)
+        if type(node) is Listed:
+            return node.place(self)
         return node.make([self.place(child) for child in node.children])  # type: ignore[union-attr]
 
     def execute(self, buffer: torch.Tensor, pageable: bool = False) -> Views:

@@ -20,11 +20,10 @@ from typing import Any, Literal
 
 import torch
 
-from .._batch.specs import ListSpec
 from .._errors import CollateError
 from .._types.builtin import builtin, fill_numbers
-from .column import Column
-from .fill import Node, Segment, TensorNode, Tree
+from .column import Column, listed
+from .fill import Node, Segment, TensorNode
 from .ops import PLAIN
 from .padding import fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
@@ -113,7 +112,7 @@ class AsList(Policy):
     """
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
-        return Tree(ListSpec, [column.single(i) for i in range(len(column.values))]), {}
+        return listed(column), {}
 
 
 class PerSample(Policy):
