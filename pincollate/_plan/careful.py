@@ -249,9 +249,12 @@ class _Walk(ContainerWalk):
                 failed: Exception | None = exc
             else:
                 failed = None
-            if failed is not None or not (column.dtype.is_floating_point or column.dtype.is_complex):
+            if failed is not None or not (
+                number is not None or column.dtype.is_floating_point or column.dtype.is_complex
+            ):
                 # An int beyond int64 is refused where the column is integer, as torch does;
-                # in a float column it is a float, as default_collate makes it.
+                # in a float column it is a float, as default_collate makes it. (Numbers of one
+                # exact class that number_dtype took fit: it read their least and greatest.)
                 for i, value in enumerate(values):
                     if isinstance(value, int) and not fits_int64(value):
                         raise self._error(f"int {value} does not fit int64", i, path, origins)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections.abc as abc
 import dataclasses
+import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -66,7 +67,11 @@ class ContainerWalk(ItemWalk):
         out_keys: list[Hashable] = []
         children: list[Node] = []
         for key in keys:
-            column = [None if v is None else v.get(key) for v in values] if self.missing else [v[key] for v in values]
+            column = (
+                [None if v is None else v.get(key) for v in values]
+                if self.missing
+                else list(map(operator.itemgetter(key), values))
+            )
             child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
             out_keys.append(self.renames.key((*path, key)))
             children.append(child)

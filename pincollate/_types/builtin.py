@@ -9,7 +9,6 @@ one assignment; str, bytes and None are kept as per-sample lists.
 from __future__ import annotations
 
 import functools
-import operator
 import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -72,22 +71,41 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
     return value.dtype, tuple(value.shape)
 
 
-#: What makes a plain tensor one that describe_tensor takes without a word, read at C speed.
-_KIND = operator.attrgetter("is_nested", "is_quantized", "layout", "is_cpu")
-_PLAIN_KIND = {(False, False, torch.strided, True)}
+_TENSOR_LAYOUT: Callable[[Any], Any] = torch.Tensor.layout.__get__  # type: ignore[attr-defined]
+_TENSOR_IS_CPU: Callable[[Any], Any] = torch.Tensor.is_cpu.__get__  # type: ignore[attr-defined]
+_STRIDED = {torch.strided}
+_TRUE = {True}
 _TENSOR_TYPE = {torch.Tensor}
+#: The dtypes of quantized tensors (those this torch has): describe_tensor refuses them.
+_QUANTIZED = frozenset(
+    dtype
+    for dtype in (getattr(torch, name, None) for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4"))
+    if isinstance(dtype, torch.dtype)
+)
 
 
 def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
     """:func:`describe_tensor` of a column of plain CPU strided tensors, read at C speed: the dtypes and shapes.
 
     ``None`` where any value is something else (a subclass, ``None``, a nested, quantized,
-    sparse or accelerator tensor), which ``describe_tensor`` then names, value by value.
+    sparse or accelerator tensor), which ``describe_tensor`` then names, value by value. A
+    nested tensor has no shape (reading it raises); a quantized one has a quantized dtype.
     """
     try:
-        if set(map(type, values)) != _TENSOR_TYPE or set(map(_KIND, values)) != _PLAIN_KIND:
+        if (
+            set(map(type, values)) != _TENSOR_TYPE
+            or set(map(_TENSOR_LAYOUT, values)) != _STRIDED
+            or set(map(_TENSOR_IS_CPU, values)) != _TRUE
+        ):
             return None
-        return list(map(TENSOR_DTYPE, values)), list(map(tuple, map(TENSOR_SHAPE, values)))
+        dtypes = list(map(TENSOR_DTYPE, values))
+        if not _QUANTIZED.isdisjoint(dtypes):
+            return None
+        sizes = list(map(TENSOR_SHAPE, values))
+        first = sizes[0]
+        if sizes.count(first) == len(sizes):  # one shape (a column that stacks): one tuple
+            return dtypes, [tuple(first)] * len(sizes)
+        return dtypes, list(map(tuple, sizes))
     except (RuntimeError, AttributeError):
         return None
 
