@@ -628,3 +628,38 @@ def test_the_walk_lists_a_column_with_the_compiled_plans_own_copy(monkeypatch):
     samples = [{"rows": sample["rows"]} for sample in _listed_samples()]
     out = MMCollate(pin_memory=False, compile=False, fields={"rows": AsList()})(samples)
     assert len(calls) == 1 and [t.shape for t in out["rows"]] == [(4, 3), (0, 3), (2, 3), (2, 3)]
+
+
+@pytest.mark.walk_first
+@pytest.mark.parametrize("compiled", [False, True])
+def test_persample_subtrees_lie_in_one_region_per_place_in_the_walk_as_in_the_compiled_plan(compiled, monkeypatch):
+    # Detection targets, a mapping per image: the walk places each key's column as the compiled plan
+    # does (the boxes of every image in one region), and a later batch's plan gives the same batch.
+    from pincollate._plan.rows import Rows
+
+    calls = []
+    place = Rows.place
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return place(self, *args, **kwargs)
+
+    monkeypatch.setattr(Rows, "place", counted)
+
+    def target(i):
+        return {"boxes": torch.arange(4.0 * i).reshape(i, 4), "labels": torch.arange(i), "id": i, "name": f"img{i}"}
+
+    samples = [{"image": torch.full((3, 4, 4), float(i)), "target": target(i)} for i in (2, 0, 3, 1)]
+    collate = MMCollate(pin_memory=False, compile=compiled, fields={"target": PerSample()})
+    first = collate(samples)
+    assert len(calls) == 1  # the first batch (walked): the compiled plan's rows
+    for out in (first, collate(samples), collate(samples)):
+        assert_identical(out, first)
+        targets = out["target"]
+        for got, sample in zip(targets, samples, strict=True):
+            expected = sample["target"]
+            assert type(got) is dict and list(got) == list(expected)
+            assert torch.equal(got["boxes"], expected["boxes"]) and torch.equal(got["labels"], expected["labels"])
+            assert got["id"].shape == () and got["id"].item() == expected["id"] and got["name"] == expected["name"]
+        boxes = [t["boxes"] for t in targets if t["boxes"].numel()]
+        assert len({b.untyped_storage().data_ptr() for b in boxes}) == 1

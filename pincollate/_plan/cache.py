@@ -42,8 +42,8 @@ from .codegen import (
     is_listed,
     is_sized,
 )
+from .column import MAX_DEPTH
 from .fill import Fill, Mismatch
-from .items import MAX_DEPTH
 from .ops import Op
 from .patterns import Settings
 from .sized import SizedLayouts

@@ -35,11 +35,11 @@ from .._types.builtin import (
 )
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
-from .column import Column, stack_or_list
+from .column import MAX_DEPTH, Column, stack_or_list
 from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
-from .items import MAX_DEPTH, Extras, Origins, Path, container_name
+from .items import Extras, Origins, Path, container_name
 from .patterns import Renames, Settings
 from .policies import AsList, PerSample, Policy
 

@@ -24,9 +24,12 @@ from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .listed import ListRecipe
 from .recipe import kept_tensors
 
-__all__ = ["Column", "Path", "listed", "stack_or_list", "stacked_class"]
+__all__ = ["MAX_DEPTH", "Column", "Path", "listed", "stack_or_list", "stacked_class"]
 
 Path = tuple[Hashable, ...]
+
+#: Deeper than this is taken for a self-referencing sample.
+MAX_DEPTH = 100
 
 _PLAIN = {torch.Tensor}
 

@@ -22,17 +22,17 @@ from .._types.build import container_cls
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
-from .column import Column, stack_or_list, stacked_class
+from .column import MAX_DEPTH, Column, stack_or_list, stacked_class
 from .fallback import Fallbacks, two_shapes
-from .fill import Node, Segment, TensorNode, Tree, Value
+from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .patterns import ITEMS, Renames
 from .policies import AsList, Policy, Stack
+from .rows import Groups, Rows, column_for
 
 if TYPE_CHECKING:
     from .patterns import FieldRules
 
 __all__ = [
-    "MAX_DEPTH",
     "Extras",
     "ItemWalk",
     "Maker",
@@ -50,10 +50,6 @@ __all__ = [
 Path = tuple[Hashable, ...]
 Origins = list[tuple[int, Path]] | None
 Extras = dict[str, Node]
-
-#: Deeper than this is taken for a self-referencing sample.
-MAX_DEPTH = 100
-
 
 #: How a container's output spec is made from its children's specs.
 Maker = Callable[[list[Spec]], Spec]
@@ -156,11 +152,32 @@ class ItemWalk:
         return merged
 
     def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
-        """``PerSample()``: one subtree per sample, nothing stacked across samples."""
-        return Tree(
-            ListSpec,
-            [self._single(value, path, [self._blame(i, path, origins)], depth) for i, value in enumerate(values)],
-        )
+        """``PerSample()``: one subtree per sample, nothing stacked across samples.
+
+        A column of the batch's samples whose subtrees the compiled plan takes
+        (:func:`~pincollate._plan.rows.column_for`: mappings of one class and key order, or
+        lists, down to tensors of one dtype and rank, numbers of one type and kept values) is
+        placed as the compiled plan places it: each place of the subtree one column, its
+        tensors in one region. The walk and the compiled plan share that rule and its copies.
+        """
+
+        def subtrees() -> Node:
+            return Tree(
+                ListSpec,
+                [self._single(value, path, [self._blame(i, path, origins)], depth) for i, value in enumerate(values)],
+            )
+
+        found = column_for(values, depth) if origins is None else None
+        if type(found) is not Rows and type(found) is not Groups:
+            return subtrees()
+        rows = found
+
+        def place(fill: Fill) -> Spec:
+            spec = rows.place(values, fill)
+            assert spec is not None, "column_for took these very values: their place takes them"
+            return spec
+
+        return Listed(place)
 
     def _single(self, value: Any, path: Path, origin: Origins, depth: int) -> Node:
         if depth > MAX_DEPTH:

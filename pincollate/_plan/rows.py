@@ -38,8 +38,8 @@ from .._types.build import container_cls
 from .._types.builtin import ARRAY_DTYPE, KEPT_VALUES, NUMBERS, fits_int64
 from .._types.kinds import EXACT_KEYS, LISTS, MAPPING, kind_of
 from .._types.leaves import lookup
+from .column import MAX_DEPTH
 from .fill import Fill
-from .items import MAX_DEPTH
 from .listed import ListRecipe
 from .recipe import Recipe, array_tensors, kept_tensors, place
 

@@ -34,8 +34,9 @@ from .._types.builtin import (
 )
 from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
 from .._types.leaves import lookup
+from .column import MAX_DEPTH
 from .fill import TensorNode
-from .items import MAX_DEPTH, dataclass_of, mapping_of, namedtuple_of, registered_of, sequence_of
+from .items import dataclass_of, mapping_of, namedtuple_of, registered_of, sequence_of
 from .ops import BlockOp, NumbersOp, Op, StackOp, ValueOp
 from .patterns import Settings
 from .ragged import part_recipe
