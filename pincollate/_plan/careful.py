@@ -15,6 +15,7 @@ unequal length come back as per-sample lists, each stacked where its parts agree
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -144,10 +145,11 @@ class _Walk(ContainerWalk):
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy, depth)
-        if policy is not None and policy.numbers_as_sequence and _number_lists(values):
+        numbers = _number_lists(values) if policy is not None and policy.numbers_as_sequence else None
+        if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
-            sequences = self._number_sequences(values, path, origins)
+            sequences = self._number_sequences(values, numbers, path, origins)
             planned = self._leaves(sequences, path, origins, lookup(torch.Tensor), policy, depth)  # type: ignore[arg-type]
             self._took(depth, NUMBER_LISTS, policy)  # over the leaves route _leaves took with the sequences
             return planned
@@ -332,11 +334,13 @@ class _Walk(ContainerWalk):
             return node, {}
         return policy.plan(column, self.renames.key(path))
 
-    def _number_sequences(self, values: Sequence[Any], path: Path, origins: Origins) -> list[Any]:
-        numbers = [x for v in values if v is not None for x in v]
+    def _number_sequences(
+        self, values: Sequence[Any], numbers: tuple[list[Any], set[type]], path: Path, origins: Origins
+    ) -> list[Any]:
+        """Each present value's numbers a 1-D view of one tensor of them all (``numbers``: them all, and their classes)."""
         try:
             # One tensor of all the numbers: the dtype torch.tensor gives the lot, each sample a view.
-            flat = numbers_tensor(numbers) if numbers else torch.zeros(0, dtype=torch.int64, device="cpu")
+            flat = numbers_tensor(*numbers)
         except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
             raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
         rows = iter(torch.split(flat, [len(v) for v in values if v is not None]))
@@ -412,19 +416,17 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 _NUMBERS = tuple(NUMBER_TYPES)
 
 
-def _number_lists(values: Sequence[Any]) -> bool:
-    """Whether every present value is a list (or tuple) of Python numbers, one at least."""
-    found = False
-    for value in values:
-        if value is None:
-            continue
-        if not isinstance(value, (list, tuple)) or is_namedtuple(value):
-            return False
-        # Exact number types at C speed; subclasses (an IntEnum, numpy scalars) one by one.
-        if not NUMBER_TYPES.issuperset(map(type, value)) and not all(isinstance(x, _NUMBERS) for x in value):
-            return False
-        found = found or bool(value)
-    return found
+def _number_lists(values: Sequence[Any]) -> tuple[list[Any], set[type]] | None:
+    """Every number of ``values`` and their classes, where each present value is a list (or tuple)
+    of Python numbers, one number at least in all; else ``None``."""
+    present = [value for value in values if value is not None]
+    if not all(isinstance(value, (list, tuple)) and not is_namedtuple(value) for value in present):
+        return None
+    numbers = list(itertools.chain.from_iterable(present))
+    classes = set(map(type, numbers))  # exact number types at C speed; subclasses (an IntEnum) one by one
+    if not numbers or (not NUMBER_TYPES.issuperset(classes) and not all(isinstance(x, _NUMBERS) for x in numbers)):
+        return None
+    return numbers, classes
 
 
 def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:
