@@ -663,3 +663,34 @@ def test_persample_subtrees_lie_in_one_region_per_place_in_the_walk_as_in_the_co
             assert got["id"].shape == () and got["id"].item() == expected["id"] and got["name"] == expected["name"]
         boxes = [t["boxes"] for t in targets if t["boxes"].numel()]
         assert len({b.untyped_storage().data_ptr() for b in boxes}) == 1
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_items_that_do_not_stack_lie_in_one_region_in_the_walk_as_in_the_compiled_plan(compiled, monkeypatch):
+    # Several images per prompt: each sample's images stacked where they agree, listed where they
+    # do not, all in one region, by the compiled plan's own placement (the walk runs it too).
+    from pincollate._plan.listed import ItemsRecipe
+
+    calls = []
+    placed = ItemsRecipe.placed
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return placed(self, *args, **kwargs)
+
+    monkeypatch.setattr(ItemsRecipe, "placed", counted)
+    a, b, c, d = (torch.full((2, 3), float(i)) for i in range(4))
+    wide = torch.arange(8.0).reshape(2, 4)
+    samples = [{"img": [a, b]}, {"img": []}, {"img": [c]}, {"img": [d, wide]}]
+    collate = MMCollate(pin_memory=False, compile=compiled, sequences="items")
+    with pytest.warns(RaggedFieldWarning):
+        out = collate(samples)
+    if not compiled:
+        assert len(calls) == 1  # the walk placed them with the compiled plan's rule
+    for again in (out, collate(samples), collate(samples)):
+        got = again["img"]
+        assert got[1] == [] and isinstance(got[3], list)
+        assert_same(got[0], torch.stack([a, b]))
+        assert_same(got[2], c.unsqueeze(0))
+        assert_same(got[3], [d, wide])
+        assert len({t.untyped_storage().data_ptr() for t in (got[0], got[2], *got[3])}) == 1

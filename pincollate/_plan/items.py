@@ -10,6 +10,7 @@ the container classes kept, and errors that name their sample and path.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +20,27 @@ from .._batch.layout import Spec
 from .._batch.specs import DataclassSpec, ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
 from .._errors import Attr, CollateError
 from .._types.build import container_cls
-from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, is_namedtuple, is_sequence, kind_of
+from .._types.builtin import TENSOR_SHAPE
+from .._types.kinds import (
+    DATACLASS,
+    LISTS,
+    MAPPING,
+    NAMEDTUPLE,
+    SEQUENCE,
+    Registered,
+    is_namedtuple,
+    is_sequence,
+    kind_of,
+)
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
 from .column import MAX_DEPTH, Column, stack_or_list, stacked_class
 from .fallback import Fallbacks, two_shapes
 from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
+from .listed import ItemsRecipe
 from .patterns import ITEMS, Renames
 from .policies import AsList, Policy, Stack
+from .recipe import plain_tensors
 from .rows import Groups, Rows, column_for
 
 if TYPE_CHECKING:
@@ -149,6 +163,8 @@ class ItemWalk:
         if type(merged) is not TensorNode and not chosen:
             samples = [self._blame(i, path, origins)[0] for i in range(len(children))]
             self.fallbacks.report(path, _item_shapes(children, samples), items=True)
+            if origins is None:  # a column of the batch's samples: their items as the compiled plan lists them
+                return _listed_items(values) or merged
         return merged
 
     def _per_sample(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> Node:
@@ -301,6 +317,30 @@ def _item_shapes(children: list[Node], samples: list[int]) -> list[tuple[int, tu
                 return items
             stacks.append((sample, (len(items), *items[0][1]) if items else (0,)))
     return stacks
+
+
+def _listed_items(values: Sequence[Any]) -> Listed | None:
+    """Per-sample lists of plain tensors of one dtype and rank, listed as the compiled plan lists them, or ``None``.
+
+    Each sample's items one unit where they agree (its stack), else one unit each, all in one
+    region filled by one ``torch.cat`` (:meth:`~pincollate._plan.listed.ItemsRecipe.units`): the
+    walk and the compiled plan share that rule and that copy. What the walk merged first is what
+    this places (every sample's items do not stack as one tensor).
+    """
+    if set(map(type, values)) - LISTS:
+        return None  # an absent list (missing="none"), or not a list
+    flat = list(itertools.chain.from_iterable(values))
+    described = plain_tensors(flat)
+    if described is None:
+        return None
+    recipe = ItemsRecipe(*described, items=True)
+    counts, shapes = list(map(len, values)), list(map(TENSOR_SHAPE, flat))
+
+    def place(fill: Fill) -> Spec:
+        units, groups, sizes, pieces = recipe.units(flat, counts, shapes)
+        return recipe.placed(fill, units, groups, sizes, pieces or [flat[0].reshape(-1)])
+
+    return Listed(place)
 
 
 def _unstack(slot: TensorNode) -> TensorNode:

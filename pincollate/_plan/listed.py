@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .._batch.layout import Part
+from .._batch.layout import Part, Spec
 from .._batch.list_specs import ItemsSpec, SplitSpec
 from .._batch.views import ALIGN, pitch
 from .._types.builtin import concat_tensors, stack_tensors
@@ -183,10 +183,16 @@ class ItemsRecipe(Recipe):
             fill.tasks.append((_stack_items, stacked, flat, None))
             fill.parts[index] = Part(stacked)
             return True
-        region = place(fill, dtype, (sum(sizes),))
-        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
-        fill.parts[index] = Part(ItemsSpec(SplitSpec(region, sizes, units), groups))
+        fill.parts[index] = Part(self.placed(fill, units, groups, sizes, pieces or [flat[0].reshape(-1)]))
         return True
+
+    def placed(
+        self, fill: Fill, units: list[tuple[int, ...]], groups: list[int], sizes: list[int], pieces: list[torch.Tensor]
+    ) -> Spec:
+        """Listed items (:meth:`units`'s) in one region of the batch, filled by one ``torch.cat``: their spec."""
+        region = place(fill, self.dtype, (sum(sizes),))
+        fill.tasks.append((concat_tensors, region, pieces, None))
+        return ItemsSpec(SplitSpec(region, sizes, units), groups)
 
     def arranged(
         self, flat: Sequence[torch.Tensor], counts: Sequence[int], shapes: Sequence[torch.Size]
