@@ -1238,3 +1238,68 @@ def test_a_padded_field_that_turns_0_d_beside_an_absent_value_gets_the_walks_res
         [{"x": torch.ones(1)}, {"x": None}],
     ):
         assert_same_outcome(collate, reference, batch)
+
+
+# --- a value's memory: what no copy reads is still checked ------------------------------------
+
+
+def _unread_cases() -> dict[str, tuple[dict[str, Any], Callable[[Any], list[dict]]]]:
+    """Per policy: the collate's settings, and samples whose first value is ``bad`` (else plain)."""
+    two, one = (lambda n: torch.ones(n, 3)), (lambda n: torch.ones(n))
+    return {
+        "AsList rows": (
+            {"fields": {"x": AsList()}},
+            lambda bad, f=two: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
+        ),
+        "AsList 1-D": (
+            {"fields": {"x": AsList()}},
+            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
+        ),
+        "no policy": ({}, lambda bad, f=two: [{"x": f(2) if bad is None else bad}, {"x": f(4)}]),
+        "Pad": ({"fields": {"x": Pad()}}, lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}]),
+        "Concat 1-D": (
+            {"fields": {"x": Concat()}},
+            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
+        ),
+        "Jagged 1-D": (
+            {"fields": {"x": Jagged()}},
+            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
+        ),
+        "PerSample": (
+            {"fields": {"t": PerSample()}},
+            lambda bad, f=two: [{"t": {"b": f(2) if bad is None else bad}}, {"t": {"b": f(4)}}],
+        ),
+        "items": (
+            {"sequences": "items"},
+            lambda bad, f=two: [{"x": [f(2) if bad is None else bad]}, {"x": [f(4), f(1)]}],
+        ),
+    }
+
+
+@pytest.mark.parametrize("memory", ["sparse", "meta"])
+@pytest.mark.parametrize("name", sorted(_unread_cases()))
+def test_a_value_without_elements_in_sparse_or_meta_memory_is_refused_by_a_warm_plan_as_by_the_walk(name, memory):
+    # No copy reads a value without elements: the plan's guard reads its memory, and the walk names it.
+    settings, samples = _unread_cases()[name]
+    shape = (0,) if "1-D" in name or name in ("Pad", "Jagged 1-D", "Concat 1-D") else (0, 3)
+    bad = torch.zeros(shape).to_sparse() if memory == "sparse" else torch.empty(shape, device="meta")
+    expected = "sparse or non-strided" if memory == "sparse" else "expected a CPU tensor"
+    for compiled in (False, True):
+        collate = MMCollate(pin_memory=False, compile=compiled, **settings)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaggedFieldWarning)
+            for _ in range(3):  # walked, planned, warm
+                collate(samples(None))
+            with pytest.raises(CollateError, match=rf"sample 0 at \[.*\]: {expected}"):
+                collate(samples(bad))
+
+
+def test_a_sparse_value_that_a_recipe_reshapes_is_refused_with_its_sample_and_path():
+    # Values of one rank whose trailing sizes differ are listed flat: reshaped before any copy reads them.
+    good = [{"x": torch.ones(2, 3)}, {"x": torch.ones(3, 2)}]
+    bad = [{"x": torch.ones(2, 3)}, {"x": torch.ones(3, 2).to_sparse()}]
+    collate = MMCollate(pin_memory=False, fields={"x": AsList()})
+    for _ in range(3):
+        collate(good)
+    with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: sparse or non-strided"):
+        collate(bad)

@@ -36,7 +36,15 @@ from .._errors import format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence, new_dataclass
-from .._types.builtin import KEPT_VALUES, TENSOR_DTYPE, TENSOR_SHAPE, concat_tensors, fill_numbers, stack_tensors
+from .._types.builtin import (
+    KEPT_VALUES,
+    TENSOR_DTYPE,
+    TENSOR_SHAPE,
+    concat_tensors,
+    fill_numbers,
+    plain_memory,
+    stack_tensors,
+)
 from .._types.kinds import LISTS
 from .fill import Mismatch
 from .listed import ItemsRecipe, ListRecipe, NumberItems, number_items, zero_rows
@@ -132,6 +140,7 @@ _WHOLE: dict[str, Any] = {
     "KEPT_VALUES": KEPT_VALUES,
     "fill_spaced": fill_spaced,
     "pitch": pitch,
+    "plain_memory": plain_memory,
     "prod": math.prod,
 }
 
@@ -1006,7 +1015,10 @@ _SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the
 def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: bool = False) -> str:
     """A part's column of tensors checked at C speed, as its recipe's ``shapes`` checks it: returns the shapes' local.
 
-    One exact class, one dtype and one rank (``some``: and at least one value).
+    One exact class, one dtype and one rank (``some``: and at least one value), strided in CPU
+    memory. The copies refuse a sparse, meta or accelerator value with elements, so memory is
+    read only where a value has none (no copy reads it), or where the recipe reshapes the
+    values (items) before any copy.
     """
     shapes = w.local("s")
     empty = f"not {values} or " if some else ""
@@ -1024,6 +1036,9 @@ def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: b
         w.line(inner, f"if {classes} or {dtypes}:")
     w.line(inner + 1, _SLOW)
     w.line(inner, f"{shapes} = list(map(TENSOR_SHAPE, {values}))")
+    unread = f"0 in chain({shapes}) and " if not some else ""
+    w.line(inner, f"if {unread}not plain_memory({values}):  # sparse, meta or accelerator: the careful error")
+    w.line(inner + 1, _SLOW)
     w.line(depth, "except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape")
     w.line(depth + 1, _SLOW)
     w.line(depth, f"if set(map(len, {shapes})) != {w.const(frozenset((recipe.ndim,)))}:")

@@ -20,7 +20,15 @@ import torch
 
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align
-from .._types.builtin import ARRAY_DTYPE, NUMBER_TYPES, TENSOR_DTYPE, TENSOR_SHAPE, builtin, numbers_tensor
+from .._types.builtin import (
+    ARRAY_DTYPE,
+    NUMBER_TYPES,
+    TENSOR_DTYPE,
+    TENSOR_SHAPE,
+    builtin,
+    numbers_tensor,
+    plain_memory,
+)
 from .._types.kinds import LISTS
 from .._types.leaves import lookup
 from .._types.wrap import Wrap
@@ -85,11 +93,11 @@ class Recipe:
         return True
 
     def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
-        """The values' shapes if they are tensors of the planned class, dtype and rank.
+        """The values' shapes if they are strided CPU tensors of the planned class, dtype and rank.
 
-        Their device and layout are checked by the copies themselves: a copy from a
-        sparse, meta or accelerator tensor into the buffer raises, and the op that ran
-        the recipe (its owner) has the batch planned again, carefully.
+        A sparse, meta or accelerator tensor goes to the careful planner, which names it: the
+        copies would refuse one with elements, but a recipe reshapes some values before any
+        copy reads them, and none reads a value without elements.
         """
         if type(values) is Joined:  # plain tensors concatenated already: one dtype and rank, shapes from the lengths
             flat = values.flat
@@ -107,7 +115,7 @@ class Recipe:
             return None
 
     def _shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
-        if set(map(TENSOR_DTYPE, values)) != self.dtypes:
+        if set(map(TENSOR_DTYPE, values)) != self.dtypes or not plain_memory(values):
             return None
         shapes = list(map(TENSOR_SHAPE, values))
         return shapes if set(map(len, shapes)) == {self.ndim} else None

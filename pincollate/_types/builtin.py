@@ -43,6 +43,7 @@ __all__ = [
     "ints_fit_float64",
     "number_dtype",
     "numbers_tensor",
+    "plain_memory",
     "stack_tensors",
     "torch_dtype",
 ]
@@ -84,6 +85,19 @@ _QUANTIZED = frozenset(
 )
 
 
+def plain_memory(values: Sequence[Any]) -> bool:
+    """Whether every tensor of ``values`` is strided and in CPU memory, read at C speed: what a copy into the buffer reads.
+
+    A sparse, meta or accelerator tensor is refused by the copy that reads it; one without
+    elements is read by no copy, so a plan's guard asks this of such values.
+
+    Examples:
+        >>> plain_memory([torch.zeros(2), torch.zeros(0)]), plain_memory([torch.zeros(0, device="meta")])
+        (True, False)
+    """
+    return set(map(_TENSOR_LAYOUT, values)) <= _STRIDED and set(map(_TENSOR_IS_CPU, values)) <= _TRUE
+
+
 def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
     """:func:`describe_tensor` of a column of plain CPU strided tensors, read at C speed: the dtypes and shapes.
 
@@ -92,11 +106,7 @@ def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple
     nested tensor has no shape (reading it raises); a quantized one has a quantized dtype.
     """
     try:
-        if (
-            set(map(type, values)) != _TENSOR_TYPE
-            or set(map(_TENSOR_LAYOUT, values)) != _STRIDED
-            or set(map(_TENSOR_IS_CPU, values)) != _TRUE
-        ):
+        if set(map(type, values)) != _TENSOR_TYPE or not plain_memory(values):
             return None
         dtypes = list(map(TENSOR_DTYPE, values))
         if not _QUANTIZED.isdisjoint(dtypes):

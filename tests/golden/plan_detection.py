@@ -31,6 +31,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         if set(map(type, c3)) != k13 or set(map(TENSOR_DTYPE, c3)) != k14:
             return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
         s4 = list(map(TENSOR_SHAPE, c3))
+        if 0 in chain(s4) and not plain_memory(c3):  # sparse, meta or accelerator: the careful error
+            return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     if set(map(len, s4)) != k15:
@@ -57,6 +59,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         if set(map(type, c15)) != k19 or set(map(TENSOR_DTYPE, c15)) != k20:
             return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
         s16 = list(map(TENSOR_SHAPE, c15))
+        if 0 in chain(s16) and not plain_memory(c15):  # sparse, meta or accelerator: the careful error
+            return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     if set(map(len, s16)) != k21:
