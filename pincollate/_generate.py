@@ -4,7 +4,8 @@ Code is written as lines with a constant table: every key, class and object the 
 is read from a name of the table (``k0``, ``k1``, ...), never spliced into the source as
 text, and comments carry only printable characters, so no value of a sample or a plan can
 become code. The source is compiled under a unique file name registered in :mod:`linecache`,
-so tracebacks and debuggers show the generated lines as they show a file's.
+so tracebacks and debuggers show the generated lines as they show a file's, for as long as
+the function lives: plans come and go (a cache of a few dozen), their sources with them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import itertools
 import linecache
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -62,4 +64,7 @@ class Writer:
         namespace = {**names, **self.constants}
         exec(compile(source, filename, "exec"), namespace)
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        return namespace["run"], source, filename
+        run = namespace["run"]
+        # Its lines go with the function: a long run plans and drops many structures.
+        weakref.finalize(run, linecache.cache.pop, filename, None)
+        return run, source, filename

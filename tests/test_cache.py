@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import re
 import warnings
@@ -178,12 +179,33 @@ def test_a_batch_that_fails_teaches_the_cache_nothing():
     assert collate._plans.planned == 1
 
 
-def test_the_cache_is_bounded():
+def test_the_cache_is_bounded_and_so_are_the_sources_of_its_plans():
+    import linecache
+
+    def ours() -> set[str]:
+        return {name for name in linecache.cache if name.startswith("<pincollate")}
+
+    gc.collect()
+    before = ours()
     collate = MMCollate()
     collate._plans.capacity = 4
-    for n in range(1, 10):
-        collate([{"x": torch.zeros(n)}] * 2)
+    for n in range(40):  # 40 structures: a key of its own each
+        collate([{f"x{n}": torch.zeros(2)}] * 2)
     assert len(collate._plans._plans) == 4
+    gc.collect()
+    # The dropped plans' generated lines went with their functions (a plan's function and its batch's build).
+    assert len(ours() - before) <= 2 * 4
+
+
+def test_a_field_whose_shape_changes_from_batch_to_batch_is_planned_once():
+    # A bucketed length or a resized image: one shape in a batch, another in the next. The
+    # field is planned for each batch (its sizes read) once a second shape comes: one plan,
+    # not one plan and one compile per shape.
+    collate = MMCollate(pin_memory=False)
+    for n in [3, 5, 7, 3, 9, 11, 5, 13, 2, 8] * 3:
+        samples = [{"x": torch.full((n, 4), float(i)), "label": i} for i in range(4)]
+        assert_identical(collate(samples), default_collate(samples))
+    assert collate._plans.planned <= 2
 
 
 def test_ragged_fields_are_parts_after_the_cached_slots():

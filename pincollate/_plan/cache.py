@@ -224,6 +224,9 @@ class Plans:
         self._seen: OrderedDict[Hashable, None] = OrderedDict()
         #: The careful walk of a whole batch, by batch size: what a first sight runs.
         self._walks: dict[int, Plan] = {}
+        #: Each structure's last planned signature: where a new one differs only in shapes, those
+        #: fields are planned for each batch from then on (one plan, not one per shape).
+        self._shapes: OrderedDict[Hashable, Hashable] = OrderedDict()
         self._lock = threading.Lock()
 
     def signature(self, samples: Sequence[Any]) -> Hashable:
@@ -271,6 +274,13 @@ class Plans:
         """
         with self._lock:  # another thread may be committing what it learnt
             careful = {*self.careful, *learned}
+            structure = (len(samples), _signature(samples[0], (), careful, self.items, shapes=False))
+            before = self._shapes.get(structure)
+        if before is not None:
+            # A structure planned before, with other shapes: the fields whose shapes change from
+            # batch to batch (a bucketed length, a resized image) are planned for each batch by
+            # their recipe, which reads their sizes, so a loader of many shapes compiles one plan.
+            careful.update(_varying(before[1], _signature(samples[0], (), careful, self.items), ()))  # type: ignore[index]
         if not self.settings.compiled or _refers_to_itself(samples[0]):
             # The careful walk for the whole batch: asked for (compile=False), or it names
             # where the sample refers to itself, whatever was planned before.
@@ -289,6 +299,10 @@ class Plans:
                 self.last = plan
                 if len(self._plans) > self.capacity:
                     self._plans.popitem(last=False)
+                self._shapes[structure] = plan.key
+                self._shapes.move_to_end(structure)
+                if len(self._shapes) > 4 * self.capacity:
+                    self._shapes.popitem(last=False)
 
         return plan, commit
 
@@ -336,6 +350,30 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
             for key, child in zip(keys, children, strict=False)
         ),
     )
+
+
+def _varying(before: object, now: object, path: Path) -> list[Path]:
+    """The key paths where two signatures of one structure differ: a tensor's shape, a list's length.
+
+    Containers that agree in class and keys are looked into; the root never counts (a whole
+    batch walked is no plan).
+    """
+    if before == now:
+        return []
+    if (
+        type(before) is tuple
+        and type(now) is tuple
+        and len(before) == len(now) > 1
+        and before[0] == now[0]
+        and all(type(a) is tuple and len(a) == 3 for a in (*before[1:], *now[1:]))
+        and [a[:2] for a in before[1:]] == [b[:2] for b in now[1:]]
+    ):
+        # A mapping, sequence or registered container: (key type, key, child signature) per child.
+        found: list[Path] = []
+        for a, b in zip(before[1:], now[1:], strict=True):
+            found.extend(_varying(a[2], b[2], (*path, a[1])))
+        return found
+    return [path] if path else []
 
 
 def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0) -> bool:
