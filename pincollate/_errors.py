@@ -8,7 +8,11 @@ import pickle
 import re
 from collections.abc import Hashable, Sequence
 
-__all__ = ["Attr", "CollateError", "format_path"]
+__all__ = ["ITEMS", "Attr", "CollateError", "format_path"]
+
+#: The key path entry of a sample's items (a list under item semantics): every item,
+#: matched by ``*`` in a field pattern, never by an index.
+ITEMS = "*"
 
 
 class Attr(str):

@@ -197,14 +197,22 @@ def test_the_cache_is_bounded_and_so_are_the_sources_of_its_plans():
     assert len(ours() - before) <= 2 * 4
 
 
-def test_a_field_whose_shape_changes_from_batch_to_batch_is_planned_once():
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_field_whose_shape_changes_from_batch_to_batch_is_planned_once(padded):
     # A bucketed length or a resized image: one shape in a batch, another in the next. The
     # field is planned for each batch (its sizes read) once a second shape comes: one plan,
-    # not one plan and one compile per shape.
-    collate = MMCollate(pin_memory=False)
+    # not one plan and one compile per shape. Beside a padded field, which the first plan
+    # learns is planned for each batch, too.
+    collate = MMCollate(pin_memory=False, fields={"ids": Pad()} if padded else None)
+    walk = MMCollate(pin_memory=False, fields={"ids": Pad()} if padded else None, compile=False)
     for n in [3, 5, 7, 3, 9, 11, 5, 13, 2, 8] * 3:
         samples = [{"x": torch.full((n, 4), float(i)), "label": i} for i in range(4)]
-        assert_identical(collate(samples), default_collate(samples))
+        if padded:
+            for i, sample in enumerate(samples):
+                sample["ids"] = torch.arange(i + n % 3 + 1)
+        else:
+            assert_identical(collate(samples), default_collate(samples))
+        assert_identical(collate(samples), walk(samples))
     assert collate._plans.planned <= 2
 
 

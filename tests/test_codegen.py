@@ -344,3 +344,15 @@ def test_keys_equal_to_the_plan_s_but_not_the_same_come_back_as_the_sample_s_own
     assert_identical(out, expected)
     assert [repr(key) for key in out] == [repr(key) for key in expected]
     assert [repr(key) for key in out["target"][0]] == [repr(key) for key in expected["target"][0]]
+
+
+@pytest.mark.walk_first
+def test_a_plan_with_nothing_to_copy_compiles_and_makes_its_batch():
+    # PerSample() targets of strings alone: the plan's function has lists to place and no copy.
+    from pincollate import PerSample
+
+    collate = MMCollate(pin_memory=False, fields={"t": PerSample()})
+    samples = [{"t": {"name": "a", "tag": None}}, {"t": {"name": "b", "tag": b"x"}}]
+    for _ in range(3):  # walked, then planned and compiled, then warm
+        assert collate(samples) == {"t": [{"name": "a", "tag": None}, {"name": "b", "tag": b"x"}]}
+    assert collate._plans.planned == 1

@@ -108,8 +108,9 @@ def _settle(
 ) -> None:
     """Record what happened to the lease's storage; end the lease once the rule says so.
 
-    A weak reference's callback: what it reads is bound here, so it runs even while the
-    interpreter exits and this module's names are gone.
+    A weak reference's callback. ``_exiting`` is bound here: one that runs while the interpreter
+    exits, after this module's names may be gone, returns at once (as a finalizer with
+    ``atexit = False`` did). The others are bound to spare a global look-up per batch.
     """
     if _exiting or _getpid() != lease.pid:
         return  # a fork child's copy dying says nothing about this process's lease

@@ -207,7 +207,9 @@ class Plans:
     A structure is compiled the second time it comes (:meth:`first_sight`): its first batch
     is the careful walk's, which costs a fraction of planning and compiling, so a structure
     seen once (an epoch's last, smaller batch) never pays for code it would not run again.
-    New shapes of a structure seen before (another bucket's) are planned at once.
+    New shapes of a structure seen before (another bucket's) are planned at once, and the fields
+    whose shapes differ from the structure's last plan are planned for each batch from then on
+    (:func:`_varying`): one plan for every shape.
     """
 
     def __init__(self, settings: Settings, planner: Planner, capacity: int = 64):
@@ -299,8 +301,10 @@ class Plans:
                 self.last = plan
                 if len(self._plans) > self.capacity:
                     self._plans.popitem(last=False)
-                self._shapes[structure] = plan.key
-                self._shapes.move_to_end(structure)
+                # Under the structure later batches compute, now that the careful paths are known.
+                now = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False))
+                self._shapes[now] = plan.key
+                self._shapes.move_to_end(now)
                 if len(self._shapes) > 4 * self.capacity:
                     self._shapes.popitem(last=False)
 
@@ -365,7 +369,8 @@ def _varying(before: object, now: object, path: Path) -> list[Path]:
         and type(now) is tuple
         and len(before) == len(now) > 1
         and before[0] == now[0]
-        and all(type(a) is tuple and len(a) == 3 for a in (*before[1:], *now[1:]))
+        # (key type, key, child) per child; a leaf handler's own signature is no such tuple of tuples.
+        and all(type(a) is tuple and len(a) == 3 and isinstance(a[0], type) for a in (*before[1:], *now[1:]))
         and [a[:2] for a in before[1:]] == [b[:2] for b in now[1:]]
     ):
         # A mapping, sequence or registered container: (key type, key, child signature) per child.

@@ -32,7 +32,7 @@ from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
 from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
-from .._errors import format_path
+from .._errors import ITEMS, format_path
 from .._generate import Writer, text
 from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence, new_dataclass
@@ -63,7 +63,6 @@ from .ops import (
 from .packed import ConcatRecipe, spread
 from .packing import INT32_MAX
 from .padding import Joined, nonempty, pad_1d, valid_1d
-from .patterns import ITEMS
 from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, number_tensor
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
@@ -717,6 +716,8 @@ def _copies(w: _PlanWriter, copies: list[tuple[Any, Any, str, Op]], size: int, l
         key, name = w.const(id(spec)), w.local("region")
         w.line(1, f"{name} = made[{key}] if {key} in made else {w.const(spec)}.region(views)")
         regions.append(name)
+    if not copies:
+        return  # nothing to copy (a batch of strings and None alone): no guard either
     w.line(1, "grad = is_grad_enabled()")
     w.line(1, "set_grad_enabled(False)  # copies into the buffer are never part of a graph")
     w.line(1, "try:")

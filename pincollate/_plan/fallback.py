@@ -18,8 +18,7 @@ import warnings
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from .._errors import format_path
-from .patterns import ITEMS
+from .._errors import ITEMS, format_path
 
 __all__ = ["Fallbacks", "FieldFallback", "RaggedFieldWarning", "two_shapes"]
 

@@ -18,7 +18,7 @@ import torch
 
 from .._batch.layout import Spec
 from .._batch.specs import DataclassSpec, ListSpec, MappingSpec, NamedTupleSpec, RegisteredSpec, SequenceSpec
-from .._errors import Attr, CollateError
+from .._errors import ITEMS, Attr, CollateError
 from .._types.build import container_cls
 from .._types.builtin import TENSOR_SHAPE
 from .._types.kinds import (
@@ -38,7 +38,7 @@ from .column import MAX_DEPTH, Column, stack_or_list, stacked_class
 from .fallback import Fallbacks, two_shapes
 from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .listed import ItemsRecipe
-from .patterns import ITEMS, Renames
+from .patterns import Renames
 from .policies import AsList, Policy, Stack
 from .recipe import plain_tensors
 from .rows import Groups, Rows, column_for

@@ -14,7 +14,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,12 +26,10 @@ from .._types.builtin import concat_tensors, stack_tensors
 from .._types.kinds import LISTS
 from .._types.leaves import lookup
 from .._types.wrap import Wrap
+from .fallback import FieldFallback
 from .fill import Fill
 from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
-
-if TYPE_CHECKING:  # the walk's column lists through this module, and fallback's patterns name the walk's policies
-    from .fallback import FieldFallback
 
 __all__ = ["ItemsRecipe", "ListRecipe", "NumberItems", "items_recipe", "number_items", "zero_rows"]
 

@@ -7,17 +7,13 @@ import re
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING
 
-from .._errors import CollateError
+from .._errors import ITEMS, CollateError
 from .policies import Policy
 
 if TYPE_CHECKING:
     from .fallback import Fallbacks
 
-__all__ = ["ITEMS", "FieldRules", "Renames", "Settings"]
-
-#: The key path entry of a sample's items (a list under item semantics): every item,
-#: matched by ``*`` in a pattern, never by an index.
-ITEMS = "*"
+__all__ = ["FieldRules", "Renames", "Settings"]
 
 Path = tuple[Hashable, ...]
 

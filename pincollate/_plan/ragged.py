@@ -28,6 +28,7 @@ import torch
 
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align, numpy_dtype
+from .._errors import ITEMS
 from .._types.builtin import NUMBER_TYPES, builtin, fill_numbers, ints_fit_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
 from .._types.leaves import lookup
@@ -39,7 +40,6 @@ from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
-from .patterns import ITEMS
 from .policies import AsList, Pad, PerSample, Policy, Stack, fits
 from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
