@@ -565,6 +565,19 @@ def test_an_absent_value_under_pad_has_length_zero_along_the_padded_dimension(co
 # --- per-sample lists of tensors: one region, in the walk as in the compiled plan ------------------
 
 
+def _counted(monkeypatch, cls: type, name: str) -> list:
+    """The objects whose method ``name`` of ``cls`` runs from now on, in order (the method still runs)."""
+    calls = []
+    method = getattr(cls, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(self)
+        return method(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
 def _listed_samples():
     from torchvision import tv_tensors
 
@@ -617,14 +630,7 @@ def test_the_walk_lists_a_column_with_the_compiled_plans_own_copy(monkeypatch):
     # One size rule and one copy for per-sample lists: the walk runs ListRecipe.sized.
     from pincollate._plan.listed import ListRecipe
 
-    calls = []
-    sized = ListRecipe.sized
-
-    def counted(self, *args, **kwargs):
-        calls.append(self)
-        return sized(self, *args, **kwargs)
-
-    monkeypatch.setattr(ListRecipe, "sized", counted)
+    calls = _counted(monkeypatch, ListRecipe, "sized")
     samples = [{"rows": sample["rows"]} for sample in _listed_samples()]
     out = MMCollate(pin_memory=False, compile=False, fields={"rows": AsList()})(samples)
     assert len(calls) == 1 and [t.shape for t in out["rows"]] == [(4, 3), (0, 3), (2, 3), (2, 3)]
@@ -637,14 +643,7 @@ def test_persample_subtrees_lie_in_one_region_per_place_in_the_walk_as_in_the_co
     # does (the boxes of every image in one region), and a later batch's plan gives the same batch.
     from pincollate._plan.rows import Rows
 
-    calls = []
-    place = Rows.place
-
-    def counted(self, *args, **kwargs):
-        calls.append(self)
-        return place(self, *args, **kwargs)
-
-    monkeypatch.setattr(Rows, "place", counted)
+    calls = _counted(monkeypatch, Rows, "place")
 
     def target(i):
         return {"boxes": torch.arange(4.0 * i).reshape(i, 4), "labels": torch.arange(i), "id": i, "name": f"img{i}"}
@@ -671,14 +670,7 @@ def test_items_that_do_not_stack_lie_in_one_region_in_the_walk_as_in_the_compile
     # do not, all in one region, by the compiled plan's own placement (the walk runs it too).
     from pincollate._plan.listed import ItemsRecipe
 
-    calls = []
-    placed = ItemsRecipe.placed
-
-    def counted(self, *args, **kwargs):
-        calls.append(self)
-        return placed(self, *args, **kwargs)
-
-    monkeypatch.setattr(ItemsRecipe, "placed", counted)
+    calls = _counted(monkeypatch, ItemsRecipe, "placed")
     a, b, c, d = (torch.full((2, 3), float(i)) for i in range(4))
     wide = torch.arange(8.0).reshape(2, 4)
     samples = [{"img": [a, b]}, {"img": []}, {"img": [c]}, {"img": [d, wide]}]

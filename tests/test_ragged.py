@@ -1243,45 +1243,26 @@ def test_a_padded_field_that_turns_0_d_beside_an_absent_value_gets_the_walks_res
 # --- a value's memory: what no copy reads is still checked ------------------------------------
 
 
-def _unread_cases() -> dict[str, tuple[dict[str, Any], Callable[[Any], list[dict]]]]:
-    """Per policy: the collate's settings, and samples whose first value is ``bad`` (else plain)."""
-    two, one = (lambda n: torch.ones(n, 3)), (lambda n: torch.ones(n))
-    return {
-        "AsList rows": (
-            {"fields": {"x": AsList()}},
-            lambda bad, f=two: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
-        ),
-        "AsList 1-D": (
-            {"fields": {"x": AsList()}},
-            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
-        ),
-        "no policy": ({}, lambda bad, f=two: [{"x": f(2) if bad is None else bad}, {"x": f(4)}]),
-        "Pad": ({"fields": {"x": Pad()}}, lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}]),
-        "Concat 1-D": (
-            {"fields": {"x": Concat()}},
-            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
-        ),
-        "Jagged 1-D": (
-            {"fields": {"x": Jagged()}},
-            lambda bad, f=one: [{"x": f(2) if bad is None else bad}, {"x": f(4)}],
-        ),
-        "PerSample": (
-            {"fields": {"t": PerSample()}},
-            lambda bad, f=two: [{"t": {"b": f(2) if bad is None else bad}}, {"t": {"b": f(4)}}],
-        ),
-        "items": (
-            {"sequences": "items"},
-            lambda bad, f=two: [{"x": [f(2) if bad is None else bad]}, {"x": [f(4), f(1)]}],
-        ),
-    }
+#: Per policy: the collate's settings, a value without elements, and a sample holding a value.
+_UNREAD: dict[str, tuple[dict[str, Any], tuple[int, ...], Callable[[Any], dict]]] = {
+    "AsList rows": ({"fields": {"x": AsList()}}, (0, 3), lambda value: {"x": value}),
+    "AsList 1-D": ({"fields": {"x": AsList()}}, (0,), lambda value: {"x": value}),
+    "no policy": ({}, (0, 3), lambda value: {"x": value}),
+    "Pad": ({"fields": {"x": Pad()}}, (0,), lambda value: {"x": value}),
+    "Concat 1-D": ({"fields": {"x": Concat()}}, (0,), lambda value: {"x": value}),
+    "Jagged 1-D": ({"fields": {"x": Jagged()}}, (0,), lambda value: {"x": value}),
+    "PerSample": ({"fields": {"t": PerSample()}}, (0, 3), lambda value: {"t": {"b": value}}),
+    "items": ({"sequences": "items"}, (0, 3), lambda value: {"x": [value, torch.ones(1, 3)]}),
+}
 
 
 @pytest.mark.parametrize("memory", ["sparse", "meta"])
-@pytest.mark.parametrize("name", sorted(_unread_cases()))
+@pytest.mark.parametrize("name", sorted(_UNREAD))
 def test_a_value_without_elements_in_sparse_or_meta_memory_is_refused_by_a_warm_plan_as_by_the_walk(name, memory):
     # No copy reads a value without elements: the plan's guard reads its memory, and the walk names it.
-    settings, samples = _unread_cases()[name]
-    shape = (0,) if "1-D" in name or name in ("Pad", "Jagged 1-D", "Concat 1-D") else (0, 3)
+    settings, shape, sample = _UNREAD[name]
+    trailing = shape[1:]
+    good = [sample(torch.ones(2, *trailing)), sample(torch.ones(4, *trailing))]
     bad = torch.zeros(shape).to_sparse() if memory == "sparse" else torch.empty(shape, device="meta")
     expected = "sparse or non-strided" if memory == "sparse" else "expected a CPU tensor"
     for compiled in (False, True):
@@ -1289,9 +1270,9 @@ def test_a_value_without_elements_in_sparse_or_meta_memory_is_refused_by_a_warm_
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RaggedFieldWarning)
             for _ in range(3):  # walked, planned, warm
-                collate(samples(None))
+                collate(good)
             with pytest.raises(CollateError, match=rf"sample 0 at \[.*\]: {expected}"):
-                collate(samples(bad))
+                collate([sample(bad), good[1]])
 
 
 def test_a_sparse_value_that_a_recipe_reshapes_is_refused_with_its_sample_and_path():
