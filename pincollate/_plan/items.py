@@ -338,7 +338,7 @@ def _listed_items(values: Sequence[Any]) -> Listed | None:
 
     def place(fill: Fill) -> Spec:
         units, groups, sizes, pieces = recipe.units(flat, counts, shapes)
-        return recipe.placed(fill, units, groups, sizes, pieces or [flat[0].reshape(-1)])
+        return recipe.placed(fill, flat, units, groups, sizes, pieces)
 
     return Listed(place)
 

@@ -181,15 +181,22 @@ class ItemsRecipe(Recipe):
             fill.tasks.append((_stack_items, stacked, flat, None))
             fill.parts[index] = Part(stacked)
             return True
-        fill.parts[index] = Part(self.placed(fill, units, groups, sizes, pieces or [flat[0].reshape(-1)]))
+        fill.parts[index] = Part(self.placed(fill, flat, units, groups, sizes, pieces))
         return True
 
     def placed(
-        self, fill: Fill, units: list[tuple[int, ...]], groups: list[int], sizes: list[int], pieces: list[torch.Tensor]
+        self,
+        fill: Fill,
+        flat: Sequence[torch.Tensor],
+        units: list[tuple[int, ...]],
+        groups: list[int],
+        sizes: list[int],
+        pieces: list[torch.Tensor],
     ) -> Spec:
-        """Listed items (:meth:`units`'s) in one region of the batch, filled by one ``torch.cat``: their spec."""
+        """The items ``flat`` listed (:meth:`units`'s) in one region of the batch, filled by one ``torch.cat``: their spec."""
         region = place(fill, self.dtype, (sum(sizes),))
-        fill.tasks.append((concat_tensors, region, pieces, None))
+        # Items without elements leave no piece: cat then copies nothing, from a value of the dtype.
+        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
         return ItemsSpec(SplitSpec(region, sizes, units), groups)
 
     def arranged(

@@ -26,6 +26,7 @@ from .._types.builtin import (
     TENSOR_DTYPE,
     TENSOR_SHAPE,
     builtin,
+    describe_tensors,
     numbers_tensor,
     plain_memory,
 )
@@ -179,21 +180,15 @@ def kept_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int, type] | None:
 
 
 def _described(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
-    try:
-        dtypes = set(map(TENSOR_DTYPE, column))
-        ranks = {value.dim() for value in column}
-        if (
-            len(dtypes) != 1
-            or len(ranks) != 1
-            or any(v.is_nested or v.layout != torch.strided or not v.is_cpu for v in column)
-        ):
-            return None
-    except RuntimeError:
+    """The one dtype and rank (at least 1) of tensors the walk takes without a word (:func:`describe_tensors`), else ``None``."""
+    described = describe_tensors(column)
+    if described is None:
         return None
-    dtype, ndim = dtypes.pop(), ranks.pop()
-    if ndim == 0 or any(v.is_quantized for v in column):
+    dtypes, shapes = described
+    ranks = set(map(len, shapes))
+    if len(set(dtypes)) != 1 or len(ranks) != 1 or 0 in ranks:
         return None
-    return dtype, ndim
+    return dtypes[0], ranks.pop()
 
 
 def place(fill: Fill, dtype: torch.dtype, shape: tuple[int, ...], wrap: Wrap | None = None) -> TensorSpec:

@@ -37,6 +37,7 @@ __all__ = [
     "concat_tensors",
     "describe_plain",
     "describe_tensor",
+    "describe_tensors",
     "fill_numbers",
     "fits_float64",
     "fits_int64",
@@ -98,26 +99,38 @@ def plain_memory(values: Sequence[Any]) -> bool:
     return set(map(_TENSOR_LAYOUT, values)) <= _STRIDED and set(map(_TENSOR_IS_CPU, values)) <= _TRUE
 
 
-def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
-    """:func:`describe_tensor` of a column of plain CPU strided tensors, read at C speed: the dtypes and shapes.
+def describe_tensors(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
+    """The dtypes and shapes of tensors that ``describe_tensor`` takes without a word, read at C speed.
 
-    ``None`` where any value is something else (a subclass, ``None``, a nested, quantized,
-    sparse or accelerator tensor), which ``describe_tensor`` then names, value by value. A
-    nested tensor has no shape (reading it raises); a quantized one has a quantized dtype.
+    ``None`` where any value is something else (no tensor, ``None``, a nested, quantized,
+    sparse or accelerator tensor), or there are none. A nested tensor has no shape (reading it
+    raises); a quantized one has a quantized dtype. The values' classes are the caller's to check.
     """
+    if not values:
+        return None
     try:
-        if set(map(type, values)) != _TENSOR_TYPE or not plain_memory(values):
+        if not plain_memory(values):
             return None
         dtypes = list(map(TENSOR_DTYPE, values))
         if not _QUANTIZED.isdisjoint(dtypes):
             return None
         sizes = list(map(TENSOR_SHAPE, values))
-        first = sizes[0]
-        if sizes.count(first) == len(sizes):  # one shape (a column that stacks): one tuple
-            return dtypes, [tuple(first)] * len(sizes)
-        return dtypes, list(map(tuple, sizes))
-    except (RuntimeError, AttributeError):
+    except (RuntimeError, AttributeError, TypeError):
         return None
+    first = sizes[0]
+    if sizes.count(first) == len(sizes):  # one shape (a column that stacks): one tuple
+        return dtypes, [tuple(first)] * len(sizes)
+    return dtypes, list(map(tuple, sizes))
+
+
+def describe_plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
+    """:func:`describe_tensors` of a column of plain tensors (exactly ``torch.Tensor``); ``None`` else.
+
+    A subclass, ``None`` or a tensor ``describe_tensor`` refuses: it then names it, value by value.
+    """
+    if set(map(type, values)) != _TENSOR_TYPE:
+        return None
+    return describe_tensors(values)
 
 
 def stack_tensors(region: torch.Tensor, values: list[torch.Tensor]) -> None:
