@@ -637,6 +637,35 @@ def test_the_walk_lists_a_column_with_the_compiled_plans_own_copy(monkeypatch):
 
 
 @pytest.mark.walk_first
+def test_the_walk_and_the_planned_recipe_pad_by_one_size_rule(monkeypatch):
+    # One size rule for Pad: the walk (a first batch, or a batch its recipe does not describe) and
+    # the recipe planned for later batches both ask Pad.measure for the dims and padded sizes.
+    from pincollate._plan.cache import _nodes
+    from pincollate._plan.policies import Unpadded
+    from pincollate._plan.ragged import PadRecipe
+
+    calls = _counted(monkeypatch, Pad, "measure")
+    policy = Pad(multiple_of=4)
+    collate = MMCollate(pin_memory=False, fields={"x": policy})
+    samples = [{"x": torch.ones(2, 3), "i": 0}, {"x": torch.ones(5, 3), "i": 1}]
+    first = collate(samples)  # walked
+    assert calls == [policy] and first["x"].shape == (2, 8, 3)
+    collate(samples)  # planned: the recipe's guard and sizes
+    recipe = next(op.recipe for op in _nodes(collate._plans.last.op) if type(getattr(op, "recipe", None)) is PadRecipe)
+    calls.clear()
+    assert recipe.measure([torch.Size((2, 3)), torch.Size((7, 3))]) == ([2, 7], 0, (8, 3))
+    assert calls == [policy]
+    assert recipe.measure([torch.Size((2, 3)), torch.Size((2, 5))]) == ([3, 5], 1, (2, 8))
+    # Two padded dimensions (a mask over both): the walk's, not the recipe's.
+    assert recipe.measure([torch.Size((2, 3)), torch.Size((3, 4))]) is None
+    assert Pad().measure([(2, 3), (2, 4)]) == ((1,), [2, 4], [])
+    with pytest.raises(Unpadded, match=r"does not pad dim 1") as refused:
+        Pad(dims=[0]).measure([(2, 5), (1, 4), (2, 5)])
+    assert refused.value.index == 1
+    assert Pad(max_length=3, truncate=True).measure([(2,), (5,), (4,)]) == ((0,), [3], [1, 2])
+
+
+@pytest.mark.walk_first
 @pytest.mark.parametrize("compiled", [False, True])
 def test_persample_subtrees_lie_in_one_region_per_place_in_the_walk_as_in_the_compiled_plan(compiled, monkeypatch):
     # Detection targets, a mapping per image: the walk places each key's column as the compiled plan

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -27,7 +27,7 @@ from .fill import Node, Segment, TensorNode
 from .ops import PLAIN
 from .padding import fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
-__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "fits", "int_node"]
+__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "fits", "int_node"]
 
 
 class Policy:
@@ -151,6 +151,15 @@ def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int
     return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
+class Unpadded(Exception):
+    """:meth:`Pad.measure` refuses the shapes: ``message`` says why, ``index`` which value (its position)."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.index = index
+
+
 class Pad(Policy):
     """Pad ragged values to one shape; add their lengths and a validity mask.
 
@@ -226,6 +235,55 @@ class Pad(Policy):
         m = self.multiple_of
         return size if m is None else -(-size // m) * m
 
+    def measure(self, shapes: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[int], list[int]]:
+        """Padding's size rule, the one the careful walk and the compiled plan both follow.
+
+        ``shapes`` are those of the values present, of one rank (at least 1). Returns the
+        padded dimensions (``dims``, else those whose sizes differ, else the first), the
+        padded sizes of one value (``max_length`` exactly, or the longest rounded up to
+        ``multiple_of``), and the positions in ``shapes`` of the values longer than
+        ``max_length`` (cut with ``truncate``, else refused).
+
+        Raises:
+            Unpadded: ``dims`` out of range or naming a dimension twice, or a dimension it
+                does not pad whose sizes differ (with the position of the first such value).
+
+        Examples:
+            >>> Pad().measure([(3, 2), (5, 2)])
+            ((0,), [5, 2], [])
+            >>> Pad(max_length=4, truncate=True).measure([(3,), (5,)])
+            ((0,), [4], [1])
+        """
+        ndim = len(shapes[0])
+        per_dim = list(zip(*shapes, strict=True))
+        sizes = list(map(max, per_dim))
+        varying = [d for d, sizes_d in enumerate(per_dim) if len(set(sizes_d)) > 1]
+        if self.dims is None:
+            dims = tuple(varying) or (0,)
+        else:
+            dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
+            if any(not 0 <= d < ndim for d in dims):
+                raise Unpadded(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
+            if len(set(dims)) != len(dims):
+                raise Unpadded(f"Pad(dims={self.dims}) names a dimension twice for {ndim}-d values")
+            if any(d not in dims for d in varying):
+                for i, shape in enumerate(shapes):
+                    for d in range(ndim):
+                        if d not in dims and shape[d] != sizes[d]:
+                            raise Unpadded(
+                                f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({shape[d]} vs {sizes[d]})",
+                                i,
+                            )
+        longer: list[int] = []
+        if self.max_length is not None:
+            limit = self.max_length
+            longer = [i for i, shape in enumerate(shapes) if any(shape[d] > limit for d in dims)]
+            for d in dims:
+                sizes[d] = limit
+        for d in dims:
+            sizes[d] = self._round(sizes[d])
+        return dims, sizes, longer
+
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present
         shapes = dict(column.known)  # truncation may shorten some
@@ -243,38 +301,21 @@ class Pad(Policy):
         dtype = column.dtype
         if not fits(self.value, dtype):
             raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
-        sizes = [max(shapes[i][d] for i in present) for d in range(ndim)]
-        if self.dims is None:
-            dims = tuple(d for d in range(ndim) if any(shapes[i][d] != sizes[d] for i in present)) or (0,)
-        else:
-            dims = tuple(d % ndim if -ndim <= d < ndim else d for d in self.dims)
-            if any(not 0 <= d < ndim for d in dims):
-                raise column.error(f"Pad(dims={self.dims}) out of range for {ndim}-d values")
-            if len(set(dims)) != len(dims):
-                raise column.error(f"Pad(dims={self.dims}) names a dimension twice for {ndim}-d values")
-            for i in present:
-                for d in range(ndim):
-                    if d not in dims and shapes[i][d] != sizes[d]:
-                        raise column.error(
-                            f"Pad(dims={self.dims}) does not pad dim {d}, whose sizes differ ({shapes[i][d]} vs {sizes[d]})",
-                            i,
-                        )
+        try:
+            dims, sizes, longer = self.measure([shapes[i] for i in present])
+        except Unpadded as refused:
+            raise column.error(refused.message, None if refused.index is None else present[refused.index]) from None
         values = list(column.values)
-        if self.max_length is not None:
-            limit = self.max_length
-            for i in present:
-                if any(shapes[i][d] > limit for d in dims):
-                    if not self.truncate:
-                        raise column.error(
-                            f"shape {shapes[i]} is longer than Pad(max_length={limit}) (pass truncate=True to cut)", i
-                        )
-                    cut = tuple(slice(0, limit) if d in dims else slice(None) for d in range(ndim))
-                    values[i] = values[i][cut]
-                    shapes[i] = tuple(min(size, limit) if d in dims else size for d, size in enumerate(shapes[i]))
-            for d in dims:
-                sizes[d] = limit
-        for d in dims:
-            sizes[d] = self._round(sizes[d])
+        for j in longer:
+            i, limit = present[j], self.max_length
+            assert limit is not None  # only max_length makes a value too long
+            if not self.truncate:
+                raise column.error(
+                    f"shape {shapes[i]} is longer than Pad(max_length={limit}) (pass truncate=True to cut)", i
+                )
+            cut = tuple(slice(0, limit) if d in dims else slice(None) for d in range(ndim))
+            values[i] = values[i][cut]
+            shapes[i] = tuple(min(size, limit) if d in dims else size for d, size in enumerate(shapes[i]))
         n = len(column.values)
         shape = (n, *sizes)
         left = self.side == "left"

@@ -40,7 +40,7 @@ from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
-from .policies import AsList, Pad, PerSample, Policy, Stack, fits
+from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, fits
 from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
 
@@ -95,37 +95,22 @@ class PadRecipe(Recipe):
         return super().run(column, fill, index)
 
     def measure(self, shapes: Sequence[torch.Size]) -> tuple[list[int], int, tuple[int, ...]] | None:
-        """The size rule: the values' lengths, the padded dimension and the padded sizes of one value.
+        """The policy's size rule (:meth:`~pincollate.Pad.measure`, the walk's too) for this recipe:
+        the values' lengths, the padded dimension and the padded sizes of one value.
 
         ``None`` where the recipe does not describe the batch (several dimensions differ, or
         one that ``dims`` does not pad; a value longer than ``max_length``): the careful
         planner pads, truncates or names the sample. The compiled plan reads 1-D values'
         sizes inline, by this rule.
         """
-        if self.ndim == 1:
-            dim = 0
-            lengths = list(map(FIRST, shapes))
-            sizes = [max(lengths)]
-        else:
-            per_dim = list(zip(*shapes, strict=True))
-            varying = [d for d, sizes_d in enumerate(per_dim) if len(set(sizes_d)) > 1]
-            if self.dim is None:
-                if len(varying) > 1:
-                    return None  # several padded dimensions: the careful planner's mask
-                dim = varying[0] if varying else 0
-            else:
-                dim = self.dim
-                if any(d != dim for d in varying):
-                    return None  # the careful planner names the dimension that differs
-            lengths = list(per_dim[dim])
-            sizes = [max(sizes_d) for sizes_d in per_dim]
-        longest = sizes[dim]
-        policy = self.policy
-        if policy.max_length is not None:
-            if longest > policy.max_length:
-                return None  # truncated, or an error naming the sample: carefully
-            longest = policy.max_length
-        sizes[dim] = policy._round(longest)
+        try:
+            dims, sizes, longer = self.policy.measure(shapes)
+        except Unpadded:
+            return None  # the careful planner names the dimension that differs
+        if len(dims) != 1 or longer:
+            return None  # several padded dimensions (the careful planner's mask), or truncated or refused
+        dim = dims[0]
+        lengths = list(map(FIRST, shapes)) if dim == 0 else [shape[dim] for shape in shapes]
         return lengths, dim, tuple(sizes)
 
     def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
