@@ -60,8 +60,8 @@ from .ops import (
     fill_block,
     fill_one_field,
 )
-from .packed import ConcatRecipe, spread
-from .packing import INT32_MAX
+from .packed import ConcatRecipe
+from .packing import INT32_MAX, offsets, spread
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, number_tensor
@@ -125,6 +125,7 @@ _WHOLE: dict[str, Any] = {
     "number_items": number_items,
     "jagged": jagged,
     "spread": spread,
+    "concat_offsets": offsets,
     "cat": torch.cat,
     "INT32_MAX": INT32_MAX,
     "Layout": Layout,
@@ -912,7 +913,7 @@ def _concat_copies(w: _PlanWriter, part: CarefulOp, names: list[str], found: dic
     else:
         # An unused local starts with an underscore (the golden files are linted).
         item_offsets, offsets = w.local("io" if recipe.item_offsets_name else "_io"), w.local("o")
-        w.line(1, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts})")
+        w.line(1, f"{item_offsets}, {offsets} = concat_offsets({rows}, {counts})")
     for name, numbers in (
         (recipe.offsets_name, offsets),
         (recipe.counts_name, counts),
@@ -955,7 +956,7 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         # Jagged: int64 offsets, and the fewest and most rows of a sample (its nested tensor's) in the key.
         item_offsets, offsets, spread = w.local("io"), w.local("o"), w.local("spread")
         counts_arg = found.get("counts", "None")
-        w.line(depth, f"{item_offsets}, {offsets} = {w.const(recipe)}.offsets({rows}, {counts_arg})")
+        w.line(depth, f"{item_offsets}, {offsets} = concat_offsets({rows}, {counts_arg})")
         w.line(depth, f"{spread} = spread({offsets})")
         w.line(depth, f"{key} = (*{key}, {spread})")
         found.update(item_offsets=item_offsets, offsets=offsets, spread=spread)

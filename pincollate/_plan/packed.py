@@ -22,11 +22,11 @@ from .._batch.views import align
 from .._types.builtin import concat_tensors, fill_numbers, stack_tensors
 from .fill import Fill
 from .ops import FIRST
-from .packing import INT32_MAX, Concat, Jagged
+from .packing import INT32_MAX, Concat, Jagged, offsets, spread
 from .padding import Joined, nonempty
 from .recipe import Recipe, plain_tensors
 
-__all__ = ["ConcatRecipe", "concat_recipe", "spread"]
+__all__ = ["ConcatRecipe", "concat_recipe"]
 
 
 class ConcatRecipe(Recipe):
@@ -82,8 +82,8 @@ class ConcatRecipe(Recipe):
         total = sum(rows)
         if total > INT32_MAX and not self.jagged:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
-        item_offsets, offsets = self.offsets(rows, counts)
-        spread_ = spread(offsets) if self.jagged else (0, 0)
+        item_offsets, per_sample = offsets(rows, counts)
+        spread_ = spread(per_sample) if self.jagged else (0, 0)
         key = (total, tuple(trailing), len(values))
         part, specs, fill.offset = self.placed(fill.offset, len(column), key, spread_)
         pieces = [values.flat] if type(values) is Joined else nonempty(values, rows)
@@ -91,9 +91,9 @@ class ConcatRecipe(Recipe):
         tasks.append((concat_tensors, specs[0], pieces, None))
         numbers = iter(specs[1:])
         if self.jagged:
-            tasks.append((fill_numbers, next(numbers), offsets, None))
+            tasks.append((fill_numbers, next(numbers), per_sample, None))
         for name, found in (
-            (self.offsets_name, offsets),
+            (self.offsets_name, per_sample),
             (self.counts_name, counts),
             (self.item_offsets_name, item_offsets),
         ):
@@ -101,15 +101,6 @@ class ConcatRecipe(Recipe):
                 tasks.append((fill_numbers, next(numbers), found, None))
         fill.parts[index] = part
         return True
-
-    @staticmethod
-    def offsets(rows: list[int], counts: list[int] | None) -> tuple[list[int], list[int]]:
-        """The offsets rule: where each value's rows start (and the end), and where each sample's do."""
-        item_offsets = [0, *itertools.accumulate(rows)]
-        if counts is None:
-            return item_offsets, item_offsets
-        # Sample i's rows end where its last item's do.
-        return item_offsets, list(map(item_offsets.__getitem__, itertools.accumulate(counts, initial=0)))
 
     def placed(
         self, offset: int, n: int, key: tuple[int, tuple[int, ...], int], spread: tuple[int, int] = (0, 0)
@@ -152,22 +143,16 @@ class ConcatRecipe(Recipe):
             return False  # the careful planner names the item whose shape differs
         if len(values) > INT32_MAX:
             return False  # the careful planner says Concat's int32 offsets cannot hold it
-        _, offsets = self.offsets([1] * len(values), counts)  # each item whole: one row
+        per_sample = offsets([1] * len(values), counts)[1]  # each item whole: one row
         key = (len(values), tuple(shapes[0]), len(values))
         part, specs, fill.offset = self.placed(fill.offset, len(values) if counts is None else len(counts), key)
         fill.tasks.append((stack_tensors, specs[0], values, None))
         numbers = iter(specs[1:])
-        for name, found in ((self.offsets_name, offsets), (self.counts_name, counts)):
+        for name, found in ((self.offsets_name, per_sample), (self.counts_name, counts)):
             if name is not None:
                 fill.tasks.append((fill_numbers, next(numbers), found, None))
         fill.parts[index] = part
         return True
-
-
-def spread(offsets: list[int]) -> tuple[int, int]:
-    """The fewest and most rows of a sample, from the samples' offsets: a nested tensor's sequence lengths."""
-    per_sample = list(map(operator.sub, offsets[1:], offsets))
-    return min(per_sample, default=0), max(per_sample, default=0)
 
 
 def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Hashable
 from typing import Literal
 
@@ -19,9 +20,35 @@ from .column import Column
 from .fill import Node, Segment, TensorNode, Tree
 from .policies import Policy, int_node
 
-__all__ = ["INT32_MAX", "Concat", "Jagged"]
+__all__ = ["INT32_MAX", "Concat", "Jagged", "offsets", "spread"]
 
 INT32_MAX = 2**31 - 1
+
+
+def offsets(rows: list[int], counts: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """Packing's offsets rule, the careful walk's and the compiled plan's: where each value's rows start
+    (and the end), and where each sample's do.
+
+    ``counts``: how many of the values (items) each sample gave; ``None``: a value a sample,
+    whose offsets are the values' own.
+
+    Examples:
+        >>> offsets([2, 1, 3])
+        ([0, 2, 3, 6], [0, 2, 3, 6])
+        >>> offsets([2, 1, 3], counts=[2, 0, 1])
+        ([0, 2, 3, 6], [0, 3, 3, 6])
+    """
+    item_offsets = [0, *itertools.accumulate(rows)]
+    if counts is None:
+        return item_offsets, item_offsets
+    # Sample i's rows end where its last item's do.
+    return item_offsets, list(map(item_offsets.__getitem__, itertools.accumulate(counts, initial=0)))
+
+
+def spread(offsets: list[int]) -> tuple[int, int]:
+    """The fewest and most rows of a sample, from the samples' offsets: a nested tensor's sequence lengths."""
+    per_sample = list(map(operator.sub, offsets[1:], offsets))
+    return min(per_sample, default=0), max(per_sample, default=0)
 
 
 class Concat(Policy):
@@ -157,12 +184,12 @@ class Concat(Policy):
         return node, self._extras(rows, counts, name)
 
     def _extras(self, rows: list[int], counts: list[int] | None, name: Hashable) -> dict[str, Node]:
-        """Offsets per sample; with lists of items, also counts and item offsets."""
+        """Offsets per sample; with lists of items, also counts and item offsets (:func:`offsets`)."""
         extras: dict[str, Node] = {}
-        per_sample = rows if counts is None else _group(rows, counts)
+        item_offsets, per_sample = offsets(rows, counts)
         offsets_name = self._extra_name(self.offsets_key, name)
         if offsets_name is not None:
-            extras[offsets_name] = _offsets_node(per_sample, self._offsets_dtype)
+            extras[offsets_name] = int_node(per_sample, self._offsets_dtype)
         if counts is not None:
             counts_name = self._extra_name(self.counts_key, name)
             if counts_name is not None:
@@ -170,20 +197,8 @@ class Concat(Policy):
             # Stacked items are one row each: item i is row i, no offsets needed.
             items_name = self._extra_name(self.item_offsets_key, name) if self.items == "cat" else None
             if items_name is not None:
-                extras[items_name] = _offsets_node(rows, self._offsets_dtype)
+                extras[items_name] = int_node(item_offsets, self._offsets_dtype)
         return extras
-
-
-def _group(rows: list[int], counts: list[int]) -> list[int]:
-    grouped, start = [], 0
-    for count in counts:
-        grouped.append(sum(rows[start : start + count]))
-        start += count
-    return grouped
-
-
-def _offsets_node(rows: list[int], dtype: torch.dtype) -> TensorNode:
-    return int_node([0, *itertools.accumulate(rows)], dtype)
 
 
 class Jagged(Concat):
@@ -208,11 +223,11 @@ class Jagged(Concat):
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         values, rows = self._values(column)
         values.wrap = None  # torch.nested takes plain values
-        per_sample = rows if counts is None else _group(rows, counts)
-        offsets = _offsets_node(per_sample, torch.int64)
+        per_sample = offsets(rows, counts)[1]
         # Known here: attention kernels would otherwise read them back from the device.
-        seqlens = (min(per_sample, default=0), max(per_sample, default=0))
-        return Tree(functools.partial(_jagged, seqlens=seqlens), [values, offsets]), self._extras(rows, counts, name)
+        seqlens = spread(per_sample)
+        node = Tree(functools.partial(_jagged, seqlens=seqlens), [values, int_node(per_sample, torch.int64)])
+        return node, self._extras(rows, counts, name)
 
 
 def _jagged(specs: list[Spec], seqlens: tuple[int, int]) -> Spec:

@@ -69,7 +69,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     p15 = made[ids[1]] if ids[1] in made else specs[1].region(views)
     p16 = made[ids[2]] if ids[2] in made else specs[2].region(views)
     p17 = made[ids[3]] if ids[3] in made else specs[3].region(views)
-    _io18, o19 = k19.offsets(r12, n7)
+    _io18, o19 = concat_offsets(r12, n7)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
@@ -80,11 +80,11 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
         at = 2  # ['pixel_values']
         p17.numpy()[...] = o19
     except Exception as exc:
-        raise Mismatch(*k20[at].blame((None, None, None,)[at])) from exc
+        raise Mismatch(*k19[at].blame((None, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout
         return make_batch(layout, buffer, values, views)
-    batch = Batch({k21: p14, k22: p15, k23: p16, k24: p17})
+    batch = Batch({k20: p14, k21: p15, k22: p16, k23: p17})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch
