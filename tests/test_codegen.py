@@ -156,10 +156,8 @@ def test_a_plan_without_parts_in_pinned_memory_makes_views_of_one_storage(fake_p
     assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
 
 
-def test_many_fields_planned_per_batch_run_as_one_loop_and_name_their_field():
-    from pincollate._plan.codegen import PARTS_LOOP
-
-    fields = 5 * PARTS_LOOP
+def test_many_fields_planned_per_batch_are_read_by_the_generated_function_and_name_their_field():
+    fields = 40
 
     def make(bad: bool = False) -> list[dict]:
         samples = [{f"r{j}": torch.arange(i + 1 + j % 3) for j in range(fields)} | {"label": i} for i in range(4)]
@@ -171,13 +169,48 @@ def test_many_fields_planned_per_batch_run_as_one_loop_and_name_their_field():
     compiled = MMCollate(**settings)
     for _ in range(3):
         _same_or_same_error(make, MMCollate(**settings, compile=False), compiled)
-    source = compiled._plans.last.compiled.source
-    # One loop line for the ragged fields, not a group of lines each: the source stays short.
-    assert source.count(".run(") == 1 and len(source.splitlines()) < fields
-    assert f"# {fields} fields planned for each batch, ['r0'] to ['r{fields - 1}']" in source
+    plan = compiled._plans.last
+    source = plan.compiled.source
+    # Every ragged field read inline by the function that makes the whole batch: no per-field call.
+    assert plan.whole and ".run(" not in source
+    assert all(f"# ['r{j}']" in source for j in range(fields))
     _same_or_same_error(lambda: make(bad=True), MMCollate(**settings, compile=False), compiled)
     with pytest.raises(CollateError, match=r"sample 2 at \['r13'\]"):
         compiled(make(bad=True))
+
+
+class _Features(collections.OrderedDict):
+    """A user's mapping class at the top of a sample: the layout builds it."""
+
+
+def test_lists_under_a_users_mapping_class_are_made_by_the_generated_function():
+    # A top the generated function does not build itself (a user's mapping class): its lists are
+    # placed and copied there all the same, and the layout's deferred parts build them.
+    def make() -> list[_Features]:
+        return [
+            _Features(
+                boxes=torch.arange(4.0 * i).reshape(i, 4),
+                ids=torch.arange(i + 2),
+                target={"labels": torch.arange(i), "name": f"n{i}"},
+                label=i,
+            )
+            for i in (2, 0, 3, 1)
+        ]
+
+    fields = {"boxes": pincollate.AsList(), "ids": pincollate.Pad(), "target": pincollate.PerSample()}
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    walked = MMCollate(pin_memory=False, fields=fields, compile=False)
+    for _ in range(3):
+        _same_or_same_error(make, walked, compiled)
+    assert compiled._plans.last.whole and ".run(" not in compiled._plans.last.compiled.source
+    out = compiled(make())
+    assert isinstance(out, _Features) and list(out) == ["boxes", "ids", "ids_lengths", "ids_mask", "target", "label"]
+    boxes = [b for b in out["boxes"] if b.numel()]
+    assert len({b.untyped_storage().data_ptr() for b in boxes}) == 1  # one region, a view per value
+    boxes[0].add_(1)  # one value changed in place: no other value, and the next batch is its own
+    assert torch.equal(out["boxes"][3], make()[3]["boxes"]) and torch.equal(
+        compiled(make())["boxes"][0], make()[0]["boxes"]
+    )
 
 
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from .._batch.batch import carries, make_batch
-from .._batch.compiled import inlines_parts
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
@@ -33,9 +32,7 @@ from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
 from .codegen import (
-    PARTS_LOOP,
     CompiledPlan,
-    builds_inline,
     compile_parts,
     compile_plan,
     compile_whole,
@@ -130,23 +127,14 @@ class Plan:
             self.queued = self.compiled = CompiledPlan(op.run, _WALKED, "<pincollate careful walk>")  # type: ignore[attr-defined]
             return
         parts = [node for node in _nodes(op) if type(node) is CarefulOp]
-        if planner is None or not 0 < len(parts) == nparts < PARTS_LOOP:
+        if planner is None or not 0 < len(parts) == nparts or not all(is_sized(p) or is_listed(p) for p in parts):
             self.queued = self.compiled = compile_plan(op, description)
             return
-        listed = [part for part in parts if is_listed(part)]
-        if all(is_sized(part) or is_listed(part) for part in parts) and (
-            not listed
-            # Each list put in place by the function itself, its values locals of the batch it builds.
-            or (builds_inline(template) and inlines_parts(template))
-        ):
-            # Every part padded, concatenated or a per-sample list: one generated function makes the
-            # whole batch, its layout picked by the sized parts' sizes, its lists placed after them.
-            self.compiled, self.sized = compile_parts(
-                op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
-            )
-        else:
-            self.queued = self.compiled = compile_plan(op, description)
-            return
+        # Every part padded, concatenated or a per-sample list: one generated function makes the
+        # whole batch, its layout picked by the sized parts' sizes, its lists placed after them.
+        self.compiled, self.sized = compile_parts(
+            op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
+        )
         self.carrier = carries(Layout(template, nbytes))
         self.whole = True
 

@@ -47,7 +47,7 @@ from .._types.builtin import (
 )
 from .._types.kinds import LISTS
 from .fill import Mismatch
-from .listed import ItemsRecipe, ListRecipe, NumberItems, number_items, zero_rows
+from .listed import ItemsRecipe, ListRecipe, NumberItems, aligned_pieces, gaps_to, number_items, zero_rows
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -70,7 +70,6 @@ from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 __all__ = [
-    "PARTS_LOOP",
     "CompiledPlan",
     "builds_inline",
     "compile_parts",
@@ -142,6 +141,8 @@ _WHOLE: dict[str, Any] = {
     "pitch": pitch,
     "plain_memory": plain_memory,
     "prod": math.prod,
+    "gaps_to": gaps_to,
+    "aligned_pieces": aligned_pieces,
 }
 
 
@@ -257,7 +258,8 @@ def compile_parts(
       starting aligned, then the next list), one ``torch.cat`` fills it and each value is a
       view of its column (as :class:`~pincollate._batch.list_specs.SplitSpec` builds it); the
       batch's layout then makes its parts only when asked
-      (:class:`~pincollate._plan.sized.ListedParts`). A top the function builds itself only (:func:`builds_inline`).
+      (:class:`~pincollate._plan.sized.ListedParts`), whose deferred parts build a top the function
+      does not build itself (:func:`builds_inline`).
 
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype, a value longer than ``max_length``) is no
@@ -492,20 +494,15 @@ def _listed(
         w.line(depth, f"{stacked} = (len({column}), *{shapes}[0]) if {alike}len(set({shapes})) == 1 else None")
         w.line(depth, f"if {stacked} is None:  # listed: warned of once, where the shapes differ")
         w.line(depth + 1, f"{w.const(recipe)}.listed({shapes}{', ' + extras[0][1] if recipe.missing else ''})")
-        w.line(depth, f"{gaps} = [-count % {step} for count in {rows}] if {stacked} is None else [0] * len({rows})")
+        w.line(depth, f"{gaps} = gaps_to({rows}, {step}) if {stacked} is None else [0] * len({rows})")
         extras.append(("stacked", stacked))
     else:
-        w.line(depth, f"{gaps} = [-count % {step} for count in {rows}]  # rows of zeros after each value")
+        w.line(depth, f"{gaps} = gaps_to({rows}, {step})  # rows of zeros after each value")
     w.line(depth, f"{split} = list(chain(zip({rows}, {gaps}, strict=True)))")
     w.line(depth, f"{total} = sum({split})")
     w.line(depth, f"if not {total}:  # every value empty: each its own empty tensor, by the recipe")
     w.line(depth + 1, _SLOW)
-    # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
-    w.line(
-        depth,
-        f"{pieces} = [piece for value, count, gap in zip({column}, {rows}, {gaps}, strict=True)"
-        f" for piece in ((value, {zeros}[gap]) if gap else (value,) if count else ())]",
-    )
+    w.line(depth, f"{pieces} = aligned_pieces({column}, {rows}, {gaps}, {zeros})")
     found = {
         "split": split,
         "total": total,
@@ -1101,48 +1098,14 @@ def _value(w: _PlanWriter, op: ValueOp, column: str, depth: int) -> None:
     w.value(depth, op.index, column)
 
 
-#: Consecutive fields planned for each batch from which on they run as one loop over a table.
-PARTS_LOOP = 8
-
-
 def _fields(w: _PlanWriter, op: MappingOp | SequenceOp, columns: str, depth: int) -> None:
-    """A container's fields: single nodes by column, blocks by columns.
-
-    A run of :data:`PARTS_LOOP` or more consecutive fields planned for each batch (each one
-    call into the careful planner or its recipe anyway) is one loop over a table of them:
-    a line each would make a structure of many ragged fields compile for longer than its
-    first batch takes to collate.
-    """
-    singles = op.singles
-    i = 0
-    while i < len(singles):
-        end = i
-        while end < len(singles) and type(singles[end][1]) is CarefulOp and singles[end][2] == singles[i][2]:
-            end += 1
-        if end - i >= PARTS_LOOP:
-            _parts_loop(w, singles[i:end], columns, depth)
-            i = end
-            continue
-        index, child, as_list = singles[i]
+    """A container's fields: single nodes by column, blocks by columns."""
+    for index, child, as_list in op.singles:
         name = w.local("c")
         w.line(depth, f"{name} = list({columns}[{index}])" if as_list else f"{name} = {columns}[{index}]")
         _emit(w, child, name, depth)
-        i += 1
     for block in op.blocks:
         _block(w, block, [f"{columns}[{index}]" for index in block.index], depth)
-
-
-def _parts_loop(w: _PlanWriter, singles: Any, columns: str, depth: int) -> None:
-    paths = [child.path for _, child, _ in singles]
-    w.line(
-        depth,
-        f"# {len(paths)} fields planned for each batch, {text(format_path(paths[0]))} to {text(format_path(paths[-1]))}",
-    )
-    at, part = w.local("i"), w.local("part")
-    table = w.const(tuple((index, child) for index, child, _ in singles))
-    column = f"list({columns}[{at}])" if singles[0][2] else f"{columns}[{at}]"
-    w.line(depth, f"for {at}, {part} in {table}:")
-    w.line(depth + 1, f"{part}.run({column}, fill)  # a part's errors name its field")
 
 
 def _block(w: _PlanWriter, op: BlockOp, columns: list[str], depth: int) -> None:

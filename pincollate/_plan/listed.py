@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,16 @@ from .fill import Fill
 from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
 
-__all__ = ["ItemsRecipe", "ListRecipe", "NumberItems", "items_recipe", "number_items", "zero_rows"]
+__all__ = [
+    "ItemsRecipe",
+    "ListRecipe",
+    "NumberItems",
+    "aligned_pieces",
+    "gaps_to",
+    "items_recipe",
+    "number_items",
+    "zero_rows",
+]
 
 
 class ListRecipe(Recipe):
@@ -118,15 +128,9 @@ class ListRecipe(Recipe):
             trailing = ()
             column = [value.reshape(-1) for value in column]
             shapes_out = tuple(tuple(shape) for shape in shapes)
-        gaps = [-count % step for count in counts]
+        gaps = gaps_to(counts, step)
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
-        zeros = zero_rows(dtype, trailing, step)
-        # Each value, then its gap's zeros; no empty piece (one is cat's slow path, see nonempty).
-        pieces = [
-            piece
-            for value, count, gap in zip(column, counts, gaps, strict=True)
-            for piece in ((value, zeros[gap]) if gap else (value,) if count else ())
-        ] or [column[0]]
+        pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step)) or [column[0]]
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
@@ -376,6 +380,33 @@ def items_recipe(
         return None
     described = plain_tensors([item for value in column for item in value])
     return None if described is None else ItemsRecipe(*described, items, whole, fallback)
+
+
+def gaps_to(counts: Sequence[int], step: int) -> list[int]:
+    """The rows of zeros after each value of ``counts`` rows, so that the next starts at a multiple of ``step``.
+
+    Examples:
+        >>> gaps_to([3, 4, 0], 4)
+        [1, 0, 0]
+    """
+    return list(map(step.__rmod__, map(operator.neg, counts)))  # -count % step, at C speed
+
+
+def aligned_pieces(
+    values: Sequence[torch.Tensor], counts: Sequence[int], gaps: Sequence[int], zeros: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """What one ``torch.cat`` copies into a list's region: each value, then its gap's rows of ``zeros``.
+
+    No empty piece: one would take cat off its fast path
+    (:func:`~pincollate._plan.padding.nonempty`).
+    """
+    pieces: list[torch.Tensor] = []
+    for value, count, gap in zip(values, counts, gaps, strict=True):
+        if gap:
+            pieces += (value, zeros[gap])
+        elif count:
+            pieces.append(value)
+    return pieces
 
 
 @functools.lru_cache(maxsize=256)

@@ -47,12 +47,12 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     step12 = pitch(1, row14)
     zeros13 = k17(k18, t11, step12)
     r5 = list(map(FIRST, s4))
-    g6 = [-count % step12 for count in r5]  # rows of zeros after each value
+    g6 = gaps_to(r5, step12)  # rows of zeros after each value
     split7 = list(chain(zip(r5, g6, strict=True)))
     total8 = sum(split7)
     if not total8:  # every value empty: each its own empty tensor, by the recipe
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    pieces9 = [piece for value, count, gap in zip(c3, r5, g6, strict=True) for piece in ((value, zeros13[gap]) if gap else (value,) if count else ())]
+    pieces9 = aligned_pieces(c3, r5, g6, zeros13)
     c15 = list(cols1[2])
     # ['labels']
     try:
@@ -66,12 +66,12 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     if set(map(len, s16)) != k21:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     r17 = list(map(FIRST, s16))
-    g18 = [-count % k22 for count in r17]  # rows of zeros after each value
+    g18 = gaps_to(r17, k22)  # rows of zeros after each value
     split19 = list(chain(zip(r17, g18, strict=True)))
     total20 = sum(split19)
     if not total20:  # every value empty: each its own empty tensor, by the recipe
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    pieces21 = [piece for value, count, gap in zip(c15, r17, g18, strict=True) for piece in ((value, k23[gap]) if gap else (value,) if count else ())]
+    pieces21 = aligned_pieces(c15, r17, g18, k23)
     o22 = k24
     e23 = (o22 + total8 * row14 + ALIGN - 1) // ALIGN * ALIGN
     o24 = e23
