@@ -578,6 +578,19 @@ def _counted(monkeypatch, cls: type, name: str) -> list:
     return calls
 
 
+def _counted_function(monkeypatch, owner: object, name: str) -> list:
+    """The arguments of each call of ``owner.name`` from now on (it still runs)."""
+    calls = []
+    function = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def _listed_samples():
     from torchvision import tv_tensors
 
@@ -663,6 +676,42 @@ def test_the_walk_and_the_planned_recipe_pad_by_one_size_rule(monkeypatch):
         Pad(dims=[0]).measure([(2, 5), (1, 4), (2, 5)])
     assert refused.value.index == 1
     assert Pad(max_length=3, truncate=True).measure([(2,), (5,), (4,)]) == ((0,), [3], [1, 2])
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+@pytest.mark.parametrize("policy", [None, AsList(), Pad(), Concat(), Stack()])
+def test_the_walk_takes_numpy_arrays_of_one_dtype_as_tensors(policy, read_only, monkeypatch):
+    # Arrays of one dtype torch takes are described and copied as tensors (over their own memory;
+    # read-only ones, an object store's rows, copied once), as the compiled plan takes them: not
+    # array by array. The batch is what default_collate (or the policy) makes of them.
+    import numpy as np
+
+    from pincollate._types.leaves import lookup
+
+    described = _counted_function(monkeypatch, lookup(np.ndarray), "describe")
+    lengths = [3, 3, 3] if policy is None or type(policy) is Stack else [3, 1, 2]
+    arrays = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) + i for i, n in enumerate(lengths)]
+    for array in arrays:
+        array.flags.writeable = not read_only
+    samples = [{"x": array, "i": i} for i, array in enumerate(arrays)]
+    fields = {} if policy is None else {"x": policy}
+    out = MMCollate(pin_memory=False, compile=False, fields=fields)(samples)
+    assert described == []
+    tensors = [torch.from_numpy(array.copy()) for array in arrays]
+    if policy is None or type(policy) is Stack:
+        assert_same(out["x"], torch.stack(tensors))
+    elif type(policy) is AsList:
+        assert_same(out["x"], tensors)
+    elif type(policy) is Pad:
+        assert_same(out["x"], pad_sequence(tensors, batch_first=True))
+        assert out["x_lengths"].tolist() == lengths
+    else:
+        assert_same(out["x"], torch.cat(tensors))
+        assert out["x_offsets"].tolist() == [0, 3, 4, 6]
+    assert all(
+        np.array_equal(array, np.arange(n * 2, dtype=np.float32).reshape(n, 2) + i)
+        for i, (array, n) in enumerate(zip(arrays, lengths))
+    )
 
 
 @pytest.mark.walk_first

@@ -221,7 +221,7 @@ class Layout:
         (True, [1, 2])
     """
 
-    __slots__ = ("_builder", "_bulk", "_deferred", "_parts", "nbytes", "root")
+    __slots__ = ("_builder", "_built", "_bulk", "_deferred", "_parts", "nbytes", "root")
 
     def __init__(
         self,
@@ -241,6 +241,7 @@ class Layout:
         # A layout without parts (a cached plan's, shared by its batches) builds by generated code
         # when it is built again (unpickled, moved); a plan's own function builds its batches itself.
         self._builder: Callable[[Views], Any] | None = None
+        self._built = False
 
     @property
     def parts(self) -> tuple[Part, ...]:
@@ -273,6 +274,11 @@ class Layout:
         else:
             views.parts = self.parts
         if self.parts:
+            return self.root.build(views)
+        if self._builder is None and not self._built:
+            # Built once (a batch the careful walk planned, a column batch): the specs build it, as
+            # generating the build would cost more than it saves. Built again: generated.
+            self._built = True
             return self.root.build(views)
         return self.builder()(views)
 

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+import numpy as np
 import torch
 
 from .._errors import format_path
@@ -41,8 +42,10 @@ from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
 from .items import Extras, Origins, Path, container_name
+from .padding import Joined
 from .patterns import Renames, Settings
 from .policies import AsList, PerSample, Policy
+from .recipe import array_column
 
 if TYPE_CHECKING:
     from .patterns import FieldRules
@@ -231,6 +234,9 @@ class _Walk(ContainerWalk):
 
     def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
         family = handler.family
+        if type(values) is Joined:  # rows read from Arrow: one plain tensor, their shapes from their lengths
+            count = len(values)
+            return Column(values, path, handler, [values.flat.dtype] * count, values.shapes(), None, origins)  # type: ignore[arg-type]
         if builtin(torch.Tensor, handler):
             plain = describe_plain(values)  # plain tensors, described at C speed as one by one
             if plain is not None:  # every value present: lists of dtypes and shapes, no None
@@ -320,6 +326,13 @@ class _Walk(ContainerWalk):
             if policy is not None and policy.takes_items:
                 return policy.plan(Column.empty(len(values), path), self.renames.key(path))
             return Value([None] * len(values)), {}
+        if builtin(np.ndarray, handler):
+            # Numpy arrays of one dtype that torch takes are tensors over their own memory (read-only
+            # ones copied once), as the compiled plan takes them: described and copied as tensors,
+            # at C speed. Anything else is described array by array, which names what is refused.
+            tensors = array_column(values)
+            if tensors is not None:
+                values, handler = tensors, lookup(torch.Tensor)  # type: ignore[assignment]
         if policy is None and _mixed_families(values):
             return self._as_default_collate(values, path, origins), {}
         column = self._column(values, path, origins, handler)
@@ -400,7 +413,7 @@ _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
 
 def _mixed_families(values: Sequence[Any]) -> bool:
     """Whether tensors, arrays and numbers are mixed in one column."""
-    if len(set(map(type, values))) == 1:
+    if type(values) is Joined or len(set(map(type, values))) == 1:
         return False  # one class, one family
     families = set()
     for value in values:

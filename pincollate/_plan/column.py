@@ -22,6 +22,7 @@ from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
 from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .listed import ListRecipe
+from .padding import Joined
 from .recipe import kept_tensors
 
 __all__ = ["MAX_DEPTH", "Column", "Path", "listed", "stack_or_list", "stacked_class"]
@@ -169,7 +170,8 @@ class Column:
     def stacked(self) -> TensorNode:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
         shape = (len(self.values), *self.shapes[0])  # type: ignore[misc]  # all present: uniform
-        segment = Segment(0, shape, self.handler.fill, self.values, stacking=True)  # type: ignore[arg-type]
+        values = self.values if type(self.values) is not Joined else list(self.values)  # torch.stack takes a list
+        segment = Segment(0, shape, self.handler.fill, values, stacking=True)  # type: ignore[arg-type]
         return TensorNode(self.dtype, shape, [segment], self._common_wrap())
 
     def single(self, i: int) -> Node:

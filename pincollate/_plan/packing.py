@@ -18,6 +18,7 @@ from .._errors import CollateError
 from .._types.wrap import Wrap
 from .column import Column
 from .fill import Node, Segment, TensorNode, Tree
+from .padding import Joined
 from .policies import Policy, int_node
 
 __all__ = ["INT32_MAX", "Concat", "Jagged", "offsets", "spread"]
@@ -137,7 +138,14 @@ class Concat(Policy):
         concat = column.handler.concat
         if concat is not None:
             # One call for the whole field: torch.cat straight into the region.
-            segments = [Segment(0, (total, *trailing), concat, [column.values[i] for i in present])]
+            values = column.values
+            # Rows read from Arrow come joined already: one copy of the tensor they are.
+            pieces = (
+                [values.flat]
+                if type(values) is Joined and len(present) == len(values)
+                else [values[i] for i in present]
+            )
+            segments = [Segment(0, (total, *trailing), concat, pieces)]
         else:
             segments = []
             start = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ from .._types.builtin import builtin, fill_numbers
 from .column import Column, listed
 from .fill import Node, Segment, TensorNode
 from .ops import PLAIN
-from .padding import fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
+from .padding import Joined, fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
 __all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "fits", "int_node"]
 
@@ -292,17 +293,17 @@ class Pad(Policy):
         ndim = len(shapes[present[0]])
         if ndim == 0:
             raise column.error("Pad() cannot pad 0-d values", present[0])
-        for i in present:
-            if len(shapes[i]) != ndim:
-                raise column.error(
-                    f"Pad() needs values of one rank, got shape {shapes[i]} here and {shapes[present[0]]} in sample {column.origin(present[0])[0]}",
-                    i,
-                )
+        if set(map(len, shapes.values())) != {ndim}:
+            i = next(i for i in present if len(shapes[i]) != ndim)
+            raise column.error(
+                f"Pad() needs values of one rank, got shape {shapes[i]} here and {shapes[present[0]]} in sample {column.origin(present[0])[0]}",
+                i,
+            )
         dtype = column.dtype
         if not fits(self.value, dtype):
             raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
         try:
-            dims, sizes, longer = self.measure([shapes[i] for i in present])
+            dims, sizes, longer = self.measure(list(shapes.values()))  # the present values', in order
         except Unpadded as refused:
             raise column.error(refused.message, None if refused.index is None else present[refused.index]) from None
         values = list(column.values)
@@ -319,6 +320,16 @@ class Pad(Policy):
         n = len(column.values)
         shape = (n, *sizes)
         left = self.side == "left"
+        # Each value's sizes along the padded dimensions (0 where it is absent).
+        if len(dims) == 1:
+            along = operator.itemgetter(dims[0])
+            lengths: list[Any] = (
+                list(map(along, shapes.values()))
+                if len(present) == n
+                else [along(shapes[i]) if i in shapes else 0 for i in range(n)]
+            )
+        else:
+            lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
         if (
             len(dims) == 1
             and len(present) == n
@@ -328,24 +339,21 @@ class Pad(Policy):
         ):
             # One padded dimension of plain tensors of the field's dtype: the compiled plan's copy
             # kernel (pad_1d). Values of several dtypes are cast as each is copied, below.
-            payload: Any = (values, [shapes[i][dims[0]] for i in range(n)], dims[0])
+            # Rows read from Arrow come joined already: the copy reads them as the one tensor they are.
+            joined = type(column.values) is Joined and not longer
+            payload: Any = (column.values if joined else values, lengths, dims[0])
             fill: Any = functools.partial(fill_padded_1d, value=self.value, left=left)
         else:  # several padded dimensions, absent values, arrays, subclasses: value by value
             payload = [(i, values[i], shapes[i]) for i in present]
             fill = functools.partial(fill_padded, value=self.value, left=left, handler=column.handler)
         node = TensorNode(dtype, shape, [Segment(0, shape, fill, payload)])
         extras: dict[str, Node] = {}
-        lengths = [[shapes[i][d] for d in dims] if i in shapes else [0] * len(dims) for i in range(n)]
         lengths_name = self._extra_name(self.lengths_key, name)
         if lengths_name is not None:
-            extras[lengths_name] = int_node([row[0] for row in lengths] if len(dims) == 1 else lengths)
+            extras[lengths_name] = int_node(lengths)
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
-            if len(dims) == 1:
-                mask_fill: Any = functools.partial(fill_mask_1d, left=left)
-                bounds: Any = [row[0] for row in lengths]
-            else:
-                mask_fill, bounds = functools.partial(fill_mask, left=left), lengths
-            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, bounds)])
+            mask_fill = functools.partial(fill_mask_1d if len(dims) == 1 else fill_mask, left=left)
+            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, lengths)])
         return node, extras

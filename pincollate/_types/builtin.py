@@ -229,7 +229,7 @@ def _array_signature(value: np.ndarray) -> Hashable:
     return (value.dtype, value.shape)
 
 
-register_leaf(
+_register(
     np.ndarray,
     LeafHandler(
         "ndarray",
