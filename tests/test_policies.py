@@ -710,7 +710,7 @@ def test_the_walk_takes_numpy_arrays_of_one_dtype_as_tensors(policy, read_only, 
         assert out["x_offsets"].tolist() == [0, 3, 4, 6]
     assert all(
         np.array_equal(array, np.arange(n * 2, dtype=np.float32).reshape(n, 2) + i)
-        for i, (array, n) in enumerate(zip(arrays, lengths))
+        for i, (array, n) in enumerate(zip(arrays, lengths, strict=True))
     )
 
 
