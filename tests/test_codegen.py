@@ -213,6 +213,33 @@ def test_lists_under_a_users_mapping_class_are_made_by_the_generated_function():
     )
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+@pytest.mark.parametrize("policy", [pincollate.AsList(), pincollate.Pad(), pincollate.Concat()])
+def test_numpy_arrays_under_a_policy_are_read_by_the_generated_function(policy, read_only, monkeypatch):
+    # Waveforms from a numpy pipeline, rows from an object store (read-only): the generated function
+    # takes them as tensors itself; no batch goes the longer way (the queued fill and its recipes).
+    import numpy as np
+
+    from pincollate._plan.recipe import Arrays
+
+    def make(salt: int) -> list[dict]:
+        samples = []
+        for i, n in enumerate((3, 1, 4, 2)):
+            array = np.arange(n * 2, dtype=np.float32).reshape(n, 2) + salt + i
+            array.flags.writeable = not read_only
+            samples.append({"x": array, "i": i})
+        return samples
+
+    compiled = MMCollate(pin_memory=False, fields={"x": policy})
+    walked = MMCollate(pin_memory=False, fields={"x": policy}, compile=False)
+    for salt in range(2):  # walked, then planned
+        compiled(make(salt))
+    assert compiled._plans.last.whole
+    monkeypatch.setattr(Arrays, "run", lambda *args: pytest.fail("a batch went the longer way, through the recipe"))
+    for salt in range(2, 5):
+        _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+
+
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():
     collate = MMCollate(pin_memory=False)
     samples = [{"image": torch.zeros(3, 2, 2), "label": i} for i in range(2)]

@@ -64,7 +64,7 @@ from .packed import ConcatRecipe
 from .packing import INT32_MAX, offsets, spread
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
-from .recipe import Arrays, NumberLists, array_tensors, number_tensor
+from .recipe import Arrays, NumberLists, number_tensor
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -120,7 +120,6 @@ _WHOLE: dict[str, Any] = {
     "nonempty": nonempty,
     "number_tensor": number_tensor,
     "Joined": Joined,
-    "array_tensors": array_tensors,
     "number_items": number_items,
     "jagged": jagged,
     "spread": spread,
@@ -774,6 +773,8 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
             _mixed_numbers(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is ListRecipe:  # type: ignore[attr-defined]
             _listed(w, op, column, depth)  # type: ignore[arg-type]
+        elif type(op.recipe) is Arrays and type(op.recipe.inner) is ListRecipe:  # type: ignore[attr-defined]
+            _listed(w, op, _arrays(w, op, column, depth), depth, recipe=op.recipe.inner)  # type: ignore[arg-type,attr-defined]
         elif type(op.recipe) is NumberItems:  # type: ignore[attr-defined]
             _listed(w, op, _number_items(w, op, column, depth), depth, recipe=op.recipe.inner)  # type: ignore[arg-type,attr-defined]
         elif type(op.recipe) is ItemsRecipe:  # type: ignore[attr-defined]
@@ -817,13 +818,14 @@ _CONVERTING = (NumberLists, Arrays)
 
 
 def _arrays(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
-    """A column of numpy arrays as tensors over their memory (:func:`array_tensors`): returns their local.
+    """A column of numpy arrays as tensors (:meth:`~pincollate._plan.recipe.Arrays.tensors`: over their
+    memory; read-only ones concatenated once, joined): returns their local.
 
-    Anything else (another dtype, read-only arrays, which the recipe concatenates) goes the longer way.
+    Anything else (another dtype, arrays torch cannot take) goes the longer way.
     """
     recipe = op.recipe
     assert type(recipe) is Arrays
-    return _converted(w, "a", f"array_tensors({column}, {w.const(recipe.arrays)})", depth)
+    return _converted(w, "a", f"{w.const(recipe)}.tensors({column})", depth)
 
 
 def _number_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> str:
@@ -873,6 +875,8 @@ def is_listed(op: Op) -> bool:
         return True
     if type(recipe) is NumberItems:  # AsList() of number lists: read as 1-D tensors, then listed
         return True
+    if type(recipe) is Arrays:  # numpy arrays: as tensors, then listed as they are
+        recipe = recipe.inner
     return type(recipe) is ListRecipe and _listable(recipe)
 
 

@@ -301,10 +301,13 @@ class Arrays(Recipe):
         self.arrays = frozenset((dtype,))
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        tensors: Sequence[torch.Tensor] | None = array_tensors(column, self.arrays)
-        if tensors is None:
-            tensors = concatenated_arrays(column, self.arrays)
+        tensors = self.tensors(column)
         return tensors is not None and self.inner.run(tensors, fill, index)
+
+    def tensors(self, column: Sequence[Any]) -> Sequence[torch.Tensor] | None:
+        """The column as tensors: over the arrays' own memory, or (read-only arrays) concatenated once; ``None``: not arrays of the planned dtype."""
+        tensors: Sequence[torch.Tensor] | None = array_tensors(column, self.arrays)
+        return concatenated_arrays(column, self.arrays) if tensors is None else tensors
 
     def extras(self) -> tuple[str, ...]:
         return self.inner.extras()
