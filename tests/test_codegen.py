@@ -240,6 +240,44 @@ def test_numpy_arrays_under_a_policy_are_read_by_the_generated_function(policy, 
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
 
 
+@pytest.mark.parametrize("missing", ["error", "none"])
+@pytest.mark.parametrize("kind", ["image", "subclass", "flat"])
+def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generated_function(kind, missing, monkeypatch):
+    # Images of several heights (tv_tensors, a user's subclass: their stack keeps the class) and
+    # waveforms of several lengths along their last dim (listed flat, each viewed back as its shape),
+    # with no policy: the generated function lists them, or stacks them where they agree.
+    from torchvision import tv_tensors
+
+    from pincollate._plan.listed import ListRecipe
+    from samples import UserTensor
+
+    def value(i: int, n: int) -> torch.Tensor:
+        if kind == "flat":
+            return torch.arange(2.0 * n).reshape(2, n) + i
+        cls = tv_tensors.Image if kind == "image" else UserTensor
+        return torch.full((3, n, 4), i, dtype=torch.uint8).as_subclass(cls)
+
+    def make(sizes: list[int | None]) -> list[dict]:
+        return [{"x": None if n is None else value(i, n), "i": i} for i, n in enumerate(sizes)]
+
+    batches = [[3, 1, 4], [2, 5, 1], [2, 2, 2], [4, 1, 1]]
+    if missing == "none":
+        batches += [[2, None, 2], [None, 3, 1]]
+    compiled = MMCollate(pin_memory=False, missing=missing)
+    walked = MMCollate(pin_memory=False, missing=missing, compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)
+        compiled(make(batches[0])), compiled(make(batches[1]))  # walked, then planned
+        walked(make(batches[0]))  # each warned once, of the field it lists
+        assert compiled._plans.last.whole
+        monkeypatch.setattr(ListRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+        for sizes in batches:
+            _same_or_same_error(lambda sizes=sizes: make(sizes), walked, compiled)
+        stacked = compiled(make([2, 2, 2]))["x"]
+    expected = {"image": tv_tensors.Image, "subclass": UserTensor, "flat": torch.Tensor}[kind]
+    assert type(stacked) is expected and stacked.shape[0] == 3  # values that agree: one tensor of their class
+
+
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():
     collate = MMCollate(pin_memory=False)
     samples = [{"image": torch.zeros(3, 2, 2), "label": i} for i in range(2)]

@@ -168,11 +168,15 @@ def test_a_whole_plan_compiles_its_queued_fill_only_when_a_batch_first_needs_it(
     plan = compiled._plans.last
     assert plan.sized is not None and plan.queued is None  # one function compiled, the batch's own
     holes = _ids(torch.arange(2), None)
-    assert_identical(compiled(holes), careful(holes))  # the longer way: compiled now, once
-    queued = plan.queued
-    assert queued is not None
-    assert_identical(compiled(holes), careful(holes))
+    assert_identical(compiled(holes), careful(holes))  # an absent value: padding, by the function itself
+    assert plan.queued is None
+    other = _ids(torch.arange(2, dtype=torch.int32), None)  # another dtype: not what the function reads
+    assert_identical(compiled(other), careful(other))
+    queued = plan.queued  # the longer way: compiled now, once
+    assert queued is not None and compiled._plans.last is plan
+    assert_identical(compiled(other), careful(other))
     assert plan.queued is queued
+    assert_identical(compiled(holes), careful(holes))
 
 
 def test_a_sized_batch_saves_pickles_and_rebuilds_in_one_piece():

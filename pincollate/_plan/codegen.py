@@ -142,6 +142,7 @@ _WHOLE: dict[str, Any] = {
     "prod": math.prod,
     "gaps_to": gaps_to,
     "aligned_pieces": aligned_pieces,
+    "FLAT": operator.methodcaller("reshape", -1),
 }
 
 
@@ -399,12 +400,18 @@ def compile_parts(
             )
             continue
         made = f"list({found['region']}.unsafe_split_with_sizes({found['split']})[0::2])"
-        if "stacked" in named:  # one tensor where every value is there and of one shape
-            stacked = named["stacked"]
-            made = f"{found['region']}.view({stacked}) if {stacked} is not None else {made}"
-        lines.append(f"{items[n]} = {made}")
+        if "shaped" in named:  # values that lie flat: each viewed back as its shape
+            shaped = named["shaped"]
+            made = f"{made} if {shaped} is None else split_views({found['region']}, {found['split']}, {shaped})"
         if "wraps" in named:  # each value as its class (a box with its format and canvas size)
-            lines.append(f"{items[n]} = wrapped({items[n]}, {named['wraps']})")
+            made = f"wrapped({made}, {named['wraps']})"
+        if "stacked" in named:  # one tensor where every value is there and of one shape
+            stacked, view = named["stacked"], f"{found['region']}.view({named['stacked']})"
+            if "wraps" in named:  # a subclass's stack keeps its class, as torch.stack gives it
+                wraps = named["wraps"]
+                view = f"{view} if {wraps} is None else {wraps}[0]({view})"
+            made = f"({view}) if {stacked} is not None else {made}"
+        lines.append(f"{items[n]} = {made}")
         if "absent" in named:
             lines.append(f"{items[n]} = with_absent({items[n]}, {named['absent']})")
     for index, made_of in composition.items():
@@ -477,22 +484,28 @@ def _listed(
             w.const(zero_rows(recipe.dtype, (), pitch(1, itemsize))),
             w.const(itemsize),
         )
+        w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
     else:
-        # Rows of one width: the values' trailing sizes agree (else the recipe lists them flat).
-        trailing = _trailing(w, recipe.ndim, shapes, depth)
-        step, zeros, row = (w.local(stem) for stem in ("step", "zeros", "row"))
-        w.line(depth, f"{row} = prod({trailing}) * {itemsize}")
-        w.line(depth, f"if not {row}:  # values without elements: listed flat by the recipe")
+        # The list's size rule (ListRecipe.geometry): rows of one width where the values' trailing
+        # sizes agree; else each value flat, its elements its rows, viewed back as its shape.
+        trailing, step, zeros, row, shaped = (w.local(stem) for stem in ("t", "step", "zeros", "row", "shaped"))
+        w.line(depth, f"{rows}, {step}, {trailing}, {shaped} = {w.const(recipe)}.geometry({shapes})")
+        flat = w.local("v")
+        # Reshaped before any copy reads them: a sparse or meta value is the careful error.
+        w.line(depth, f"if {shaped} is not None and not plain_memory({column}):")
         w.line(depth + 1, _SLOW)
-        w.line(depth, f"{step} = pitch(1, {row})")
+        w.line(depth, f"{flat} = {column} if {shaped} is None else list(map(FLAT, {column}))")
+        column = flat
+        w.line(depth, f"{row} = prod({trailing}) * {itemsize}")
         w.line(depth, f"{zeros} = {w.const(zero_rows)}({w.const(recipe.dtype)}, {trailing}, {step})")
-    w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
+        extras.append(("shaped", shaped))
     if recipe.stacks:  # no policy: one tensor where every value is there and of one shape, else a list
         stacked = w.local("stacked")
-        alike = f"not {extras[0][1]} and " if recipe.missing else ""
+        holes = dict(extras).get("absent")  # the local of the absent values' positions, where they may be
+        alike = f"not {holes} and " if holes is not None else ""
         w.line(depth, f"{stacked} = (len({column}), *{shapes}[0]) if {alike}len(set({shapes})) == 1 else None")
         w.line(depth, f"if {stacked} is None:  # listed: warned of once, where the shapes differ")
-        w.line(depth + 1, f"{w.const(recipe)}.listed({shapes}{', ' + extras[0][1] if recipe.missing else ''})")
+        w.line(depth + 1, f"{w.const(recipe)}.listed({shapes}{'' if holes is None else ', ' + holes})")
         w.line(depth, f"{gaps} = gaps_to({rows}, {step}) if {stacked} is None else [0] * len({rows})")
         extras.append(("stacked", stacked))
     else:
@@ -881,8 +894,9 @@ def is_listed(op: Op) -> bool:
 
 
 def _listable(recipe: ListRecipe) -> bool:
-    # A field without a policy stacks where its values agree: plain tensors only (a subclass's stack keeps its class).
-    return not (recipe.stacks and recipe.subclass)
+    # A field without a policy stacks where its values agree: a subclass's stack keeps the class of the
+    # first value's wrap, which describes the others only where the class has no metadata.
+    return not (recipe.stacks and recipe.per_value)
 
 
 def _pad_copies(
@@ -986,6 +1000,12 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         return
     if type(op.recipe) is Arrays:
         column = _arrays(w, op, column, depth)
+    if recipe.missing:  # missing="none": an absent value an empty one, by the recipe's rule
+        present = w.local("present")
+        w.line(depth, f"{present} = {w.const(recipe)}.with_empties({column}) if None in {column} else {column}")
+        w.line(depth, f"if {present} is None:")
+        w.line(depth + 1, _SLOW)
+        column = present
     shapes = _tensor_guards(w, recipe, column, depth)
     if recipe.ndim == 1:
         w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")

@@ -93,6 +93,31 @@ class ListRecipe(Recipe):
             samples = [i for i in range(len(shapes) + len(absent)) if i not in absent]
             self.fallback(zip(samples, shapes, strict=True))
 
+    def geometry(
+        self, shapes: Sequence[torch.Size], distinct: set[torch.Size] | None = None
+    ) -> tuple[list[int], int, tuple[int, ...], tuple[tuple[int, ...], ...] | None]:
+        """The size rule of a list's region, the walk's and the compiled plan's: each value's rows, the
+        step its rows round up to, the rows' trailing sizes, and the values' shapes where they lie flat.
+
+        Rows of one width (values whose trailing sizes agree): the region is ``(rows, *trailing)``,
+        split along its rows. Otherwise (trailing sizes that differ: images of several heights;
+        values without elements) each value lies flat, its elements its rows, and is viewed
+        back as its shape. ``distinct``: the set of ``shapes``, where the caller has it.
+
+        Examples:
+            >>> recipe = ListRecipe(torch.float32, 2, stacks=False)
+            >>> recipe.geometry([torch.Size((3, 2)), torch.Size((1, 2))])
+            ([3, 1], 8, (2,), None)
+            >>> recipe.geometry([torch.Size((3, 2)), torch.Size((1, 4))])
+            ([6, 4], 16, (), ((3, 2), (1, 4)))
+        """
+        trailing: tuple[int, ...] = tuple(shapes[0][1:])
+        itemsize = self.dtype.itemsize
+        width: int = math.prod(trailing)
+        if width and (self.ndim == 1 or len(set(map(_TRAILING, distinct or shapes))) == 1):
+            return list(map(FIRST, shapes)), pitch(1, width * itemsize), trailing, None
+        return list(map(math.prod, shapes)), ALIGN // itemsize, (), tuple(map(tuple, shapes))
+
     def sized(
         self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill, absent: Sequence[int] = ()
     ) -> Part:
@@ -114,20 +139,9 @@ class ListRecipe(Recipe):
                 # One wrap for the class; none where it is listed plain (nn.Parameter, as stack gives it).
                 first_wrap = wrap(column[0])
                 wraps = None if first_wrap is None else (first_wrap,) * len(column)
-        trailing: tuple[int, ...] = tuple(first[1:])
-        itemsize = dtype.itemsize
-        width: int = math.prod(trailing)
-        if width and (self.ndim == 1 or len({shape[1:] for shape in distinct}) == 1):
-            # Rows of one width: the region is (rows, *trailing), split along its rows.
-            counts = list(map(FIRST, shapes))
-            step = pitch(1, width * itemsize)  # each value's rows round up to this
-            shapes_out = None
-        else:
-            counts = [math.prod(tuple(shape)) for shape in shapes]
-            step = ALIGN // itemsize
-            trailing = ()
-            column = [value.reshape(-1) for value in column]
-            shapes_out = tuple(tuple(shape) for shape in shapes)
+        counts, step, trailing, shapes_out = self.geometry(shapes, distinct)
+        if shapes_out is not None:
+            column = list(map(_FLAT, column))
         gaps = gaps_to(counts, step)
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
         pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step)) or [column[0]]
@@ -380,6 +394,12 @@ def items_recipe(
         return None
     described = plain_tensors([item for value in column for item in value])
     return None if described is None else ItemsRecipe(*described, items, whole, fallback)
+
+
+#: A value flattened (a list's values that lie flat in its region).
+_FLAT = operator.methodcaller("reshape", -1)
+#: A shape's trailing sizes, at C speed.
+_TRAILING = operator.itemgetter(slice(1, None))
 
 
 def gaps_to(counts: Sequence[int], step: int) -> list[int]:

@@ -76,23 +76,32 @@ class PadRecipe(Recipe):
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if self.missing and type(column) is not Joined and any(value is None for value in column):
-            present = next((value for value in column if value is not None), None)
-            if type(present) is not torch.Tensor or present.dim() != self.ndim:
-                return False  # nothing present, not a tensor, another rank: the careful planner
-            # Empty along the padded dimension (``dims``, else the first). Without ``dims``, the
-            # padded one is the one whose sizes differ among the values present: where that is
-            # not the first, the careful planner pads (an empty first dimension would not
-            # make it differ, and the stand-in would take another's length).
-            if self.dim is None:
-                shapes = [value.shape for value in column if type(value) is torch.Tensor]
-                if any(len(set(sizes)) > 1 for sizes in list(zip(*shapes, strict=False))[1:]):  # ranks checked by run
-                    return False
-            shape = list(present.shape)
-            shape[0 if self.dim is None else self.dim] = 0
-            empty = present.new_empty(shape)
-            column = [empty if value is None else value for value in column]
+        if self.missing and type(column) is not Joined and None in column:
+            column = self.with_empties(column)  # type: ignore[assignment]
+            if column is None:
+                return False
         return super().run(column, fill, index)
+
+    def with_empties(self, column: Sequence[Any]) -> list[Any] | None:
+        """``missing="none"``: each absent value an empty one (its row all padding, its length 0).
+
+        Empty along the padded dimension (``dims``, else the first). ``None`` where the
+        careful planner pads instead: nothing present, not a tensor, another rank; or, without
+        ``dims``, a padded dimension other than the first (the one whose sizes differ among the
+        values present: an empty first dimension would not make it differ, and the stand-in
+        would take another's length).
+        """
+        present = next((value for value in column if value is not None), None)
+        if type(present) is not torch.Tensor or present.dim() != self.ndim:
+            return None
+        if self.dim is None:
+            shapes = [value.shape for value in column if type(value) is torch.Tensor]
+            if any(len(set(sizes)) > 1 for sizes in list(zip(*shapes, strict=False))[1:]):  # ranks checked after
+                return None
+        shape = list(present.shape)
+        shape[0 if self.dim is None else self.dim] = 0
+        empty = present.new_empty(shape)
+        return [empty if value is None else value for value in column]
 
     def measure(self, shapes: Sequence[torch.Size]) -> tuple[list[int], int, tuple[int, ...]] | None:
         """The policy's size rule (:meth:`~pincollate.Pad.measure`, the walk's too) for this recipe:

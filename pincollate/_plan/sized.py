@@ -148,12 +148,14 @@ class ListedParts:
             more = {name: next(arguments) for name in names}
             region = TensorSpec(dtype, (sum(split), *trailing), offset)
             if more.get("stacked") is not None:  # values (or items) that agree, without a policy: one tensor
-                lists.append(TensorSpec(dtype, more["stacked"], offset))
+                wraps = more.get("wraps")  # a subclass's stack keeps its class, as torch.stack gives it
+                lists.append(TensorSpec(dtype, more["stacked"], offset, None if wraps is None else wraps[0]))
                 continue
             if "units" in more:  # each sample's stack of items, or its items
                 lists.append(ItemsSpec(SplitSpec(region, split, more["units"]), more["groups"]))
                 continue
-            shapes = ((),) * (len(split) // 2) if numbers else None  # a number: one 0-d tensor
+            # A number: one 0-d tensor; values that lie flat: each viewed back as its shape.
+            shapes = ((),) * (len(split) // 2) if numbers else more.get("shaped")
             lists.append(SplitSpec(region, split, shapes, more.get("absent", ()), more.get("wraps")))
         counts = arguments  # then each sample's count of objects, for lists of per-object dicts
         for index, made_of in self.parts.items():
