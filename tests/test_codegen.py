@@ -278,6 +278,57 @@ def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generat
     assert type(stacked) is expected and stacked.shape[0] == 3  # values that agree: one tensor of their class
 
 
+def _token_lists(salt: int) -> list[dict]:
+    return [{"ids": [salt + 7 * i + j for j in range(n)], "i": i} for i, n in enumerate((3, 0, 5, 1))]
+
+
+def _absent_item_lists(salt: int) -> list[dict]:
+    counts = [[2, 1], None, [3], [], None][salt % 2 :]
+    return [
+        {"i": i}
+        if sample is None
+        else {"i": i, "ids": [torch.full((n, 3), float(salt + i + j)) for j, n in enumerate(sample)]}
+        for i, sample in enumerate(counts[:3])
+    ]
+
+
+def _absent_images(salt: int) -> list[dict]:
+    counts = [2, None, 1] if salt % 2 else [None, 3, 0]
+    return [
+        {"i": i} if k is None else {"i": i, "ids": [torch.full((3, 2, 2), float(salt + i + j)) for j in range(k)]}
+        for i, k in enumerate(counts)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "make", "missing"),
+    [
+        (pincollate.Concat(), _token_lists, "error"),
+        (pincollate.Jagged(), _token_lists, "error"),
+        (pincollate.Concat(), _absent_item_lists, "none"),
+        (pincollate.Concat(items="stack"), _absent_images, "none"),
+    ],
+    ids=["concat-token-lists", "jagged-token-lists", "concat-absent-item-lists", "concat-absent-images"],
+)
+def test_packed_token_lists_and_absent_item_lists_are_read_by_the_generated_function(
+    policy, make, missing, monkeypatch
+):
+    # Token ids as Python lists packed into one tensor (sequence packing), and per-sample lists of
+    # items where some samples have none (text-only samples beside image ones): no batch goes
+    # through the recipes.
+    from pincollate._plan.packed import ConcatRecipe
+    from pincollate._plan.recipe import NumberLists
+
+    compiled = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing)
+    walked = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing, compile=False)
+    compiled(make(0)), compiled(make(1))  # walked, then planned
+    assert compiled._plans.last.whole
+    for recipe in (ConcatRecipe, NumberLists):
+        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(2, 6):
+        _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+
+
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():
     collate = MMCollate(pin_memory=False)
     samples = [{"image": torch.zeros(3, 2, 2), "label": i} for i in range(2)]

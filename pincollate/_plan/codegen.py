@@ -60,7 +60,7 @@ from .ops import (
     fill_block,
     fill_one_field,
 )
-from .packed import ConcatRecipe
+from .packed import ConcatRecipe, none_as_empty
 from .packing import INT32_MAX, offsets, spread
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
@@ -816,8 +816,11 @@ def is_sized(op: Op) -> bool:
         recipe = recipe.inner
     if type(recipe) is ConcatRecipe:
         return True
-    if type(recipe) is NumberLists:
-        return type(recipe.inner) is PadRecipe and recipe.inner.ndim == 1
+    if type(recipe) is NumberLists:  # token ids as Python lists: padded, or concatenated (packed)
+        inner = recipe.inner
+        return (type(inner) is PadRecipe and inner.ndim == 1) or (
+            type(inner) is ConcatRecipe and inner.containers is None and not inner.stack
+        )
     return type(recipe) is PadRecipe or type(recipe) is MixedNumbers
 
 
@@ -943,13 +946,26 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     recipe = _placing(op.recipe)
     assert type(recipe) is ConcatRecipe
     _comment(w, depth, op.path)
+    if type(op.recipe) is NumberLists:
+        # Token ids as Python lists: one tensor of all of them (its dtype as torch.tensor infers
+        # it), copied whole; each sample's rows its list's length.
+        flat, rows, key = w.local("flat"), w.local("r"), w.local("m")
+        w.line(depth, f"{flat} = number_tensor({column})")
+        w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
+        w.line(depth + 1, _SLOW)
+        w.line(depth, f"{rows} = list(map(len, {column}))")
+        w.line(depth, f"{key} = (sum({rows}), (), len({column}))")
+        _packed_offsets(w, op, recipe, {"values": f"[{flat}]", "rows": rows}, key, depth)
+        return
     if type(op.recipe) is Arrays:
         column = _arrays(w, op, column, depth)
     found = {"values": column}
     if recipe.containers is not None:  # per-sample lists of items, chained
         counts, values = w.local("n"), w.local("v")
-        w.line(depth, f"if set(map(type, {column})) - {w.const(recipe.containers - {type(None)})}:")
+        w.line(depth, f"if set(map(type, {column})) - {w.const(recipe.containers)}:")
         w.line(depth + 1, _SLOW)
+        if type(None) in recipe.containers:  # missing="none": an absent list has no items, as the recipe takes it
+            w.line(depth, f"{column} = {w.const(none_as_empty)}({column}) if None in {column} else {column}")
         w.line(depth, f"{counts} = list(map(len, {column}))")
         w.line(depth, f"{values} = list(chain({column}))")
         found.update(values=values, counts=counts)
@@ -967,6 +983,15 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         w.line(depth, f"{rows} = list(map(FIRST, {shapes}))")
         w.line(depth, f"{key} = (sum({rows}), {trailing}, len({values}))")
     found["rows"] = rows
+    _packed_offsets(w, op, recipe, found, key, depth)
+
+
+def _packed_offsets(
+    w: _PlanWriter, op: CarefulOp, recipe: ConcatRecipe, found: dict[str, str], key: str, depth: int
+) -> None:
+    """A packed part's offsets where its key needs them (``Jagged``: its nested tensor's spread), or
+    the check that Concat's int32 offsets hold its rows; then the part is read."""
+    rows = found["rows"]
     if recipe.jagged:
         # Jagged: int64 offsets, and the fewest and most rows of a sample (its nested tensor's) in the key.
         item_offsets, offsets, spread = w.local("io"), w.local("o"), w.local("spread")

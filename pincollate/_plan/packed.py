@@ -26,7 +26,7 @@ from .packing import INT32_MAX, Concat, Jagged, offsets, spread
 from .padding import Joined, nonempty
 from .recipe import Recipe, plain_tensors
 
-__all__ = ["ConcatRecipe", "concat_recipe"]
+__all__ = ["ConcatRecipe", "concat_recipe", "none_as_empty"]
 
 
 class ConcatRecipe(Recipe):
@@ -65,7 +65,7 @@ class ConcatRecipe(Recipe):
             if set(map(type, column)) - self.containers:
                 return False
             if None in column:  # absent lists (missing="none"): no items
-                column = [() if value is None else value for value in column]
+                column = none_as_empty(column)
             counts = list(map(len, column))
             values = list(itertools.chain.from_iterable(column))
         if not values:
@@ -153,6 +153,11 @@ class ConcatRecipe(Recipe):
                 fill.tasks.append((fill_numbers, next(numbers), found, None))
         fill.parts[index] = part
         return True
+
+
+def none_as_empty(column: Sequence[Any]) -> list[Any]:
+    """Per-sample lists of items with an absent one (``missing="none"``) as no items."""
+    return [() if value is None else value for value in column]
 
 
 def concat_recipe(column: Sequence[Any], policy: Concat, name: Hashable, missing: bool) -> Recipe | None:
