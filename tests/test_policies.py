@@ -678,6 +678,30 @@ def test_the_walk_and_the_planned_recipe_pad_by_one_size_rule(monkeypatch):
     assert Pad(max_length=3, truncate=True).measure([(2,), (5,), (4,)]) == ((0,), [3], [1, 2])
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_aslist_names_a_tensor_after_a_none_as_no_policy_does(compiled):
+    # missing="error": a None is a value, not an absent one. A tensor (or array) after it was handed
+    # back as the sample's own object (an array unconverted); it is named, as without a policy,
+    # whichever comes first.
+    import numpy as np
+
+    tensor, array = torch.tensor([1, 2]), np.array([1.0, 2.0])
+    for value in (tensor, array):
+        for samples in ([{"x": None}, {"x": value}], [{"x": value}, {"x": None}]):
+            for fields in ({}, {"x": AsList()}):
+                collate = MMCollate(pin_memory=False, compile=compiled, fields=fields)
+                with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: expected .*pass missing='none'"):
+                    for _ in range(3):
+                        collate([dict(sample) for sample in samples])
+    # With missing="none" the None is absent: the tensor is copied into the batch, the array converted.
+    out = MMCollate(pin_memory=False, compile=compiled, missing="none", fields={"x": AsList()})(
+        [{"x": None}, {"x": tensor}, {"x": None}]
+    )
+    assert out["x"][0] is None and out["x"][1] is not tensor and torch.equal(out["x"][1], tensor)
+    # A column of None alone, or of strings, stays the batch's own list.
+    assert MMCollate(pin_memory=False, compile=compiled, fields={"x": AsList()})([{"x": None}] * 2)["x"] == [None, None]
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 @pytest.mark.parametrize("policy", [None, AsList(), Pad(), Concat(), Stack()])
 def test_the_walk_takes_numpy_arrays_of_one_dtype_as_tensors(policy, read_only, monkeypatch):

@@ -168,7 +168,9 @@ class _Walk(ContainerWalk):
             return self._sequence_policy(values, path, origins, depth, policy), {}
         if handler is not None:
             if isinstance(policy, AsList):
-                return Value(list(values)), {}  # always a per-sample list
+                # Always a per-sample list; its values are checked as without a policy, so a tensor
+                # after a None is named (never handed back as the sample's own object).
+                return self._objects(list(values), path, origins, handler), {}
             if policy is not None:
                 raise self._error(
                     f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values"
