@@ -491,10 +491,16 @@ def _listed(
         trailing, step, zeros, row, shaped = (w.local(stem) for stem in ("t", "step", "zeros", "row", "shaped"))
         w.line(depth, f"{rows}, {step}, {trailing}, {shaped} = {w.const(recipe)}.geometry({shapes})")
         flat = w.local("v")
+        w.line(depth, f"{flat} = {column}")
+        w.line(depth, f"if {shaped} is not None:")
+        inner = depth + 1
+        if recipe.subclass:  # its own __torch_function__ would run for every memory read and reshape
+            w.line(inner, "with DisableTorchFunctionSubclass():")
+            inner += 1
         # Reshaped before any copy reads them: a sparse or meta value is the careful error.
-        w.line(depth, f"if {shaped} is not None and not plain_memory({column}):")
-        w.line(depth + 1, _SLOW)
-        w.line(depth, f"{flat} = {column} if {shaped} is None else list(map(FLAT, {column}))")
+        w.line(inner, f"if not plain_memory({column}):")
+        w.line(inner + 1, _SLOW)
+        w.line(inner, f"{flat} = list(map(FLAT, {column}))")
         column = flat
         w.line(depth, f"{row} = prod({trailing}) * {itemsize}")
         w.line(depth, f"{zeros} = {w.const(zero_rows)}({w.const(recipe.dtype)}, {trailing}, {step})")

@@ -38,9 +38,11 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     if set(map(len, s4)) != k15:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     r5, step11, t10, shaped14 = k16.geometry(s4)
-    if shaped14 is not None and not plain_memory(c3):
-        return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    v15 = c3 if shaped14 is None else list(map(FLAT, c3))
+    v15 = c3
+    if shaped14 is not None:
+        if not plain_memory(c3):
+            return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
+        v15 = list(map(FLAT, c3))
     row13 = prod(t10) * 4
     zeros12 = k17(k18, t10, step11)
     g6 = gaps_to(r5, step11)  # rows of zeros after each value
