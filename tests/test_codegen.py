@@ -278,6 +278,25 @@ def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generat
     assert type(stacked) is expected and stacked.shape[0] == 3  # values that agree: one tensor of their class
 
 
+def test_pad_with_absent_values_takes_numpy_arrays_after_tensors():
+    # missing="none": a None is looked for by identity (an array asked == answers element by element).
+    def make(salt: int, arrays: bool = False) -> list[dict]:
+        out = []
+        for i, n in enumerate((3, None, 5)):
+            value = None if n is None else torch.arange(n, dtype=torch.float32) + salt
+            out.append({"x": value.numpy() if arrays and value is not None else value, "i": i})
+        return out
+
+    settings = {"pin_memory": False, "fields": {"x": pincollate.Pad()}, "missing": "none"}
+    compiled, walked = MMCollate(**settings), MMCollate(**settings, compile=False)
+    compiled(make(0)), compiled(make(1))
+    for salt in (2, 3):
+        _same_or_same_error(lambda salt=salt: make(salt, arrays=True), walked, compiled)
+        _same_or_same_error(
+            lambda salt=salt: [{"j": 1.5, **sample} for sample in make(salt, arrays=True)], walked, compiled
+        )
+
+
 def _token_lists(salt: int) -> list[dict]:
     return [{"ids": [salt + 7 * i + j for j in range(n)], "i": i} for i, n in enumerate((3, 0, 5, 1))]
 
@@ -327,6 +346,59 @@ def test_packed_token_lists_and_absent_item_lists_are_read_by_the_generated_func
         monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
     for salt in range(2, 6):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+
+
+class _Pair:
+    """A registered container with a list inside it: the layout builds it, its parts with it."""
+
+    def __init__(self, boxes: torch.Tensor, label: int):
+        self.boxes, self.label = boxes, label
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Pair and vars(self).keys() == vars(other).keys()
+
+
+pincollate.register_container(_Pair, lambda p: (["boxes", "label"], [p.boxes, p.label]), lambda k, v: _Pair(*v))
+
+
+def _deep(value: object, depth: int = 40) -> object:
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+@pytest.mark.parametrize("where", ["registered", "deep"])
+def test_lists_under_a_node_the_layout_builds_are_made_by_the_generated_function(where):
+    # A list below a registered container, or deeper than one generated expression goes: the node
+    # builds itself from the layout's parts, which the function's batch makes from their geometry.
+    def boxes(n: int, salt: int) -> torch.Tensor:
+        return torch.arange(4.0 * n).reshape(n, 4) + salt
+
+    if where == "registered":
+        fields = {"p.boxes": pincollate.AsList()}
+
+        def make(salt: int) -> list:
+            return [{"p": _Pair(boxes(n, salt), i), "y": i} for i, n in enumerate((2, 0, 3))]
+
+        def listed(out):
+            return out["p"].boxes
+    else:
+        fields = {".".join(["n"] * 40 + ["boxes"]): pincollate.AsList()}
+
+        def make(salt: int) -> list:
+            return [_deep({"boxes": boxes(n, salt)}) for n in (2, 0, 3)]
+
+        def listed(out):
+            for _ in range(40):
+                out = out["n"]
+            return out["boxes"]
+
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    walked = MMCollate(pin_memory=False, fields=fields, compile=False)
+    for salt in range(4):
+        got, expected = compiled(make(salt)), walked(make(salt))
+        assert [t.tolist() for t in listed(got)] == [t.tolist() for t in listed(expected)]
+    assert compiled._plans.last.whole
 
 
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():

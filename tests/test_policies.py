@@ -690,9 +690,11 @@ def test_aslist_names_a_tensor_after_a_none_as_no_policy_does(compiled):
         for samples in ([{"x": None}, {"x": value}], [{"x": value}, {"x": None}]):
             for fields in ({}, {"x": AsList()}):
                 collate = MMCollate(pin_memory=False, compile=compiled, fields=fields)
+                for warm in ([{"x": None}] * 2, [{"x": value}] * 2):  # planned (and compiled) first
+                    for _ in range(2):
+                        collate(warm)
                 with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: expected .*pass missing='none'"):
-                    for _ in range(3):
-                        collate([dict(sample) for sample in samples])
+                    collate([dict(sample) for sample in samples])
     # With missing="none" the None is absent: the tensor is copied into the batch, the array converted.
     out = MMCollate(pin_memory=False, compile=compiled, missing="none", fields={"x": AsList()})(
         [{"x": None}, {"x": tensor}, {"x": None}]
@@ -700,6 +702,26 @@ def test_aslist_names_a_tensor_after_a_none_as_no_policy_does(compiled):
     assert out["x"][0] is None and out["x"][1] is not tensor and torch.equal(out["x"][1], tensor)
     # A column of None alone, or of strings, stays the batch's own list.
     assert MMCollate(pin_memory=False, compile=compiled, fields={"x": AsList()})([{"x": None}] * 2)["x"] == [None, None]
+
+
+def test_read_only_arrays_are_named_in_the_walks_errors_as_writable_ones():
+    import numpy as np
+
+    def make(read_only: bool) -> list[dict]:
+        out = []
+        for n in (3, 1, 5):
+            array = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
+            array.flags.writeable = not read_only
+            out.append({"x": array})
+        return out
+
+    for policy, text in (
+        (Stack(), r"got \(1, 2\) here and \(3, 2\) in sample 0"),
+        (Pad(max_length=4), r"shape \(5, 2\) is longer"),
+    ):
+        for read_only in (False, True):
+            with pytest.raises(CollateError, match=text):
+                MMCollate(pin_memory=False, compile=False, fields={"x": policy})(make(read_only))
 
 
 @pytest.mark.parametrize("read_only", [False, True])
@@ -732,6 +754,8 @@ def test_the_walk_takes_numpy_arrays_of_one_dtype_as_tensors(policy, read_only, 
     else:
         assert_same(out["x"], torch.cat(tensors))
         assert out["x_offsets"].tolist() == [0, 3, 4, 6]
+    for tensor in out["x"] if isinstance(out["x"], list) else [out["x"]]:
+        tensor.add_(100)  # the batch's own memory: the arrays stay as they were
     assert all(
         np.array_equal(array, np.arange(n * 2, dtype=np.float32).reshape(n, 2) + i)
         for i, (array, n) in enumerate(zip(arrays, lengths, strict=True))

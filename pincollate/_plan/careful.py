@@ -238,7 +238,8 @@ class _Walk(ContainerWalk):
         family = handler.family
         if type(values) is Joined:  # rows read from Arrow: one plain tensor, their shapes from their lengths
             count = len(values)
-            return Column(values, path, handler, [values.flat.dtype] * count, values.shapes(), None, origins)  # type: ignore[arg-type]
+            shapes: list[tuple[int, ...] | None] = list(map(tuple, values.shapes()))  # tuples, as its errors print
+            return Column(values, path, handler, [values.flat.dtype] * count, shapes, None, origins)
         if builtin(torch.Tensor, handler):
             plain = describe_plain(values)  # plain tensors, described at C speed as one by one
             if plain is not None:  # every value present: lists of dtypes and shapes, no None

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .._batch.batch import Batch, BatchList, carrier_class, make_batch
-from .._batch.compiled import Parts, expression
+from .._batch.compiled import Parts, expression, inlines_parts
 from .._batch.layout import Layout, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
 from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec, jagged
@@ -64,7 +64,7 @@ from .packed import ConcatRecipe, none_as_empty
 from .packing import INT32_MAX, offsets, spread
 from .padding import Joined, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
-from .recipe import Arrays, NumberLists, number_tensor
+from .recipe import Arrays, NumberLists, holds_none, number_tensor
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -141,6 +141,7 @@ _WHOLE: dict[str, Any] = {
     "plain_memory": plain_memory,
     "prod": math.prod,
     "gaps_to": gaps_to,
+    "holds_none": holds_none,
     "aligned_pieces": aligned_pieces,
     "FLAT": operator.methodcaller("reshape", -1),
 }
@@ -248,18 +249,20 @@ def compile_parts(
     As :func:`compile_whole`'s, with each part read inline by its node's rules (:func:`is_sized`,
     :func:`is_listed`): its guards (one class, dtype and rank for the column, at C speed), then
 
-    - a *sized* part (``Pad``, ``Concat``, ``Jagged`` of plain tensors, ``Pad`` of token ids
-      as Python lists, numbers of several types) its sizes by the policy's size rule (lengths and
-      padded size; total rows, trailing sizes and count; a dtype): the sizes of all of them pick
-      the batch's layout from the returned :class:`~pincollate._plan.sized.SizedLayouts`
-      (``None`` where no part is sized);
-    - a *listed* part (``AsList()`` of plain tensors, ``PerSample()`` dicts of them) its values'
-      rows: each list is placed after the sized layout by the function itself (each value
+    - a *sized* part (``Pad``, ``Concat``, ``Jagged`` of plain tensors, of numpy arrays, of
+      token ids as Python lists, of item lists some of which may be absent; numbers of several
+      types) its sizes by the policy's size rule (lengths and padded size; total rows, trailing
+      sizes and count; a dtype): the sizes of all of them pick the batch's layout from the
+      returned :class:`~pincollate._plan.sized.SizedLayouts` (``None`` where no part is sized);
+    - a *listed* part (a list of tensors, of a subclass or numpy arrays too, with or without
+      absent values; ``PerSample()`` dicts of them) its values' rows by the list's size rule
+      (:meth:`~pincollate._plan.listed.ListRecipe.geometry`: rows of one width, or each value
+      flat): each list is placed after the sized layout by the function itself (each value
       starting aligned, then the next list), one ``torch.cat`` fills it and each value is a
       view of its column (as :class:`~pincollate._batch.list_specs.SplitSpec` builds it); the
       batch's layout then makes its parts only when asked
-      (:class:`~pincollate._plan.sized.ListedParts`), whose deferred parts build a top the function
-      does not build itself (:func:`builds_inline`).
+      (:class:`~pincollate._plan.sized.ListedParts`), whose deferred parts build what the
+      function does not build itself (:func:`builds_inline`, :func:`~pincollate._batch.compiled.inlines_parts`).
 
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype, a value longer than ``max_length``) is no
@@ -663,7 +666,10 @@ def _output(
     by the layout (its parts made where they are deferred). ``before``: lines that make the
     parts' locals.
     """
-    if not builds_inline(root):
+    if not (builds_inline(root) and inlines_parts(root)):
+        # A top the function does not build itself (a user's mapping class), or a part under a node
+        # that builds itself (a registered container, a subtree too deep for one expression): the
+        # layout builds the batch, its parts made from its deferred geometry.
         w.line(1, "return make_batch(layout, buffer, values, views)")
         return
     w.line(1, "if views.source is None:  # not made at once (pinned memory): built by the layout")
@@ -971,7 +977,7 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
         w.line(depth, f"if set(map(type, {column})) - {w.const(recipe.containers)}:")
         w.line(depth + 1, _SLOW)
         if type(None) in recipe.containers:  # missing="none": an absent list has no items, as the recipe takes it
-            w.line(depth, f"{column} = {w.const(none_as_empty)}({column}) if None in {column} else {column}")
+            w.line(depth, f"{column} = {w.const(none_as_empty)}({column}) if holds_none({column}) else {column}")
         w.line(depth, f"{counts} = list(map(len, {column}))")
         w.line(depth, f"{values} = list(chain({column}))")
         found.update(values=values, counts=counts)
@@ -1033,7 +1039,7 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         column = _arrays(w, op, column, depth)
     if recipe.missing:  # missing="none": an absent value an empty one, by the recipe's rule
         present = w.local("present")
-        w.line(depth, f"{present} = {w.const(recipe)}.with_empties({column}) if None in {column} else {column}")
+        w.line(depth, f"{present} = {w.const(recipe)}.with_empties({column}) if holds_none({column}) else {column}")
         w.line(depth, f"if {present} is None:")
         w.line(depth + 1, _SLOW)
         column = present

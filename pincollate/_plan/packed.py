@@ -24,7 +24,7 @@ from .fill import Fill
 from .ops import FIRST
 from .packing import INT32_MAX, Concat, Jagged, offsets, spread
 from .padding import Joined, nonempty
-from .recipe import Recipe, plain_tensors
+from .recipe import Recipe, holds_none, plain_tensors
 
 __all__ = ["ConcatRecipe", "concat_recipe", "none_as_empty"]
 
@@ -64,7 +64,7 @@ class ConcatRecipe(Recipe):
         if self.containers is not None:
             if set(map(type, column)) - self.containers:
                 return False
-            if None in column:  # absent lists (missing="none"): no items
+            if holds_none(column):  # absent lists (missing="none"): no items
                 column = none_as_empty(column)
             counts = list(map(len, column))
             values = list(itertools.chain.from_iterable(column))

@@ -41,7 +41,7 @@ from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
 from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, fits
-from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
+from .recipe import Arrays, NumberLists, Recipe, array_column, holds_none, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
 
 __all__ = ["MixedNumbers", "PadRecipe", "part_recipe", "recipe_for"]
@@ -76,7 +76,7 @@ class PadRecipe(Recipe):
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
 
     def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if self.missing and type(column) is not Joined and None in column:
+        if self.missing and type(column) is not Joined and holds_none(column):
             column = self.with_empties(column)  # type: ignore[assignment]
             if column is None:
                 return False

@@ -45,6 +45,7 @@ __all__ = [
     "array_column",
     "array_tensors",
     "concatenated_arrays",
+    "holds_none",
     "kept_tensors",
     "number_tensor",
     "place",
@@ -132,6 +133,18 @@ class Recipe:
         """Whether the extra outputs have a parent mapping and clash with none of its keys."""
         names = self.extras()
         return not names or (siblings is not None and not siblings.intersection(names))
+
+
+def holds_none(values: Sequence[Any]) -> bool:
+    """Whether any of ``values`` is ``None``, by identity at C speed (``None in values`` asks each
+    value ``==``, which a numpy array answers element by element, and raises).
+
+    Examples:
+        >>> import numpy as np
+        >>> holds_none([np.zeros(2), None]), holds_none([np.zeros(2)])
+        (True, False)
+    """
+    return any(map(operator.is_, values, itertools.repeat(None)))
 
 
 def plain_tensors(column: Sequence[Any]) -> tuple[torch.dtype, int] | None:
