@@ -704,6 +704,27 @@ def test_aslist_names_a_tensor_after_a_none_as_no_policy_does(compiled):
     assert MMCollate(pin_memory=False, compile=compiled, fields={"x": AsList()})([{"x": None}] * 2)["x"] == [None, None]
 
 
+def test_the_walk_stacks_plain_tensors_that_agree_from_one_description(monkeypatch):
+    # A column of plain tensors of one dtype and shape, without a policy, is stacked from the one
+    # description read at C speed: no column of per-value descriptions is built for it (a ragged
+    # or mixed column still is, and names what it refuses).
+    from pincollate._plan.column import Column
+
+    built = _counted(monkeypatch, Column, "__init__")
+    samples = [
+        {"a": torch.full((2, 3), float(i)), "b": {"c": torch.arange(4) + i}, "d": torch.tensor(i)} for i in range(4)
+    ]
+    out = MMCollate(pin_memory=False, compile=False)(samples)
+    assert built == []
+    assert torch.equal(out["a"], torch.stack([s["a"] for s in samples])) and out["d"].tolist() == [0, 1, 2, 3]
+    assert torch.equal(out["b"]["c"], torch.stack([s["b"]["c"] for s in samples]))
+    with pytest.warns(RaggedFieldWarning):
+        MMCollate(pin_memory=False, compile=False)([{"a": torch.zeros(2)}, {"a": torch.zeros(3)}])
+    assert len(built) == 1  # the ragged column: described value by value, then listed
+    with pytest.raises(CollateError, match=r"sample 1 at \['a'\]"):
+        MMCollate(pin_memory=False, compile=False)([{"a": torch.zeros(2)}, {"a": "x"}])
+
+
 def test_read_only_arrays_are_named_in_the_walks_errors_as_writable_ones():
     import numpy as np
 

@@ -37,7 +37,7 @@ from .._types.builtin import (
 )
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
-from .column import MAX_DEPTH, Column, stack_or_list
+from .column import MAX_DEPTH, Column, plain_stack, stack_or_list
 from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
@@ -234,14 +234,23 @@ class _Walk(ContainerWalk):
 
     # leaves ----------------------------------------------------------------------
 
-    def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
+    def _column(
+        self,
+        values: Sequence[Any],
+        path: Path,
+        origins: Origins,
+        handler: LeafHandler,
+        plain: tuple[list[torch.dtype], list[tuple[int, ...]]] | None = None,
+    ) -> Column:
+        """The column of ``values``, described; ``plain``: :func:`describe_plain`'s description, where the caller read it."""
         family = handler.family
         if type(values) is Joined:  # rows read from Arrow: one plain tensor, their shapes from their lengths
             count = len(values)
             shapes: list[tuple[int, ...] | None] = list(map(tuple, values.shapes()))  # tuples, as its errors print
             return Column(values, path, handler, [values.flat.dtype] * count, shapes, None, origins)
         if builtin(torch.Tensor, handler):
-            plain = describe_plain(values)  # plain tensors, described at C speed as one by one
+            if plain is None:
+                plain = describe_plain(values)  # plain tensors, described at C speed as one by one
             if plain is not None:  # every value present: lists of dtypes and shapes, no None
                 return Column(values, path, handler, cast(Any, plain[0]), cast(Any, plain[1]), None, origins)
         classes = set(map(type, values))
@@ -336,9 +345,16 @@ class _Walk(ContainerWalk):
             tensors = array_column(values)
             if tensors is not None:
                 values, handler = tensors, lookup(torch.Tensor)  # type: ignore[assignment]
+        plain = describe_plain(values) if builtin(torch.Tensor, handler) else None
+        if plain is not None and policy is None and self.default is None:
+            # Plain tensors that agree, without a policy: stacked, the column read once at C speed.
+            stacked = plain_stack(values, handler, plain)
+            if stacked is not None:
+                self._took(depth, LEAVES, None)
+                return stacked, {}
         if policy is None and _mixed_families(values):
             return self._as_default_collate(values, path, origins), {}
-        column = self._column(values, path, origins, handler)
+        column = self._column(values, path, origins, handler, plain)
         if policy is None and handler.family != "number" and any(column.known.values()):
             # ragged= is for fields that can be ragged: numbers and 0-d values just stack.
             policy = self.default

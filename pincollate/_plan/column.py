@@ -25,7 +25,7 @@ from .listed import ListRecipe
 from .padding import Joined
 from .recipe import kept_tensors
 
-__all__ = ["MAX_DEPTH", "Column", "Path", "listed", "stack_or_list", "stacked_class"]
+__all__ = ["MAX_DEPTH", "Column", "Path", "listed", "plain_stack", "stack_node", "stack_or_list", "stacked_class"]
 
 Path = tuple[Hashable, ...]
 
@@ -169,10 +169,7 @@ class Column:
 
     def stacked(self) -> TensorNode:
         """All values stacked along a new first dimension (requires :attr:`uniform`)."""
-        shape = (len(self.values), *self.shapes[0])  # type: ignore[misc]  # all present: uniform
-        values = self.values if type(self.values) is not Joined else list(self.values)  # torch.stack takes a list
-        segment = Segment(0, shape, self.handler.fill, values, stacking=True)  # type: ignore[arg-type]
-        return TensorNode(self.dtype, shape, [segment], self._common_wrap())
+        return stack_node(self.dtype, self.shapes[0], self.handler.fill, self.values, self._common_wrap())  # type: ignore[arg-type]  # all present: uniform
 
     def single(self, i: int) -> Node:
         """Value ``i`` alone, in its own dtype and shape (``None`` stays ``None``)."""
@@ -196,6 +193,27 @@ def stacked_class(classes: Sequence[type], join: Callable[..., torch.Tensor] = t
         return None
     probes: list[torch.Tensor] = [torch.empty(0, device="cpu").as_subclass(cls) for cls in classes]
     return type(join(probes))
+
+
+def stack_node(
+    dtype: torch.dtype, shape: tuple[int, ...], fill: Any, values: Sequence[Any], wrap: Wrap | None = None
+) -> TensorNode:
+    """``values`` (each of ``shape``) stacked along a new first dimension: one region, one copy."""
+    values = values if type(values) is not Joined else list(values)  # torch.stack takes a list
+    full = (len(values), *shape)
+    return TensorNode(dtype, full, [Segment(0, full, fill, values, stacking=True)], wrap)
+
+
+def plain_stack(
+    values: Sequence[Any], handler: LeafHandler, plain: tuple[list[torch.dtype], list[tuple[int, ...]]]
+) -> TensorNode | None:
+    """:func:`stack_or_list`'s stack of a column of plain tensors (``plain``: their dtypes and shapes, read at
+    C speed by :func:`~pincollate._types.builtin.describe_plain`), without a :class:`Column`: ``None`` where
+    the dtypes or shapes differ. Plain tensors have no metadata and stack as plain tensors."""
+    dtypes, shapes = plain
+    if dtypes.count(dtypes[0]) != len(dtypes) or shapes.count(shapes[0]) != len(shapes):
+        return None
+    return stack_node(dtypes[0], shapes[0], handler.fill, values)
 
 
 def stack_or_list(column: Column) -> Node:
