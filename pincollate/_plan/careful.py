@@ -42,7 +42,6 @@ from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
 from .items import Extras, Origins, Path, container_name
-from .padding import Joined
 from .patterns import Renames, Settings
 from .policies import AsList, PerSample, Policy
 from .recipe import array_column
@@ -244,10 +243,6 @@ class _Walk(ContainerWalk):
     ) -> Column:
         """The column of ``values``, described; ``plain``: :func:`describe_plain`'s description, where the caller read it."""
         family = handler.family
-        if type(values) is Joined:  # rows read from Arrow: one plain tensor, their shapes from their lengths
-            count = len(values)
-            shapes: list[tuple[int, ...] | None] = list(map(tuple, values.shapes()))  # tuples, as its errors print
-            return Column(values, path, handler, [values.flat.dtype] * count, shapes, None, origins)
         if builtin(torch.Tensor, handler):
             if plain is None:
                 plain = describe_plain(values)  # plain tensors, described at C speed as one by one
@@ -432,7 +427,7 @@ _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
 
 def _mixed_families(values: Sequence[Any]) -> bool:
     """Whether tensors, arrays and numbers are mixed in one column."""
-    if type(values) is Joined or len(set(map(type, values))) == 1:
+    if len(set(map(type, values))) == 1:
         return False  # one class, one family
     families = set()
     for value in values:

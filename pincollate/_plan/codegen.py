@@ -47,7 +47,7 @@ from .._types.builtin import (
 )
 from .._types.kinds import LISTS
 from .fill import Mismatch
-from .listed import ItemsRecipe, ListRecipe, NumberItems, aligned_pieces, gaps_to, number_items, zero_rows
+from .listed import FLAT, ItemsRecipe, ListRecipe, NumberItems, aligned_pieces, gaps_to, number_items, zero_rows
 from .ops import (
     FIRST,
     HAS_TORCH_FUNCTION,
@@ -143,7 +143,7 @@ _WHOLE: dict[str, Any] = {
     "gaps_to": gaps_to,
     "holds_none": holds_none,
     "aligned_pieces": aligned_pieces,
-    "FLAT": operator.methodcaller("reshape", -1),
+    "FLAT": FLAT,
 }
 
 
@@ -958,14 +958,9 @@ def _concatenated(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     recipe = _placing(op.recipe)
     assert type(recipe) is ConcatRecipe
     _comment(w, depth, op.path)
-    if type(op.recipe) is NumberLists:
-        # Token ids as Python lists: one tensor of all of them (its dtype as torch.tensor infers
-        # it), copied whole; each sample's rows its list's length.
-        flat, rows, key = w.local("flat"), w.local("r"), w.local("m")
-        w.line(depth, f"{flat} = number_tensor({column})")
-        w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
-        w.line(depth + 1, _SLOW)
-        w.line(depth, f"{rows} = list(map(len, {column}))")
+    if type(op.recipe) is NumberLists:  # copied whole; each sample's rows its list's length
+        rows, key = w.local("r"), w.local("m")
+        flat = _token_lists(w, recipe, column, rows, depth)
         w.line(depth, f"{key} = (sum({rows}), (), len({column}))")
         _packed_offsets(w, op, recipe, {"values": f"[{flat}]", "rows": rows}, key, depth)
         return
@@ -1018,6 +1013,17 @@ def _packed_offsets(
     w.parts_read.append((op, key, found))
 
 
+def _token_lists(w: _PlanWriter, recipe: Any, column: str, lengths: str, depth: int) -> str:
+    """Token ids as Python lists: one tensor of all of them (its dtype as ``torch.tensor`` infers it, the
+    recipe's), and each list's length in the local ``lengths``: returns the tensor's local."""
+    flat = w.local("flat")
+    w.line(depth, f"{flat} = number_tensor({column})")
+    w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
+    w.line(depth + 1, _SLOW)
+    w.line(depth, f"{lengths} = list(map(len, {column}))")
+    return flat
+
+
 def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     """A padded part of a sized plan: its guards, lengths and key (the padded sizes), by the recipe's size rule."""
     recipe = _placing(op.recipe)
@@ -1025,12 +1031,8 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     lengths, key = w.local("l"), w.local("m")
     if type(op.recipe) is NumberLists:
-        # Token ids as Python lists: one tensor of all of them, its dtype as torch.tensor infers it.
-        flat, joined = w.local("flat"), w.local("joined")
-        w.line(depth, f"{flat} = number_tensor({column})")
-        w.line(depth, f"if {flat} is None or {flat}.dtype not in {w.const(recipe.dtypes)}:")
-        w.line(depth + 1, _SLOW)
-        w.line(depth, f"{lengths} = list(map(len, {column}))")
+        flat = _token_lists(w, recipe, column, lengths, depth)
+        joined = w.local("joined")
         w.line(depth, f"{joined} = Joined({flat}, {lengths})  # the values, concatenated already")
         _pad_key(w, recipe, lengths, key, depth)
         w.parts_read.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))

@@ -33,6 +33,7 @@ from .ops import FIRST
 from .recipe import Recipe, place, plain_tensors
 
 __all__ = [
+    "FLAT",
     "ItemsRecipe",
     "ListRecipe",
     "NumberItems",
@@ -141,7 +142,7 @@ class ListRecipe(Recipe):
                 wraps = None if first_wrap is None else (first_wrap,) * len(column)
         counts, step, trailing, shapes_out = self.geometry(shapes, distinct)
         if shapes_out is not None:
-            column = list(map(_FLAT, column))
+            column = list(map(FLAT, column))
         gaps = gaps_to(counts, step)
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
         pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step)) or [column[0]]
@@ -397,7 +398,7 @@ def items_recipe(
 
 
 #: A value flattened (a list's values that lie flat in its region).
-_FLAT = operator.methodcaller("reshape", -1)
+FLAT = operator.methodcaller("reshape", -1)
 #: A shape's trailing sizes, at C speed.
 _TRAILING = operator.itemgetter(slice(1, None))
 
