@@ -348,6 +348,53 @@ def test_packed_token_lists_and_absent_item_lists_are_read_by_the_generated_func
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
 
 
+def _long_tokens(salt: int) -> list[dict]:
+    # Some values longer than max_length in every batch after the first (which plans the field).
+    lengths = (3, 1, 2) if salt == 0 else (salt + 5, 0, 2, 3 * salt + 1)
+    return [{"ids": torch.arange(n) * (salt + 1), "i": i} for i, n in enumerate(lengths)]
+
+
+def _long_token_lists(salt: int) -> list[dict]:
+    return [{"ids": list(range(len(sample["ids"]))), "i": sample["i"]} for sample in _long_tokens(salt)]
+
+
+def _long_clips(salt: int) -> list[dict]:
+    # (channels, time) values padded along time: the recipe's size rule, read by the function.
+    lengths = (3, 1, 2) if salt == 0 else (salt + 5, 1, 2, 3 * salt + 1)
+    return [{"ids": torch.full((2, n), float(salt + i)), "i": i} for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "make"),
+    [
+        (pincollate.Pad(max_length=4, truncate=True), _long_tokens),
+        (pincollate.Pad(max_length=4, truncate=True, side="left", lengths_key=None), _long_tokens),
+        (pincollate.Pad(max_length=4, truncate=True), _long_token_lists),
+        (pincollate.Pad(max_length=4, truncate=True, dims=[-1]), _long_clips),
+    ],
+    ids=["tensors", "left-mask", "token-lists", "last-dim"],
+)
+def test_values_cut_to_max_length_are_read_by_the_generated_function(policy, make, monkeypatch):
+    # Pad(max_length=..., truncate=True), the usual setting for text: a batch with a value longer
+    # than max_length is cut and padded by the generated function, as the careful walk cuts it,
+    # not sent to the recipes (four times slower).
+    from pincollate._plan.ragged import PadRecipe
+    from pincollate._plan.recipe import NumberLists
+
+    compiled = MMCollate(pin_memory=False, fields={"ids": policy})
+    walked = MMCollate(pin_memory=False, fields={"ids": policy}, compile=False)
+    compiled(make(0))
+    assert compiled._plans.last.whole
+    for recipe in (PadRecipe, NumberLists):
+        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(1, 5):
+        _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    batch = compiled(make(3))
+    assert batch["ids"].shape[-1] == 4
+    if "ids_lengths" in batch:
+        assert batch["ids_lengths"].tolist() == [min(n, 4) for n in (8, 1 if make is _long_clips else 0, 2, 10)]
+
+
 class _Pair:
     """A registered container with a list inside it: the layout builds it, its parts with it."""
 

@@ -666,9 +666,9 @@ def test_the_walk_and_the_planned_recipe_pad_by_one_size_rule(monkeypatch):
     collate(samples)  # planned: the recipe's guard and sizes
     recipe = next(op.recipe for op in _nodes(collate._plans.last.op) if type(getattr(op, "recipe", None)) is PadRecipe)
     calls.clear()
-    assert recipe.measure([torch.Size((2, 3)), torch.Size((7, 3))]) == ([2, 7], 0, (8, 3))
+    assert recipe.measure([torch.Size((2, 3)), torch.Size((7, 3))]) == ([2, 7], 0, (8, 3), False)
     assert calls == [policy]
-    assert recipe.measure([torch.Size((2, 3)), torch.Size((2, 5))]) == ([3, 5], 1, (2, 8))
+    assert recipe.measure([torch.Size((2, 3)), torch.Size((2, 5))]) == ([3, 5], 1, (2, 8), False)
     # Two padded dimensions (a mask over both): the walk's, not the recipe's.
     assert recipe.measure([torch.Size((2, 3)), torch.Size((3, 4))]) is None
     assert Pad().measure([(2, 3), (2, 4)]) == ((1,), [2, 4], [])

@@ -586,7 +586,7 @@ def test_a_batch_the_recipe_does_not_describe_is_planned_carefully(careful_only)
     reference = careful_only(fields={"ids": Pad(max_length=4, truncate=True)}, missing="none")
     batches = [
         _ids([3, 1]),  # planned: a recipe
-        _ids([9, 2]),  # longer than max_length: truncated by the careful planner
+        _ids([9, 2]),  # longer than max_length: cut by the recipe, as the careful planner cuts it
         _ids([3, 1], dtype=torch.int32),  # another dtype
         [{"ids": torch.arange(3), "y": 0}, {"ids": None, "y": 1}],  # a missing value
         [{"ids": torch.arange(3), "y": 0}, {"ids": torch.arange(3).as_subclass(_Sub), "y": 1}],  # a subclass

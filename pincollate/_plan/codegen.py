@@ -62,7 +62,7 @@ from .ops import (
 )
 from .packed import ConcatRecipe, none_as_empty
 from .packing import INT32_MAX, offsets, spread
-from .padding import Joined, nonempty, pad_1d, valid_1d
+from .padding import Joined, cut, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, holds_none, number_tensor
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
@@ -116,6 +116,7 @@ _WHOLE: dict[str, Any] = {
     "new_dataclass": new_dataclass,
     # What the parts of sized and listed plans name.
     "pad_1d": pad_1d,
+    "cut": cut,
     "valid_1d": valid_1d,
     "nonempty": nonempty,
     "number_tensor": number_tensor,
@@ -1034,7 +1035,7 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
         flat = _token_lists(w, recipe, column, lengths, depth)
         joined = w.local("joined")
         w.line(depth, f"{joined} = Joined({flat}, {lengths})  # the values, concatenated already")
-        _pad_key(w, recipe, lengths, key, depth)
+        _pad_key(w, recipe, joined, lengths, key, depth)
         w.parts_read.append((op, key, {"column": joined, "lengths": lengths, "dim": "0"}))
         return
     if type(op.recipe) is Arrays:
@@ -1048,14 +1049,24 @@ def _padded(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     shapes = _tensor_guards(w, recipe, column, depth)
     if recipe.ndim == 1:
         w.line(depth, f"{lengths} = list(map(FIRST, {shapes}))")
-        _pad_key(w, recipe, lengths, key, depth)
+        _pad_key(w, recipe, column, lengths, key, depth)
         dim = "0"
     else:
-        measured, dim, sizes = w.local("measured"), w.local("d"), w.local("z")
+        measured, dim, sizes, longer = (
+            w.local("measured"),
+            w.local("d"),
+            w.local("z"),
+            w.local("longer" if recipe.policy.truncate else "_longer"),
+        )
         w.line(depth, f"{measured} = {w.const(recipe)}.measure({shapes})")
         w.line(depth, f"if {measured} is None:")
         w.line(depth + 1, _SLOW)
-        w.line(depth, f"{lengths}, {dim}, {sizes} = {measured}")
+        w.line(depth, f"{lengths}, {dim}, {sizes}, {longer} = {measured}")
+        if recipe.policy.truncate:
+            w.line(depth, f"if {longer}:")
+            w.line(
+                depth + 1, f"{column}, {lengths} = cut({column}, {lengths}, {dim}, {w.const(recipe.policy.max_length)})"
+            )
         w.line(depth, f"{key} = ({dim}, {sizes})")
     w.parts_read.append((op, key, {"column": column, "lengths": lengths, "dim": dim}))
 
@@ -1119,15 +1130,18 @@ def _trailing(w: _PlanWriter, ndim: int, shapes: str, depth: int) -> str:
     return trailing
 
 
-def _pad_key(w: _PlanWriter, recipe: PadRecipe, lengths: str, key: str, depth: int) -> None:
+def _pad_key(w: _PlanWriter, recipe: PadRecipe, column: str, lengths: str, key: str, depth: int) -> None:
     """The size rule of 1-D values (:meth:`~pincollate._plan.ragged.PadRecipe.measure`), inline:
-    the longest, then ``max_length`` or ``multiple_of``."""
+    the longest, then ``max_length`` (values longer cut with ``truncate``) or ``multiple_of``."""
     policy = recipe.policy
     w.line(depth, f"{key} = max({lengths})")
     if policy.max_length is not None:
         most = w.const(policy.max_length)
         w.line(depth, f"if {key} > {most}:")
-        w.line(depth + 1, _SLOW)
+        if policy.truncate:
+            w.line(depth + 1, f"{column}, {lengths} = cut({column}, {lengths}, 0, {most})")
+        else:
+            w.line(depth + 1, _SLOW)
         w.line(depth, f"{key} = {most}")
     elif policy.multiple_of is not None:
         step = w.const(policy.multiple_of)

@@ -22,6 +22,7 @@ __all__ = [
     "TRIANGLE_ROWS",
     "Joined",
     "box",
+    "cut",
     "fill_mask",
     "fill_mask_1d",
     "fill_padded",
@@ -254,6 +255,28 @@ def nonempty(values: Sequence[torch.Tensor], lengths: Sequence[int] | None = Non
     if (lengths is None or 0 in lengths) and values and values[0].dim() == 1 and not all(map(_NUMEL, values)):
         return [v for v in values if v.numel()] or list(values[:1])
     return values if type(values) is list else list(values)
+
+
+def cut(
+    values: Sequence[torch.Tensor], lengths: list[int], dim: int, limit: int
+) -> tuple[list[torch.Tensor], list[int]]:
+    """``Pad(truncate=True)``'s cut: each value longer than ``limit`` along ``dim`` keeps its first ``limit`` entries.
+
+    Returns the values (a cut one is a view of its value, nothing copied) and their lengths
+    along ``dim``, as the careful walk cuts them.
+
+    Examples:
+        >>> values, lengths = cut([torch.arange(3), torch.arange(5)], [3, 5], 0, 4)
+        >>> [v.tolist() for v in values], lengths
+        ([[0, 1, 2], [0, 1, 2, 3]], [3, 4])
+    """
+    if type(values) is Joined:
+        values = values.views()
+    if dim == 0:  # a slice: half the cost of narrow's argument parsing
+        kept = [value[:limit] if n > limit else value for value, n in zip(values, lengths, strict=True)]
+    else:
+        kept = [value.narrow(dim, 0, limit) if n > limit else value for value, n in zip(values, lengths, strict=True)]
+    return kept, [min(n, limit) for n in lengths]
 
 
 #: The most padding (bytes) one large padded field takes from a kept tensor of its pad value.

@@ -39,7 +39,7 @@ from .listed import ListRecipe, NumberItems, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
-from .padding import Joined, fill_padded_1d, fill_padded_and_mask_1d
+from .padding import Joined, cut, fill_padded_1d, fill_padded_and_mask_1d
 from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, fits
 from .recipe import Arrays, NumberLists, Recipe, array_column, holds_none, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
@@ -103,30 +103,35 @@ class PadRecipe(Recipe):
         empty = present.new_empty(shape)
         return [empty if value is None else value for value in column]
 
-    def measure(self, shapes: Sequence[torch.Size]) -> tuple[list[int], int, tuple[int, ...]] | None:
+    def measure(self, shapes: Sequence[torch.Size]) -> tuple[list[int], int, tuple[int, ...], bool] | None:
         """The policy's size rule (:meth:`~pincollate.Pad.measure`, the walk's too) for this recipe:
-        the values' lengths, the padded dimension and the padded sizes of one value.
+        the values' lengths, the padded dimension, the padded sizes of one value, and whether
+        a value is longer than ``max_length`` (``truncate``: :func:`~pincollate._plan.padding.cut`
+        cuts it, and its length, before the copy).
 
         ``None`` where the recipe does not describe the batch (several dimensions differ, or
-        one that ``dims`` does not pad; a value longer than ``max_length``): the careful
-        planner pads, truncates or names the sample. The compiled plan reads 1-D values'
-        sizes inline, by this rule.
+        one that ``dims`` does not pad; a value longer than ``max_length`` without
+        ``truncate``): the careful planner pads or names the sample. The compiled plan reads
+        1-D values' sizes inline, by this rule.
         """
         try:
             dims, sizes, longer = self.policy.measure(shapes)
         except Unpadded:
             return None  # the careful planner names the dimension that differs
-        if len(dims) != 1 or longer:
-            return None  # several padded dimensions (the careful planner's mask), or truncated or refused
+        if len(dims) != 1 or (longer and not self.policy.truncate):
+            return None  # several padded dimensions (the careful planner's mask), or a value refused
         dim = dims[0]
         lengths = list(map(FIRST, shapes)) if dim == 0 else [shape[dim] for shape in shapes]
-        return lengths, dim, tuple(sizes)
+        return lengths, dim, tuple(sizes), bool(longer)
 
     def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
         measured = self.measure(shapes)
         if measured is None:
             return None
-        lengths, dim, sizes = measured
+        lengths, dim, sizes, longer = measured
+        if longer:
+            assert self.policy.max_length is not None  # only max_length makes a value too long
+            column, lengths = cut(column, lengths, dim, self.policy.max_length)
         part, specs, fill.offset = self.placed(fill.offset, len(shapes), dim, sizes)
         payload = (column, lengths, dim)
         if self.lengths_name is not None:

@@ -33,15 +33,15 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     measured6 = k10.measure(s5)
     if measured6 is None:
         return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
-    l3, d7, z8 = measured6
+    l3, d7, z8, _longer9 = measured6
     m4 = (d7, z8)
     # root
     # numbers at 'label'
     try:
-        r9 = list(map(k11, samples))
+        r10 = list(map(k11, samples))
     except KeyError:  # absent in a sample (missing='none'): planned for each batch
         raise Mismatch(*k12) from None
-    if set(map(type, r9)) != k13:
+    if set(map(type, r10)) != k13:
         raise Mismatch(*k14)  # ['label']
     sized = k15.get((m4,))
     if sized is None:
@@ -52,24 +52,24 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     buffer = allocate(layout.nbytes, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)
     made = views.made
-    p10 = made[ids[0]] if ids[0] in made else specs[0].region(views)
-    p11 = made[ids[1]] if ids[1] in made else specs[1].region(views)
-    region12 = made[k19] if k19 in made else k20.region(views)
+    p11 = made[ids[0]] if ids[0] in made else specs[0].region(views)
+    p12 = made[ids[1]] if ids[1] in made else specs[1].region(views)
+    region13 = made[k19] if k19 in made else k20.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
     try:
         at = 0  # root
-        region12.numpy()[:32] = r9
+        region13.numpy()[:32] = r10
         at = 1  # ['audio']
-        p11.numpy()[...] = l3
+        p12.numpy()[...] = l3
         at = 2  # ['audio']
-        pad_1d(p10, c2, l3, d7, k17, k18, None)
+        pad_1d(p11, c2, l3, d7, k17, k18, None)
     except Exception as exc:
-        raise Mismatch(*k21[at].blame((r9, None, None,)[at])) from exc
+        raise Mismatch(*k21[at].blame((r10, None, None,)[at])) from exc
     finally:
         set_grad_enabled(grad)
     if views.source is None:  # not made at once (pinned memory): built by the layout
         return make_batch(layout, buffer, values, views)
-    batch = Batch({k22: p10, k23: p11, k24: made[k25]})
+    batch = Batch({k22: p11, k23: p12, k24: made[k25]})
     set_attribute(batch, CARRIED, (layout, buffer, values))
     return batch
