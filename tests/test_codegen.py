@@ -7,6 +7,7 @@ compiled plan is compared with, fresh and warm, on every sample family.
 from __future__ import annotations
 
 import collections
+import io
 import os
 import sys
 import traceback
@@ -393,6 +394,58 @@ def test_values_cut_to_max_length_are_read_by_the_generated_function(policy, mak
     assert batch["ids"].shape[-1] == 4
     if "ids_lengths" in batch:
         assert batch["ids_lengths"].tolist() == [min(n, 4) for n in (8, 1 if make is _long_clips else 0, 2, 10)]
+
+
+def _no_boxes(salt: int, make=lambda n: torch.arange(4.0 * n).view(n, 4)) -> list[dict]:
+    # Detection: a batch after the first with no boxes in any image, then one with some again.
+    counts = (2, 1, 3) if salt in (0, 3) else (0, 0, 0)
+    return [{"boxes": make(n), "labels": torch.arange(n), "i": i} for i, n in enumerate(counts)]
+
+
+def _no_flat_values(salt: int) -> list[dict]:
+    # Values whose trailing sizes differ lie flat in their list: here every one without elements.
+    return _no_boxes(salt, lambda n: torch.arange(3.0 * n).view(3, n))
+
+
+def _no_tv_boxes(salt: int) -> list[dict]:
+    from torchvision import tv_tensors
+
+    return _no_boxes(
+        salt,
+        lambda n: tv_tensors.BoundingBoxes(torch.arange(4.0 * n).view(n, 4), format="XYXY", canvas_size=(8, 8 + n)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "make"),
+    [
+        ({"boxes": pincollate.AsList(), "labels": pincollate.AsList()}, _no_boxes),
+        ({"boxes": pincollate.AsList(), "labels": pincollate.AsList()}, _no_flat_values),
+        ({"boxes": pincollate.AsList(), "labels": pincollate.AsList()}, _no_tv_boxes),
+        ({}, _no_boxes),
+    ],
+    ids=["aslist", "flat", "tv-boxes", "no-policy"],
+)
+def test_lists_whose_values_are_all_empty_are_read_by_the_generated_function(fields, make, monkeypatch):
+    # A batch of images none of which has a box: its lists are made by the generated function (they
+    # went to the recipe), each value an empty tensor whose storage has no address, so that saving
+    # a value beside a field of another dtype works (torch.save refuses two dtypes at one address).
+    from pincollate._plan.listed import ListRecipe
+
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    walked = MMCollate(pin_memory=False, fields=fields, compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: ragged boxes listed, warned of once
+        compiled(make(0)), walked(make(0))
+    assert compiled._plans.last.whole
+    monkeypatch.setattr(ListRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(1, 5):
+        _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    batch = compiled(make(1))
+    assert [value.numel() for value in batch["boxes"]] == [0, 0, 0]
+    assert batch["boxes"][0].untyped_storage().data_ptr() == 0
+    for value in batch["boxes"]:
+        torch.save({"boxes": value, "labels": batch["labels"], "i": batch["i"]}, io.BytesIO())
 
 
 class _Pair:

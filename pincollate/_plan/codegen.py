@@ -356,9 +356,12 @@ def compile_parts(
         if j in where:
             n = where[j]
             region = w.local("x")
+            # Every value empty: a region of its own without an address (Views.tensor), which no
+            # other tensor of another dtype shares (torch.save refuses such a pair).
             w.line(
                 1,
-                f"{region} = made[{ids[n]}] if {ids[n]} in made else views.tensor({w.const(units[n][0])}, {shapes[n]}, {offsets[n]})",
+                f"{region} = made[{ids[n]}] if {found['total']} and {ids[n]} in made else "
+                f"views.tensor({w.const(units[n][0])}, {shapes[n]}, {offsets[n]})",
             )
             if "numbers" in found:
                 copies.append((fill_spaced, region, found["column"], part))
@@ -522,8 +525,6 @@ def _listed(
         w.line(depth, f"{gaps} = gaps_to({rows}, {step})  # rows of zeros after each value")
     w.line(depth, f"{split} = list(chain(zip({rows}, {gaps}, strict=True)))")
     w.line(depth, f"{total} = sum({split})")
-    w.line(depth, f"if not {total}:  # every value empty: each its own empty tensor, by the recipe")
-    w.line(depth + 1, _SLOW)
     w.line(depth, f"{pieces} = aligned_pieces({column}, {rows}, {gaps}, {zeros})")
     found = {
         "split": split,

@@ -145,7 +145,7 @@ class ListRecipe(Recipe):
             column = list(map(FLAT, column))
         gaps = gaps_to(counts, step)
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
-        pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step)) or [column[0]]
+        pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step))
         region = place(fill, dtype, (sum(split), *trailing))
         fill.tasks.append((concat_tensors, region, pieces, None))
         return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
@@ -419,7 +419,8 @@ def aligned_pieces(
     """What one ``torch.cat`` copies into a list's region: each value, then its gap's rows of ``zeros``.
 
     No empty piece: one would take cat off its fast path
-    (:func:`~pincollate._plan.padding.nonempty`).
+    (:func:`~pincollate._plan.padding.nonempty`); where every value is empty, the first
+    (``torch.cat`` takes no empty list, and copies nothing from it).
     """
     pieces: list[torch.Tensor] = []
     for value, count, gap in zip(values, counts, gaps, strict=True):
@@ -427,7 +428,7 @@ def aligned_pieces(
             pieces += (value, zeros[gap])
         elif count:
             pieces.append(value)
-    return pieces
+    return pieces or list(values[:1])
 
 
 @functools.lru_cache(maxsize=256)

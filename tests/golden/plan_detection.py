@@ -48,8 +48,6 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     g6 = gaps_to(r5, step11)  # rows of zeros after each value
     split7 = list(chain(zip(r5, g6, strict=True)))
     total8 = sum(split7)
-    if not total8:  # every value empty: each its own empty tensor, by the recipe
-        return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     pieces9 = aligned_pieces(v15, r5, g6, zeros12)
     c16 = list(cols1[2])
     # ['labels']
@@ -67,8 +65,6 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     g19 = gaps_to(r18, k22)  # rows of zeros after each value
     split20 = list(chain(zip(r18, g19, strict=True)))
     total21 = sum(split20)
-    if not total21:  # every value empty: each its own empty tensor, by the recipe
-        return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it
     pieces22 = aligned_pieces(c16, r18, g19, k23)
     o23 = k24
     e24 = (o23 + total8 * row13 + ALIGN - 1) // ALIGN * ALIGN
@@ -80,8 +76,8 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     buffer = allocate(e26, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, (), ((*k30, -1, -2), (*k31, k25, k26), (*k32, (total8, *t10), (total21,)), (*k33, o23, o25)), kind == PAGEABLE)
     made = views.made
-    x27 = made[-1] if -1 in made else views.tensor(k18, (total8, *t10), o23)
-    x29 = made[-2] if -2 in made else views.tensor(k34, (total21,), o25)
+    x27 = made[-1] if total8 and -1 in made else views.tensor(k18, (total8, *t10), o23)
+    x29 = made[-2] if total21 and -2 in made else views.tensor(k34, (total21,), o25)
     region31 = made[k35] if k35 in made else k36.region(views)
     grad = is_grad_enabled()
     set_grad_enabled(False)  # copies into the buffer are never part of a graph
