@@ -448,6 +448,29 @@ def test_lists_whose_values_are_all_empty_are_read_by_the_generated_function(fie
         torch.save({"boxes": value, "labels": batch["labels"], "i": batch["i"]}, io.BytesIO())
 
 
+def _no_crops(salt: int) -> list[dict]:
+    # Each sample's list of crops (items): after the first batch, crops none of which has a pixel.
+    sizes = [[2], [2, 1], [3]] if salt in (0, 3) else [[0], [0, 0], []]
+    return [{"crops": [torch.full((n, 3), float(salt + i)) for n in own], "i": i} for i, own in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("fields", [{}, {"crops": pincollate.AsList()}], ids=["no-policy", "aslist"])
+def test_items_that_are_all_empty_are_read_by_the_generated_function(fields, monkeypatch):
+    from pincollate._plan.listed import ItemsRecipe
+
+    compiled = MMCollate(pin_memory=False, fields=fields)
+    walked = MMCollate(pin_memory=False, fields=fields, compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: items that differ, warned of once
+        compiled(_no_crops(0)), walked(_no_crops(0))
+    assert compiled._plans.last.whole
+    monkeypatch.setattr(ItemsRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(1, 5):
+        _same_or_same_error(lambda salt=salt: _no_crops(salt), walked, compiled)
+    batch = compiled(_no_crops(1))
+    torch.save({"crops": batch["crops"], "i": batch["i"]}, io.BytesIO())
+
+
 class _Pair:
     """A registered container with a list inside it: the layout builds it, its parts with it."""
 

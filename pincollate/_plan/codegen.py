@@ -560,8 +560,6 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     w.line(depth + 1, _SLOW)
     w.line(depth, f"{stacked}, {units}, {groups}, {split}, {pieces} = {arranged}")
     w.line(depth, f"{total} = sum({split})")
-    w.line(depth, f"if not {total}:  # every item empty: each its own empty tensor, by the recipe")
-    w.line(depth + 1, _SLOW)
     found = {
         "split": split,
         "total": total,

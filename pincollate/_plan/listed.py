@@ -214,8 +214,7 @@ class ItemsRecipe(Recipe):
     ) -> Spec:
         """The items ``flat`` listed (:meth:`units`'s) in one region of the batch, filled by one ``torch.cat``: their spec."""
         region = place(fill, self.dtype, (sum(sizes),))
-        # Items without elements leave no piece: cat then copies nothing, from a value of the dtype.
-        fill.tasks.append((concat_tensors, region, pieces or [flat[0].reshape(-1)], None))
+        fill.tasks.append((concat_tensors, region, pieces, None))
         return ItemsSpec(SplitSpec(region, sizes, units), groups)
 
     def arranged(
@@ -252,7 +251,8 @@ class ItemsRecipe(Recipe):
         Returns each unit's shape (a sample's stack ``(k, *shape)``, or one item's), each
         sample's group (``-1``: its one stacked unit; else how many units its list holds), the
         sizes (a unit's elements, then the gap that aligns the next) and the pieces that one
-        ``torch.cat`` copies (a unit's items flat, then its gap's zeros; nothing empty).
+        ``torch.cat`` copies (a unit's items flat, then its gap's zeros; nothing empty, but where
+        every item is empty the first, flat: cat takes no empty list, and copies nothing from it).
         ``agreed``: the shape each sample's items agree on (``None``: they do not), where known.
         """
         if agreed is None:
@@ -284,7 +284,7 @@ class ItemsRecipe(Recipe):
                 for item, item_shape in zip(values, shapes[start : start + count], strict=True):
                     unit(tuple(item_shape), (item,), math.prod(item_shape))
             start += count
-        return units, groups, sizes, pieces
+        return units, groups, sizes, pieces or [flat[0].reshape(-1)]
 
 
 def _agreed(counts: Sequence[int], shapes: Sequence[torch.Size]) -> list[torch.Size | None]:
