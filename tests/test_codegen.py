@@ -471,6 +471,43 @@ def test_items_that_are_all_empty_are_read_by_the_generated_function(fields, mon
     torch.save({"crops": batch["crops"], "i": batch["i"]}, io.BytesIO())
 
 
+def _bare_tokens(salt: int) -> list[torch.Tensor]:
+    # A dataset whose samples are the token tensors themselves (no dict around them).
+    return [torch.arange(n) + salt for n in ((3, 1, 4) if salt % 2 else (2, 5, 0))]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pincollate.Pad(lengths_key=None, mask_key=None),
+        pincollate.Pad(lengths_key=None, mask_key=None, max_length=3, truncate=True),
+        pincollate.Concat(offsets_key=None, counts_key=None, item_offsets_key=None),
+        pincollate.AsList(),
+    ],
+    ids=["pad", "pad-cut", "concat", "aslist"],
+)
+def test_samples_that_are_the_part_itself_are_read_by_the_generated_function(policy, monkeypatch):
+    # collate_fn=MMCollate(ragged=Pad()) over bare tensors: the root is the part. Its batches are
+    # made by the generated function (they went to the recipe through the walk's root node), and
+    # the batch, not a carrier, takes no ring slot in a worker.
+    from pincollate._batch.layout import PartSpec
+    from pincollate._plan.listed import ListRecipe
+    from pincollate._plan.packed import ConcatRecipe
+    from pincollate._plan.ragged import PadRecipe
+
+    compiled = MMCollate(pin_memory=False, ragged=policy)
+    walked = MMCollate(pin_memory=False, ragged=policy, compile=False)
+    compiled(_bare_tokens(0))
+    plan = compiled._plans.last
+    assert type(plan.template) is PartSpec and plan.whole and not plan.carrier
+    for recipe in (PadRecipe, ConcatRecipe, ListRecipe):
+        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(1, 5):
+        _same_or_same_error(lambda salt=salt: _bare_tokens(salt), walked, compiled)
+    batch = compiled(_bare_tokens(3))
+    assert (type(batch) is list) == (type(policy) is pincollate.AsList)
+
+
 class _Pair:
     """A registered container with a list inside it: the layout builds it, its parts with it."""
 

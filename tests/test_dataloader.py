@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as dataloader_pin
 
-from pincollate import Batch, MMCollate, mm_collate
+from pincollate import AsList, Batch, Concat, MMCollate, Pad, mm_collate
 from pincollate._memory import receiver as _receiver
 from samples import (
     LISTED,
@@ -161,3 +162,31 @@ def test_persistent_workers_many_epochs():
     for _ in range(5):
         batches = list(loader)
         assert len(batches) == 2 and all(len(storages(b)) == 1 for b in batches)
+
+
+class _BareTokens(torch.utils.data.Dataset):
+    """Samples that are token tensors themselves, of 1 to 40 tokens."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.arange(1 + (7 * i) % 40) + i
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [Pad(lengths_key=None, mask_key=None), Concat(offsets_key=None, counts_key=None, item_offsets_key=None), AsList()],
+    ids=["pad", "concat", "aslist"],
+)
+def test_a_batch_whose_samples_are_its_part_crosses_from_workers(policy):
+    # The generated function makes a bare tensor (or list) of the samples, which crosses tensor by
+    # tensor: every batch of two epochs is kept and compared with the walk's, after the workers
+    # made many more batches than their rings have slots.
+    expected = _batches(_BareTokens(), MMCollate(ragged=policy, compile=False))
+    loader = DataLoader(
+        _BareTokens(), batch_size=4, num_workers=2, collate_fn=MMCollate(ragged=policy, worker_slots=2), timeout=60
+    )
+    kept = [batch for _ in range(2) for batch in loader]
+    for batch, reference in zip(kept, expected * 2, strict=True):
+        assert_same(batch, reference)

@@ -69,7 +69,8 @@ class Plan:
     ``size`` is its batch size: the generated code checks each sample, not how many there are.
     ``whole``: ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
     (:func:`~pincollate._plan.codegen.compile_whole`; with padded, concatenated or listed parts,
-    :func:`~pincollate._plan.codegen.compile_parts`); otherwise :meth:`run` queues its copies.
+    the samples themselves such a part included, :func:`~pincollate._plan.codegen.compile_parts`);
+    otherwise :meth:`run` queues its copies.
     """
 
     __slots__ = (
@@ -122,11 +123,11 @@ class Plan:
             return
         self.carrier = False
         self.whole = False
-        if type(template) is PartSpec:
+        parts = [node for node in _nodes(op) if type(node) is CarefulOp]
+        if type(template) is PartSpec and (planner is None or not all(is_sized(p) or is_listed(p) for p in parts)):
             # The whole batch walked carefully: the root node's own run, no code to generate.
             self.queued = self.compiled = CompiledPlan(op.run, _WALKED, "<pincollate careful walk>")  # type: ignore[attr-defined]
             return
-        parts = [node for node in _nodes(op) if type(node) is CarefulOp]
         if planner is None or not 0 < len(parts) == nparts or not all(is_sized(p) or is_listed(p) for p in parts):
             self.queued = self.compiled = compile_plan(op, description)
             return
@@ -135,7 +136,9 @@ class Plan:
         self.compiled, self.sized = compile_parts(
             op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
         )
-        self.carrier = carries(Layout(template, nbytes))
+        # A part at the root (the samples themselves padded or listed) makes a tensor or a list, which
+        # crosses from a worker tensor by tensor: no ring slot for it, as for any batch not a carrier.
+        self.carrier = type(template) is not PartSpec and carries(Layout(template, nbytes))
         self.whole = True
 
     def check(self, samples: Sequence[Any]) -> Layout:

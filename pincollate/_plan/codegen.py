@@ -705,6 +705,10 @@ def _checks(w: _PlanWriter, op: Op, size: int, nvalues: int) -> None:
     w.line(1, f"values = [None] * {nvalues}" if nvalues else "values = []")
     w.nvalues = nvalues
     w.size = size
+    if type(op) is CarefulOp:  # the samples are the part's column: a local of its own, which its reading may rebind
+        w.line(1, "column = samples")
+        _emit(w, op, "column", 1)
+        return
     _emit(w, op, "samples", 1)
 
 
