@@ -295,9 +295,13 @@ class Template:
         n = len(column)
         for (cls, dtype), group in numbers.items():
             rows = pitch(n, dtype.itemsize)  # each field's row starts aligned
-            block = TensorSpec(dtype, (len(group) * rows,), self.take(len(group) * rows * dtype.itemsize))
-            for j, key in enumerate(group):
-                children[key] = TensorSpec(dtype, (n,), block.offset + j * rows * dtype.itemsize)
+            offset = self.take(len(group) * rows * dtype.itemsize)
+            if len(group) == 1:  # one field: its own tensor is the block (one tensor made, not two)
+                block = children[group[0]] = TensorSpec(dtype, (n,), offset)
+            else:
+                block = TensorSpec(dtype, (len(group) * rows,), offset)
+                for j, key in enumerate(group):
+                    children[key] = TensorSpec(dtype, (n,), offset + j * rows * dtype.itemsize)
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = mapping_of(first, names)([children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
