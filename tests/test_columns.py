@@ -359,3 +359,32 @@ def test_a_column_of_number_lists_under_aslist_gives_what_the_careful_walk_gives
                 assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
             else:
                 assert ours == theirs
+
+
+@pytest.mark.parametrize("policy", ["none", "pad", "concat", "jagged", "aslist"])
+def test_rows_read_from_arrow_are_walked_whole(policy, monkeypatch):
+    # A column the careful walk takes (its recipe off): rows read from Arrow stay joined, described
+    # from their one tensor and their lengths and copied from it, not taken apart row by row;
+    # the batch is the one Arrow's numpy conversion (an array per row) gives.
+    pa = pytest.importorskip("pyarrow")
+    from pincollate._integrations import columns
+    from pincollate._plan import careful
+
+    settings = {"none": None, "pad": Pad(), "concat": Concat(), "jagged": Jagged(), "aslist": AsList()}[policy]
+    table = pa.table({"ids": [[1, 2, 3], [], [4], [5, 6]], "label": [0, 1, 2, 3]})
+    numpy = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    monkeypatch.setattr(columns, "part_recipe", lambda *args: None)  # every column walked
+    described: list[int] = []
+    monkeypatch.setattr(careful, "describe_tensors", lambda values: described.append(len(values)) or real(values))
+    real = pincollate._types.builtin.describe_tensors
+    with contextlib.ExitStack() as stack:
+        if settings is None:
+            stack.enter_context(pytest.warns(RaggedFieldWarning))
+        ours = ColumnCollate(ragged=settings)(table)
+    assert described == [1]  # the joined rows' one tensor
+    with contextlib.ExitStack() as stack:
+        if settings is None:
+            stack.enter_context(pytest.warns(RaggedFieldWarning))
+        theirs = ColumnCollate(ragged=settings)(numpy)
+    assert_same(ours, theirs)
+    assert_one_buffer(ours)

@@ -833,3 +833,21 @@ def test_items_that_do_not_stack_lie_in_one_region_in_the_walk_as_in_the_compile
         assert_same(got[2], c.unsqueeze(0))
         assert_same(got[3], [d, wide])
         assert len({t.untyped_storage().data_ptr() for t in (got[0], got[2], *got[3])}) == 1
+
+
+def test_the_walk_lists_a_column_of_plain_tensors_from_its_one_description(monkeypatch):
+    # AsList() of plain tensors, walked: the column read once at C speed gives the list's dtype and
+    # rank; it is not described a second time to be listed (nor concatenated by Concat()).
+    from pincollate._plan import recipe
+
+    def described_again(values):
+        raise AssertionError("a column of plain tensors described again")
+
+    monkeypatch.setattr(recipe, "describe_tensors", described_again)
+    samples = [{"x": torch.arange(n * 2.0).view(n, 2), "i": n} for n in (3, 1, 0, 2)]
+    for policy in (AsList(), Concat()):
+        batch = MMCollate(pin_memory=False, fields={"x": policy}, compile=False)(samples)
+        if type(policy) is AsList:
+            assert [value.tolist() for value in batch["x"]] == [sample["x"].tolist() for sample in samples]
+        else:
+            assert batch["x"].tolist() == torch.cat([sample["x"] for sample in samples]).tolist()

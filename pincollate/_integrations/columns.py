@@ -237,8 +237,6 @@ class ColumnCollate:
                 fill.tasks[tasks:] = [(*task[:3], owner) for task in fill.tasks[tasks:]]
                 return PartSpec(index)
             fill.parts.pop()
-        if type(values) is Joined:  # the careful planner takes the rows one by one
-            values = list(values.views())
         planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path)
         return planned
 

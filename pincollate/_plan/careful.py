@@ -29,6 +29,7 @@ from .._types.builtin import (
     NUMBERS,
     builtin,
     describe_plain,
+    describe_tensors,
     fits_float64,
     fits_int64,
     ints_fit_float64,
@@ -42,6 +43,7 @@ from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
 from .items import Extras, Origins, Path, container_name
+from .padding import Joined
 from .patterns import Renames, Settings
 from .policies import AsList, PerSample, Policy
 from .recipe import array_column
@@ -245,9 +247,11 @@ class _Walk(ContainerWalk):
         family = handler.family
         if builtin(torch.Tensor, handler):
             if plain is None:
-                plain = describe_plain(values)  # plain tensors, described at C speed as one by one
+                plain = _plain(values)  # plain tensors, described at C speed as one by one
             if plain is not None:  # every value present: lists of dtypes and shapes, no None
-                return Column(values, path, handler, cast(Any, plain[0]), cast(Any, plain[1]), None, origins)
+                column = Column(values, path, handler, cast(Any, plain[0]), cast(Any, plain[1]), None, origins)
+                column.plain = True
+                return column
         classes = set(map(type, values))
         cls = next(iter(classes)) if len(classes) == 1 else None
         number = NUMBERS.get(cls) if cls is not None and builtin(cls, handler) else None
@@ -340,7 +344,7 @@ class _Walk(ContainerWalk):
             tensors = array_column(values)
             if tensors is not None:
                 values, handler = tensors, lookup(torch.Tensor)  # type: ignore[assignment]
-        plain = describe_plain(values) if builtin(torch.Tensor, handler) else None
+        plain = _plain(values) if builtin(torch.Tensor, handler) else None
         if plain is not None and policy is None and self.default is None:
             # Plain tensors that agree, without a policy: stacked, the column read once at C speed.
             stacked = plain_stack(values, handler, plain)
@@ -458,3 +462,15 @@ def _number_lists(values: Sequence[Any]) -> tuple[list[Any], set[type]] | None:
 
 def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:
     region.copy_(value)
+
+
+def _plain(values: Sequence[Any]) -> tuple[list[torch.dtype], list[tuple[int, ...]]] | None:
+    """:func:`~pincollate._types.builtin.describe_plain`'s description; rows read from Arrow (joined already,
+    :class:`~pincollate._plan.padding.Joined`) described from their one tensor and their lengths."""
+    if type(values) is not Joined:
+        return describe_plain(values)
+    described = describe_tensors([values.flat])  # its memory and dtype, as each row's
+    if described is None:
+        return None
+    dtype, trailing = described[0][0], described[1][0][1:]
+    return [dtype] * len(values), [(length, *trailing) for length in values.lengths]

@@ -60,6 +60,8 @@ class Column:
         self.shapes: list[tuple[int, ...] | None] = shapes
         self.metas: list[Hashable] | None = metas
         self.origins: list[tuple[int, Path]] | None = origins
+        #: Plain tensors, every one present, described at C speed (:func:`~pincollate._types.builtin.describe_plain`).
+        self.plain = False
 
     @classmethod
     def empty(cls, n: int, path: Path) -> Column:
@@ -236,7 +238,15 @@ def listed(column: Column) -> Node:
     if column.origins is None and column.handler.is_tensor:
         present = column.present
         values = column.values if len(present) == len(column.values) else [column.values[i] for i in present]
-        kept = kept_tensors(values) if values else None
+        kept: tuple[torch.dtype, int, type] | None = None
+        if column.plain:  # described already, as kept_tensors would describe them
+            ranks = set(map(len, column.shapes))  # type: ignore[arg-type]
+            dtype = column.dtypes[0]
+            one = dtype is not None and column.dtypes.count(dtype) == len(column.dtypes)
+            if one and dtype is not None and len(ranks) == 1 and 0 not in ranks:  # one dtype, one rank (not 0-d)
+                kept = (dtype, ranks.pop(), torch.Tensor)
+        else:
+            kept = kept_tensors(values) if values else None
         if kept is not None:
             recipe = ListRecipe(kept[0], kept[1], stacks=False, cls=kept[2])
             shapes: list[Any] = [column.shapes[i] for i in present]

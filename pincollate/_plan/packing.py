@@ -23,6 +23,8 @@ from .policies import Policy, int_node
 
 __all__ = ["INT32_MAX", "Concat", "Jagged", "offsets", "spread"]
 
+_TRAILING = operator.itemgetter(slice(1, None))
+
 INT32_MAX = 2**31 - 1
 
 
@@ -120,17 +122,20 @@ class Concat(Policy):
             return self._stacked(column), [int(shape is not None) for shape in column.shapes]
         first = present[0]
         shapes = column.known
-        for i in present:
-            shape = shapes[i]
-            if len(shape) == 0:
-                raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
-            if shape[1:] != shapes[first][1:]:
-                raise column.error(
-                    f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
-                    f"{shapes[first]} in sample {column.origin(first)[0]}",
-                    i,
-                )
-        if len({type(column.values[i]) for i in present}) > 1:
+        known = shapes.values()
+        # At C speed where every value has a rank and the trailing sizes agree; else the value to name.
+        if not shapes[first] or len(set(map(_TRAILING, known))) != 1 or 0 in set(map(len, known)):
+            for i in present:
+                shape = shapes[i]
+                if len(shape) == 0:
+                    raise column.error(f"{type(self).__name__}() cannot concatenate 0-d values", i)
+                if shape[1:] != shapes[first][1:]:
+                    raise column.error(
+                        f"{type(self).__name__}() needs equal trailing dims, got shape {shape} here and "
+                        f"{shapes[first]} in sample {column.origin(first)[0]}",
+                        i,
+                    )
+        if not column.plain and len({type(column.values[i]) for i in present}) > 1:
             column.joined_class(torch.cat)  # two classes torch.cat refuses together: named here, not in the copy
         rows = [0 if shape is None else shape[0] for shape in column.shapes]
         trailing = shapes[first][1:]
@@ -178,7 +183,7 @@ class Concat(Policy):
     def _wrap(column: Column) -> Wrap | None:
         """Keep a tv_tensors subclass and its metadata when every value shares them."""
         wrap = column.handler.wrap
-        if wrap is None:
+        if wrap is None or column.plain:  # plain tensors have no class to keep
             return None
         wraps = {wrap(column.values[i]) for i in column.present}
         return wraps.pop() if len(wraps) == 1 else None

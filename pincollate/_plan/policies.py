@@ -334,8 +334,8 @@ class Pad(Policy):
             len(dims) == 1
             and len(present) == n
             and builtin(torch.Tensor, column.handler)  # a user's handler for tensors fills its own way
-            and set(map(type, values)) == PLAIN
-            and {value.dtype for value in values} == {dtype}
+            and (column.plain or set(map(type, values)) == PLAIN)
+            and set(column.dtypes if column.plain else [value.dtype for value in values]) == {dtype}
         ):
             # One padded dimension of plain tensors of the field's dtype: the compiled plan's copy
             # kernel (pad_1d). Values of several dtypes are cast as each is copied, below.
