@@ -14,6 +14,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -506,6 +507,62 @@ def test_samples_that_are_the_part_itself_are_read_by_the_generated_function(pol
         _same_or_same_error(lambda salt=salt: _bare_tokens(salt), walked, compiled)
     batch = compiled(_bare_tokens(3))
     assert (type(batch) is list) == (type(policy) is pincollate.AsList)
+
+
+def _nested_targets(salt: int, kind: str) -> list[dict]:
+    # PerSample() subtrees past a dict of tensors per image: lists of labels, lists of lists,
+    # per-object dicts with a dict and a list inside, a dict inside a dict, numpy boxes.
+    counts = [(2, 0, 1), (1, 3, 2), (0, 1, 1)][salt % 3]
+    targets = {
+        "label-lists": lambda i, n: list(range(salt, salt + n)),
+        "lists-of-lists": lambda i, n: [[j, j + salt] for j in range(n + 1)],
+        "objects-with-attributes": lambda i, n: [
+            {"box": torch.full((4,), float(j + salt)), "attrs": {"occluded": j % 2 == 0, "ids": [j, i]}}
+            for j in range(n + 1)
+        ],
+        "dict-in-dict": lambda i, n: {"meta": {"size": torch.tensor([n, i]), "id": i + salt}, "file": f"{i}.jpg"},
+        "numpy-boxes": lambda i, n: {"boxes": np.full((n, 4), float(salt + i), np.float32), "id": i},
+    }[kind]
+    return [{"t": targets(i, n), "i": i} for i, n in enumerate(counts)]
+
+
+@pytest.mark.parametrize(
+    "kind", ["label-lists", "lists-of-lists", "objects-with-attributes", "dict-in-dict", "numpy-boxes"]
+)
+def test_nested_per_sample_subtrees_are_read_by_the_generated_function(kind, monkeypatch):
+    # Every place of a PerSample() subtree that the walk plans once (dicts, lists, tensors, arrays,
+    # numbers, strings, at any depth) is read by the generated function: no batch goes through
+    # the recipe, and each is what the walk gives, pickled and saved alike.
+    import pickle
+
+    from pincollate._plan.rows import PerSampleRecipe
+
+    compiled = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()})
+    walked = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()}, compile=False)
+    compiled(_nested_targets(0, kind))
+    assert compiled._plans.last.whole
+    monkeypatch.setattr(PerSampleRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    for salt in range(1, 6):
+        _same_or_same_error(lambda salt=salt: _nested_targets(salt, kind), walked, compiled)
+    batch = compiled(_nested_targets(4, kind))
+    assert_identical(pickle.loads(pickle.dumps(batch)), walked(_nested_targets(4, kind)))
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    assert_identical(torch.load(stream, weights_only=False), batch)
+
+
+@pytest.mark.parametrize("kind", ["lists-of-lists", "objects-with-attributes", "dict-in-dict"])
+def test_nested_per_sample_subtrees_in_pinned_memory_are_built_by_the_layout(kind, fake_pinned):
+    # In pinned memory the batch is built by its layout, whose deferred parts make each place of the
+    # subtree (the same lists, dicts and counts as the generated function reads them).
+    compiled = MMCollate(pin_memory=True, fields={"t": pincollate.PerSample()})
+    walked = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()}, compile=False)
+    for salt in range(4):
+        out = compiled(_nested_targets(salt, kind))
+        assert compiled._plans.last.whole
+        assert_identical(out, walked(_nested_targets(salt, kind)))
+        assert out.layout == compiled.plan(_nested_targets(salt, kind))
 
 
 class _Pair:

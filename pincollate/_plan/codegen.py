@@ -64,7 +64,8 @@ from .packed import ConcatRecipe, none_as_empty
 from .packing import INT32_MAX, offsets, spread
 from .padding import Joined, cut, nonempty, pad_1d, valid_1d
 from .ragged import MixedNumbers, PadRecipe
-from .recipe import Arrays, NumberLists, holds_none, number_tensor
+from .recipe import Arrays, NumberLists, array_tensors, holds_none, number_tensor
+from .rows import Arrays as RowArrays
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
 from .sized import ListedParts, SizedLayouts, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
@@ -131,6 +132,7 @@ _WHOLE: dict[str, Any] = {
     "ALIGN": ALIGN,
     "repeat": itertools.repeat,
     "scalar_items": scalar_items,
+    "array_tensors": array_tensors,
     "split_views": split_views,
     "grouped_units": grouped_units,
     "with_absent": with_absent,
@@ -175,10 +177,9 @@ class _PlanWriter(Writer):
         self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
         self.parts_read: list[tuple[CarefulOp, str, dict[str, Any]]] = []
-        #: A listed plan's PerSample() parts, by index: their keys, each key's list (its place in
-        #: ``parts_read``) or value list (its index among the batch's values), and the local of
-        #: each sample's count of objects (``None``: a dict a sample).
-        self.rows: dict[int, tuple[tuple[Hashable, ...], list[tuple[str, int]], str | None]] = {}
+        #: A listed plan's PerSample() parts, by index: what each is made of (:data:`Member`), each
+        #: list by its place in ``parts_read``.
+        self.rows: dict[int, Member] = {}
         self.nvalues = 0
         self.size = 0
 
@@ -296,9 +297,8 @@ def compile_parts(
         part, _, found = read[j]
         if found["group"] is None:
             composition[part.index] = where[j]
-    for index, (keys_of, members, counts) in w.rows.items():
-        members = [(kind, where[at] if kind == "list" else at) for kind, at in members]
-        composition[index] = (keys_of, members, counts is not None)
+    for index, member in w.rows.items():
+        composition[index] = _placed_member(member, where)
     listed = ListedParts(nparts, units, composition)
     geometry, shapes, offsets, dtypes, ids = [], [], [], [], []
     bulk_at: list[int] = []  # the lists whose regions are made at once: those of a dtype numpy has
@@ -319,8 +319,8 @@ def compile_parts(
         ids.append(str(-1 - n))  # no object's id: the lists' regions in ``made``
         if as_numpy is not None:  # bfloat16 (VLM pixels): made over the buffer as its own
             bulk_at.append(n)
-    # Each sample's count of objects, for the PerSample() parts of lists of dicts, after the lists'.
-    geometry += [counts for _, _, counts in w.rows.values() if counts is not None]
+    # Each value's count of items, for the PerSample() parts' lists, after the lists', in their order.
+    geometry += [counts for member in w.rows.values() for counts in _counts(member)]
     lists = bool(listed_at or w.rows)  # listed parts: lists, or PerSample() dicts of strings alone
     if lists:
         arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
@@ -425,18 +425,53 @@ def compile_parts(
         if type(made_of) is int:
             expressions[index] = (items[made_of], ())
             continue
-        keys_of, members, grouped = made_of
-        rows = w.local("rows")
-        # A dict per sample (or object) over its values of each column, at C speed.
-        columns = ", ".join(items[at] if kind == "list" else f"values[{at}]" for kind, at in members)
-        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(keys_of)}), zip({columns}, strict=True))))")
-        if grouped:  # each sample's list of its objects' dicts
-            objects, counts = w.local("objects"), w.rows[index][2]
-            lines.append(f"{objects} = iter({rows})")
-            lines.append(f"{rows} = [list(islice({objects}, count)) for count in {counts}]")
-        expressions[index] = (rows, ())
+        expressions[index] = (_built_member(w, w.rows[index], where, items, lines), ())
     _output(w, template, frozenset(bulk[0]), expressions, lines)
     return _compiled(w, description, {"slow": slow}), sized
+
+
+def _placed_member(member: Member, where: dict[int, int]) -> Member:
+    """``member`` as :class:`~pincollate._plan.sized.ListedParts` takes it: each list by its place among the lists."""
+    tag = member[0]
+    if tag == "list":
+        return ("list", where[member[1]])
+    if tag == "rows":
+        return ("rows", member[1], tuple(_placed_member(inner, where) for inner in member[2]))
+    if tag == "groups":
+        return ("groups", _placed_member(member[1], where))
+    return member
+
+
+def _counts(member: Member) -> list[str]:
+    """The locals of each value's count of items in ``member``, in the order the layout reads them (depth first)."""
+    if member[0] == "rows":
+        return [counts for inner in member[2] for counts in _counts(inner)]
+    if member[0] == "groups":
+        return [member[2], *_counts(member[1])]
+    return []
+
+
+def _built_member(
+    w: _PlanWriter, member: Member, where: dict[int, int], items: dict[int, str], lines: list[str]
+) -> str:
+    """The lines that build ``member``'s values (after the copies): returns the local or expression of its list."""
+    tag = member[0]
+    if tag == "list":
+        return items[where[member[1]]]
+    if tag == "value":
+        return f"values[{member[1]}]"
+    if tag == "rows":
+        # A dict per value over its keys' members, at C speed.
+        columns = ", ".join(_built_member(w, inner, where, items, lines) for inner in member[2])
+        rows = w.local("rows")
+        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(member[1])}), zip({columns}, strict=True))))")
+        return rows
+    # Each value's list of its items.
+    inner, counts = _built_member(w, member[1], where, items, lines), member[2]
+    objects, groups = w.local("objects"), w.local("groups")
+    lines.append(f"{objects} = iter({inner})")
+    lines.append(f"{groups} = [list(islice({objects}, count)) for count in {counts}]")
+    return groups
 
 
 #: The key a listed part is read with: its layout is placed by the function for each batch.
@@ -573,87 +608,91 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
     w.parts_read.append((op, _LISTED, found))
 
 
+#: What a ``PerSample()`` part is made of, column by column: ``("list", j)`` (the list read as
+#: ``parts_read[j]``), ``("value", i)`` (``values[i]``, kept objects), ``("rows", keys, members)``
+#: (a dict per value over its keys' members) or ``("groups", member, counts)`` (each value a list of
+#: ``member``'s items, ``counts`` the local of each value's count).
+Member = tuple[Any, ...]
+
+
 def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
-    """``PerSample()`` of dicts, or of lists of per-object dicts: each key a list of the plan's, strings kept as they are."""
+    """``PerSample()`` of dicts, or of lists (of dicts, numbers, tensors, lists...): each place a column of the plan's."""
     recipe = op.recipe
     assert type(recipe) is PerSampleRecipe
     _comment(w, depth, op.path)
-    if type(recipe.column) is Rows:
-        _rows_of(w, op, recipe.column, column, depth, None)
-        return
-    assert type(recipe.column) is Groups and type(recipe.column.items) is Rows
-    # Lists (or tuples) of objects: all the objects as one column of rows, then each sample's count of them.
-    counts, flat, count = w.local("n"), w.local("flat"), w.local("count")
-    w.line(depth, f"if not LISTS.issuperset(map(type, {column})):")
-    w.line(depth + 1, _SLOW)
-    w.line(depth, f"{counts} = list(map(len, {column}))")
-    w.line(depth, f"{flat} = list(chain({column}))")
-    w.line(depth, f"{count} = len({flat})")
-    w.line(depth, f"if not {count}:  # every list empty: nothing to place, by the recipe")
-    w.line(depth + 1, _SLOW)
-    _rows_of(w, op, recipe.column.items, flat, depth, (count, counts))
+    w.rows[op.index] = _member(w, op, recipe.column, column, depth, op.path)
 
 
-def _rows_of(
-    w: _PlanWriter, op: CarefulOp, rows: Rows, column: str, depth: int, grouped: tuple[str, str] | None
-) -> None:
-    """The rows of a ``PerSample()`` part: one a sample, or (``grouped``: the locals of their count, and
-    of each sample's count) every object of every sample's list."""
-    # One class, the planned keys in order and of the planned types, for every row (at C speed).
-    w.line(
-        depth,
-        f"if set(map(type, {column})) != {w.const(rows.types)} or set(map(tuple, {column})) != {w.const(rows.key_sets)}"
-        f" or set(map(tuple, map(map, repeat(type), {column}))) != {w.const(rows.key_types)}:",
-    )
-    w.line(depth + 1, _SLOW)
-    columns = w.local("cols")
-    if len(rows.keys) == 1:
-        w.line(depth, f"{columns} = [list(map({w.const(rows.gather)}, {column}))]")
-    else:
-        w.line(depth, f"{columns} = list(zip(*map({w.const(rows.gather)}, {column}), strict=True))")
-    members: list[tuple[str, int]] = []
-    w.rows[op.index] = (rows.keys, members, None if grouped is None else grouped[1])
-    for j, (key, kind) in enumerate(zip(rows.keys, rows.columns, strict=True)):
-        local = w.local("c")
-        w.line(depth, f"{local} = {columns}[{j}]")
-        path = (*op.path, key) if grouped is None else (*op.path, ITEMS, key)
-        if type(kind) is Tensors:
-            members.append(("list", len(w.parts_read)))
-            _listed(w, op, local, depth, kind.recipe, rows.keys, path)
-        elif type(kind) is Numbers:
-            # Numbers of one type: a 0-d tensor each, one per aligned step of one region.
-            _comment(w, depth, path)
-            w.line(depth, f"if set(map(type, {local})) != {w.const(kind.types)}:")
-            w.line(depth + 1, _SLOW)
-            members.append(("list", len(w.parts_read)))
-            if grouped is None:  # a number a sample
-                count, split, total = str(w.size), w.const((1, kind.step - 1) * w.size), w.const(kind.step * w.size)
-            else:  # a number an object
-                count, split, total = grouped[0], w.local("split"), w.local("total")
-                w.line(depth, f"{split} = {w.const((1, kind.step - 1))} * {count}")
-                w.line(depth, f"{total} = {kind.step} * {count}")
-            found = {
-                "numbers": kind,
-                "count": count,
-                "column": local,
-                "split": split,
-                "total": total,
-                "trailing": "()",
-                "row": w.const(kind.dtype.itemsize),
-                "extras": [],
-                "recipe": kind,
-                "group": rows.keys,
-            }
-            w.parts_read.append((op, _LISTED, found))
+def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, path: Path) -> Member:
+    """One place of a ``PerSample()`` subtree, its values the list ``column``: its guards and reads, by its kind."""
+    if type(kind) is Rows:
+        # One class, the planned keys in order and of the planned types, for every value (at C speed).
+        w.line(
+            depth,
+            f"if set(map(type, {column})) != {w.const(kind.types)} or set(map(tuple, {column})) != "
+            f"{w.const(kind.key_sets)} or set(map(tuple, map(map, repeat(type), {column}))) != {w.const(kind.key_types)}:",
+        )
+        w.line(depth + 1, _SLOW)
+        columns = w.local("cols")
+        if len(kind.keys) == 1:
+            w.line(depth, f"{columns} = [list(map({w.const(kind.gather)}, {column}))]")
         else:
-            assert type(kind) is Values
-            # Strings, bytes, None: the samples' own, kept beside the buffer.
-            _comment(w, depth, path)
-            w.line(depth, f"if not KEPT_VALUES.issuperset(map(type, {local})):")
-            w.line(depth + 1, _SLOW)
-            members.append(("value", w.nvalues))
-            w.line(depth, f"values.append(list({local}))  # values[{w.nvalues}]")
-            w.nvalues += 1
+            w.line(depth, f"{columns} = list(zip(*map({w.const(kind.gather)}, {column}), strict=True))")
+        members = []
+        for j, (key, inner) in enumerate(zip(kind.keys, kind.columns, strict=True)):
+            local = w.local("c")
+            w.line(depth, f"{local} = {columns}[{j}]")
+            members.append(_member(w, op, inner, local, depth, (*path, key)))
+        return ("rows", kind.keys, tuple(members))
+    if type(kind) is Groups:
+        # Lists (or tuples): all their items as one column, then each value's count of them.
+        counts, flat = w.local("n"), w.local("flat")
+        w.line(depth, f"if not LISTS.issuperset(map(type, {column})):")
+        w.line(depth + 1, _SLOW)
+        w.line(depth, f"{counts} = list(map(len, {column}))")
+        w.line(depth, f"{flat} = list(chain({column}))")
+        w.line(depth, f"if not {flat}:  # every list empty: nothing to read, the walk's")
+        w.line(depth + 1, _SLOW)
+        return ("groups", _member(w, op, kind.items, flat, depth, (*path, ITEMS)), counts)
+    if type(kind) is Values:
+        # Strings, bytes, None: the samples' own, kept beside the buffer.
+        _comment(w, depth, path)
+        w.line(depth, f"if not KEPT_VALUES.issuperset(map(type, {column})):")
+        w.line(depth + 1, _SLOW)
+        at = w.nvalues
+        w.line(depth, f"values.append(list({column}))  # values[{at}]")
+        w.nvalues += 1
+        return ("value", at)
+    at = len(w.parts_read)
+    if type(kind) is Numbers:
+        # Numbers of one type: a 0-d tensor each, one per aligned step of one region.
+        _comment(w, depth, path)
+        w.line(depth, f"if set(map(type, {column})) != {w.const(kind.types)}:")
+        w.line(depth + 1, _SLOW)
+        count, split, total = w.local("count"), w.local("split"), w.local("total")
+        w.line(depth, f"{count} = len({column})")
+        w.line(depth, f"{split} = {w.const((1, kind.step - 1))} * {count}")
+        w.line(depth, f"{total} = {kind.step} * {count}")
+        found = {
+            "numbers": kind,
+            "count": count,
+            "column": column,
+            "split": split,
+            "total": total,
+            "trailing": "()",
+            "row": w.const(kind.dtype.itemsize),
+            "extras": [],
+            "recipe": kind,
+            "group": path,
+        }
+        w.parts_read.append((op, _LISTED, found))
+        return ("list", at)
+    if type(kind) is RowArrays:  # numpy arrays of one dtype: tensors over their memory, then listed
+        tensors = _converted(w, "a", f"array_tensors({column}, {w.const(kind.dtypes)})", depth)
+        kind, column = kind.tensors, tensors
+    assert type(kind) is Tensors
+    _listed(w, op, column, depth, kind.recipe, path, path)
+    return ("list", at)
 
 
 def _output(
@@ -884,25 +923,15 @@ def is_listed(op: Op) -> bool:
     """Whether a part node is one a listed plan places inline.
 
     ``AsList()`` of plain tensors of a dtype numpy has (or of per-sample lists of them: images
-    per prompt), or ``PerSample()`` of dicts whose every key holds such tensors, numbers of one
-    type or strings (detection targets), or of lists of such dicts (a dict per object).
+    per prompt), or ``PerSample()`` of dicts and lists whose every place holds such tensors (or
+    arrays), numbers of one type or strings: detection targets as a dict per image or per object,
+    a list of labels per sample (:func:`_compiles`).
     """
     if type(op) is not CarefulOp:
         return False
     recipe = op.recipe
     if type(recipe) is PerSampleRecipe:
-        column = recipe.column
-        rows = column.items if type(column) is Groups else column  # Groups: lists of per-object dicts
-        return (
-            type(rows) is Rows
-            and rows.cls is None
-            and all(
-                (type(kind) is Tensors and _listable(kind.recipe))
-                or (type(kind) is Numbers and numpy_dtype(kind.dtype) is not None)
-                or type(kind) is Values
-                for kind in rows.columns
-            )
-        )
+        return _compiles(recipe.column)
     if type(recipe) is ItemsRecipe:  # per-sample lists of items: one tensor, or each sample's stack or items
         return True
     if type(recipe) is NumberItems:  # AsList() of number lists: read as 1-D tensors, then listed
@@ -910,6 +939,22 @@ def is_listed(op: Op) -> bool:
     if type(recipe) is Arrays:  # numpy arrays: as tensors, then listed as they are
         recipe = recipe.inner
     return type(recipe) is ListRecipe and _listable(recipe)
+
+
+def _compiles(kind: Any) -> bool:
+    """Whether the generated function reads a ``PerSample()`` place of this kind (:func:`_member`): dicts
+    (not a user's mapping class) and lists of such places, tensors and arrays listed, numbers, strings."""
+    if type(kind) is Rows:
+        return kind.cls is None and all(map(_compiles, kind.columns))
+    if type(kind) is Groups:
+        return _compiles(kind.items)
+    if type(kind) is RowArrays:
+        kind = kind.tensors
+    if type(kind) is Tensors:
+        return _listable(kind.recipe)
+    if type(kind) is Numbers:
+        return numpy_dtype(kind.dtype) is not None
+    return type(kind) is Values
 
 
 def _listable(recipe: ListRecipe) -> bool:

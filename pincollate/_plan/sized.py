@@ -13,7 +13,7 @@ kept: the layouts hold only dtypes, shapes and offsets.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -120,9 +120,10 @@ class ListedParts:
     ``None``), ``"stacked"`` (the shape of the one tensor a field without a policy makes where
     its values agree, else ``None``), ``"units"`` and ``"groups"`` (each sample's stack of
     items, or its items); ``parts`` says, by part index, which list is the part (its
-    place in that order), or, for a ``PerSample()`` part, the dicts' keys, the list of each
-    key, and whether the dicts are objects in per-sample lists (each sample's count of them
-    then follows the lists' arguments, in the order of ``parts``).
+    place in that order), or, for a ``PerSample()`` part, what it is made of: ``("list", n)``,
+    ``("value", i)``, ``("rows", keys, members)`` (a dict per value) or ``("groups", member)``
+    (each value a list of ``member``'s items; each value's count of them follows the lists'
+    arguments, depth first, in the order of ``parts``).
     """
 
     __slots__ = ("lists", "nparts", "parts")
@@ -157,13 +158,21 @@ class ListedParts:
             # A number: one 0-d tensor; values that lie flat: each viewed back as its shape.
             shapes = ((),) * (len(split) // 2) if numbers else more.get("shaped")
             lists.append(SplitSpec(region, split, shapes, more.get("absent", ()), more.get("wraps")))
-        counts = arguments  # then each sample's count of objects, for lists of per-object dicts
+        counts = arguments  # then each value's count of items, for the PerSample() parts' lists
         for index, made_of in self.parts.items():
-            if type(made_of) is int:
-                parts[index] = Part(lists[made_of])
-                continue
-            keys, members, grouped = made_of
-            columns = [lists[at] if kind == "list" else ValueSpec(at) for kind, at in members]
-            rows: Spec = RowsSpec(None, keys, columns)
-            parts[index] = Part(GroupsSpec(rows, next(counts)) if grouped else rows)
+            parts[index] = Part(lists[made_of] if type(made_of) is int else _member(made_of, lists, counts))
         return parts  # type: ignore[return-value]
+
+
+def _member(member: tuple[Any, ...], lists: list[Spec], counts: Iterator[Any]) -> Spec:
+    """The spec of a ``PerSample()`` part's member (the code generator's ``Member``, its lists by their place)."""
+    tag = member[0]
+    if tag == "list":
+        found: Spec = lists[member[1]]
+        return found
+    if tag == "value":
+        return ValueSpec(member[1])
+    if tag == "rows":
+        return RowsSpec(None, member[1], [_member(inner, lists, counts) for inner in member[2]])
+    own = next(counts)  # depth first, as the generated function hands them over
+    return GroupsSpec(_member(member[1], lists, counts), own)
