@@ -27,6 +27,20 @@ from samples import PARITY, RAGGED, assert_identical
 GOLDEN = Path(__file__).parent / "golden"
 
 
+def _no_walk(collate: MMCollate, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collate's last plan must make every later batch in its generated function: its way out to the
+    walk (``slow``) fails the test, and so does a new plan (checked by :func:`_same_plan`)."""
+    plan = collate._plans.last
+    assert plan.whole
+    failed = lambda *args: pytest.fail("a batch left the generated function for the walk")  # noqa: E731
+    monkeypatch.setitem(plan.compiled.run.__globals__, "slow", failed)
+    monkeypatch.setattr(collate, "_kept_plan", plan, raising=False)
+
+
+def _same_plan(collate: MMCollate) -> None:
+    assert collate._plans.last is collate._kept_plan, "a batch was planned again"
+
+
 def _same_or_same_error(make, *collates):
     """Each collate's result on a fresh copy of ``make()``: equal batches, or equal error texts,
     and the same warnings (a field without a policy that this batch lists, once per collate).
@@ -222,8 +236,6 @@ def test_numpy_arrays_under_a_policy_are_read_by_the_generated_function(policy, 
     # takes them as tensors itself; no batch goes the longer way (the queued fill and its recipes).
     import numpy as np
 
-    from pincollate._plan.recipe import Arrays
-
     def make(salt: int) -> list[dict]:
         samples = []
         for i, n in enumerate((3, 1, 4, 2)):
@@ -237,9 +249,10 @@ def test_numpy_arrays_under_a_policy_are_read_by_the_generated_function(policy, 
     for salt in range(2):  # walked, then planned
         compiled(make(salt))
     assert compiled._plans.last.whole
-    monkeypatch.setattr(Arrays, "run", lambda *args: pytest.fail("a batch went the longer way, through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(2, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    _same_plan(compiled)
 
 
 @pytest.mark.parametrize("missing", ["error", "none"])
@@ -250,7 +263,6 @@ def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generat
     # with no policy: the generated function lists them, or stacks them where they agree.
     from torchvision import tv_tensors
 
-    from pincollate._plan.listed import ListRecipe
     from samples import UserTensor
 
     def value(i: int, n: int) -> torch.Tensor:
@@ -272,9 +284,10 @@ def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generat
         compiled(make(batches[0])), compiled(make(batches[1]))  # walked, then planned
         walked(make(batches[0]))  # each warned once, of the field it lists
         assert compiled._plans.last.whole
-        monkeypatch.setattr(ListRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+        _no_walk(compiled, monkeypatch)
         for sizes in batches:
             _same_or_same_error(lambda sizes=sizes: make(sizes), walked, compiled)
+        _same_plan(compiled)
         stacked = compiled(make([2, 2, 2]))["x"]
     expected = {"image": tv_tensors.Image, "subclass": UserTensor, "flat": torch.Tensor}[kind]
     assert type(stacked) is expected and stacked.shape[0] == 3  # values that agree: one tensor of their class
@@ -337,22 +350,20 @@ def test_packed_token_lists_and_absent_item_lists_are_read_by_the_generated_func
     # Token ids as Python lists packed into one tensor (sequence packing), and per-sample lists of
     # items where some samples have none (text-only samples beside image ones): no batch goes
     # through the recipes.
-    from pincollate._plan.packed import ConcatRecipe
-    from pincollate._plan.recipe import NumberLists
 
     compiled = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing)
     walked = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing, compile=False)
     compiled(make(0)), compiled(make(1))  # walked, then planned
     assert compiled._plans.last.whole
-    for recipe in (ConcatRecipe, NumberLists):
-        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(2, 6):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    _same_plan(compiled)
 
 
 def _long_tokens(salt: int) -> list[dict]:
     # Some values longer than max_length in every batch after the first (which plans the field).
-    lengths = (3, 1, 2) if salt == 0 else (salt + 5, 0, 2, 3 * salt + 1)
+    lengths = (3, 1, 2, 4) if salt == 0 else (salt + 5, 0, 2, 3 * salt + 1)
     return [{"ids": torch.arange(n) * (salt + 1), "i": i} for i, n in enumerate(lengths)]
 
 
@@ -362,7 +373,7 @@ def _long_token_lists(salt: int) -> list[dict]:
 
 def _long_clips(salt: int) -> list[dict]:
     # (channels, time) values padded along time: the recipe's size rule, read by the function.
-    lengths = (3, 1, 2) if salt == 0 else (salt + 5, 1, 2, 3 * salt + 1)
+    lengths = (3, 1, 2, 4) if salt == 0 else (salt + 5, 1, 2, 3 * salt + 1)
     return [{"ids": torch.full((2, n), float(salt + i)), "i": i} for i, n in enumerate(lengths)]
 
 
@@ -380,17 +391,15 @@ def test_values_cut_to_max_length_are_read_by_the_generated_function(policy, mak
     # Pad(max_length=..., truncate=True), the usual setting for text: a batch with a value longer
     # than max_length is cut and padded by the generated function, as the careful walk cuts it,
     # not sent to the recipes (four times slower).
-    from pincollate._plan.ragged import PadRecipe
-    from pincollate._plan.recipe import NumberLists
 
     compiled = MMCollate(pin_memory=False, fields={"ids": policy})
     walked = MMCollate(pin_memory=False, fields={"ids": policy}, compile=False)
     compiled(make(0))
     assert compiled._plans.last.whole
-    for recipe in (PadRecipe, NumberLists):
-        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    _same_plan(compiled)
     batch = compiled(make(3))
     assert batch["ids"].shape[-1] == 4
     if "ids_lengths" in batch:
@@ -431,7 +440,6 @@ def test_lists_whose_values_are_all_empty_are_read_by_the_generated_function(fie
     # A batch of images none of which has a box: its lists are made by the generated function (they
     # went to the recipe), each value an empty tensor whose storage has no address, so that saving
     # a value beside a field of another dtype works (torch.save refuses two dtypes at one address).
-    from pincollate._plan.listed import ListRecipe
 
     compiled = MMCollate(pin_memory=False, fields=fields)
     walked = MMCollate(pin_memory=False, fields=fields, compile=False)
@@ -439,9 +447,10 @@ def test_lists_whose_values_are_all_empty_are_read_by_the_generated_function(fie
         warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: ragged boxes listed, warned of once
         compiled(make(0)), walked(make(0))
     assert compiled._plans.last.whole
-    monkeypatch.setattr(ListRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
+    _same_plan(compiled)
     batch = compiled(make(1))
     assert [value.numel() for value in batch["boxes"]] == [0, 0, 0]
     assert batch["boxes"][0].untyped_storage().data_ptr() == 0
@@ -457,7 +466,6 @@ def _no_crops(salt: int) -> list[dict]:
 
 @pytest.mark.parametrize("fields", [{}, {"crops": pincollate.AsList()}], ids=["no-policy", "aslist"])
 def test_items_that_are_all_empty_are_read_by_the_generated_function(fields, monkeypatch):
-    from pincollate._plan.listed import ItemsRecipe
 
     compiled = MMCollate(pin_memory=False, fields=fields)
     walked = MMCollate(pin_memory=False, fields=fields, compile=False)
@@ -465,9 +473,10 @@ def test_items_that_are_all_empty_are_read_by_the_generated_function(fields, mon
         warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: items that differ, warned of once
         compiled(_no_crops(0)), walked(_no_crops(0))
     assert compiled._plans.last.whole
-    monkeypatch.setattr(ItemsRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: _no_crops(salt), walked, compiled)
+    _same_plan(compiled)
     batch = compiled(_no_crops(1))
     torch.save({"crops": batch["crops"], "i": batch["i"]}, io.BytesIO())
 
@@ -492,19 +501,16 @@ def test_samples_that_are_the_part_itself_are_read_by_the_generated_function(pol
     # made by the generated function (they went to the recipe through the walk's root node), and
     # the batch, not a carrier, takes no ring slot in a worker.
     from pincollate._batch.layout import PartSpec
-    from pincollate._plan.listed import ListRecipe
-    from pincollate._plan.packed import ConcatRecipe
-    from pincollate._plan.ragged import PadRecipe
 
     compiled = MMCollate(pin_memory=False, ragged=policy)
     walked = MMCollate(pin_memory=False, ragged=policy, compile=False)
     compiled(_bare_tokens(0))
     plan = compiled._plans.last
     assert type(plan.template) is PartSpec and plan.whole and not plan.carrier
-    for recipe in (PadRecipe, ConcatRecipe, ListRecipe):
-        monkeypatch.setattr(recipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: _bare_tokens(salt), walked, compiled)
+    _same_plan(compiled)
     batch = compiled(_bare_tokens(3))
     assert (type(batch) is list) == (type(policy) is pincollate.AsList)
 
@@ -535,15 +541,14 @@ def test_nested_per_sample_subtrees_are_read_by_the_generated_function(kind, mon
     # the recipe, and each is what the walk gives, pickled and saved alike.
     import pickle
 
-    from pincollate._plan.rows import PerSampleRecipe
-
     compiled = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()})
     walked = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()}, compile=False)
     compiled(_nested_targets(0, kind))
     assert compiled._plans.last.whole
-    monkeypatch.setattr(PerSampleRecipe, "run", lambda *args: pytest.fail("a batch went through the recipe"))
+    _no_walk(compiled, monkeypatch)
     for salt in range(1, 6):
         _same_or_same_error(lambda salt=salt: _nested_targets(salt, kind), walked, compiled)
+    _same_plan(compiled)
     batch = compiled(_nested_targets(4, kind))
     assert_identical(pickle.loads(pickle.dumps(batch)), walked(_nested_targets(4, kind)))
     stream = io.BytesIO()

@@ -189,24 +189,15 @@ POLICIES = {
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_a_ragged_column_is_planned_once_and_not_walked_again(name, monkeypatch):
-    from pincollate._integrations import columns
-    from pincollate._plan.careful import Planner
-
+def test_a_ragged_column_is_what_the_samples_of_its_rows_give(name):
+    # A ragged column's rows are the samples of its policy: the batch is the one MMCollate makes of
+    # the rows as samples (its careful walk), in one buffer, read-only arrays copied.
     batches = _ragged_batches()
     collate = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
-    with monkeypatch.context() as patch:
-        patch.setattr(columns, "part_recipe", lambda *args: None)  # every batch walked: the reference
-        careful = ColumnCollate(pin_memory=False, fields={"ids": POLICIES[name]})
-        expected = [careful(batch) for batch in batches]
-    ours = [collate(batches[0])]
-
-    def walked(*args):
-        raise AssertionError("the careful planner ran for a column its recipe describes")
-
-    monkeypatch.setattr(Planner, "plan", walked)
-    ours += [collate(batch) for batch in batches[1:]]
-    for got, want in zip(ours, expected, strict=True):
+    samples = MMCollate(pin_memory=False, fields={"ids": POLICIES[name]}, compile=False)
+    for batch in batches:
+        rows = [{"ids": ids, "label": label} for ids, label in zip(batch["ids"], batch["label"], strict=True)]
+        got, want = collate(batch), samples(rows)
         assert list(got) == list(want)
         for key in want:
             if isinstance(want[key], torch.Tensor) and want[key].is_nested:
@@ -219,27 +210,22 @@ def test_a_ragged_column_is_planned_once_and_not_walked_again(name, monkeypatch)
         assert_one_buffer(got)
 
 
-def test_a_column_the_recipe_does_not_describe_is_planned_carefully():
+def test_a_column_of_another_dtype_in_a_later_batch_is_collated_as_its_own():
     collate = ColumnCollate(pin_memory=False, fields={"ids": Pad()})
-    collate(_ragged_batches()[0])  # int64 rows: the recipe
+    collate(_ragged_batches()[0])  # int64 rows
     floats = {"ids": _objects(np.zeros(2, np.float32), np.ones(3, np.float32)), "label": np.arange(2)}
-    batch = collate(floats)  # another dtype: the careful planner, the same result
+    batch = collate(floats)  # another dtype: its own
     assert batch["ids"].dtype == torch.float32 and batch["ids_lengths"].tolist() == [2, 3]
 
 
-def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_structure(monkeypatch):
-    # ragged= names tensor fields: token ids as Python lists are lists, in the batch that
-    # plans the column and in one of another dtype that the careful walk takes alike.
-    from pincollate._integrations import columns
-
+def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_structure():
+    # ragged= names tensor fields: token ids as Python lists are lists, in every batch, whatever
+    # the numbers' dtype, as MMCollate makes them of the rows as samples.
     batches = [{"ids": _objects([1, 2, 3], [4, 5])}, {"ids": _objects([1.5, 2], [4])}, {"ids": _objects([7], [8, 9])}]
     collate = ColumnCollate(pin_memory=False, ragged=Pad())
-    ours = [collate(batch) for batch in batches]
-    with monkeypatch.context() as patch:
-        patch.setattr(columns, "part_recipe", lambda *args: None)  # every batch walked: the reference
-        reference = ColumnCollate(pin_memory=False, ragged=Pad())
-        expected = [reference(batch) for batch in batches]
-    for got, want in zip(ours, expected, strict=True):
+    samples = MMCollate(pin_memory=False, ragged=Pad(), compile=False)
+    for batch in batches:
+        got, want = collate(batch), samples([{"ids": ids} for ids in batch["ids"]])
         assert list(got) == list(want) == ["ids"]  # never padded, no mask beside it
         assert_same(got["ids"], want["ids"])
 
@@ -252,9 +238,8 @@ def test_rows_of_number_lists_under_stack_stack_as_the_samples_would():
     assert_one_buffer(batch)
 
 
-def test_a_copy_its_recipe_cannot_make_walks_the_column_and_names_the_row():
-    # A PerSample() number past int64 fails the recipe's copy: the column is walked for
-    # that batch, which names the row; the next batch takes the recipe again.
+def test_a_value_the_batch_cannot_hold_names_its_row_and_the_next_batch_is_collated():
+    # A PerSample() number past int64: the walk names the row; the next batch is collated as before.
     collate = ColumnCollate(pin_memory=False, fields={"x": PerSample()})
     assert collate({"x": _objects([216, 989], [7])})["x"][1][0].item() == 7
     with pytest.raises(CollateError, match=r"sample 1 at \['x'\]\[1\]: int 1180591620717411303424 does not fit int64"):
@@ -363,17 +348,15 @@ def test_a_column_of_number_lists_under_aslist_gives_what_the_careful_walk_gives
 
 @pytest.mark.parametrize("policy", ["none", "pad", "concat", "jagged", "aslist"])
 def test_rows_read_from_arrow_are_walked_whole(policy, monkeypatch):
-    # A column the careful walk takes (its recipe off): rows read from Arrow stay joined, described
+    # A ragged column, walked: rows read from Arrow stay joined, described
     # from their one tensor and their lengths and copied from it, not taken apart row by row;
     # the batch is the one Arrow's numpy conversion (an array per row) gives.
     pa = pytest.importorskip("pyarrow")
-    from pincollate._integrations import columns
     from pincollate._plan import careful
 
     settings = {"none": None, "pad": Pad(), "concat": Concat(), "jagged": Jagged(), "aslist": AsList()}[policy]
     table = pa.table({"ids": [[1, 2, 3], [], [4], [5, 6]], "label": [0, 1, 2, 3]})
     numpy = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
-    monkeypatch.setattr(columns, "part_recipe", lambda *args: None)  # every column walked
     described: list[int] = []
     monkeypatch.setattr(careful, "describe_tensors", lambda values: described.append(len(values)) or real(values))
     real = pincollate._types.builtin.describe_tensors

@@ -622,11 +622,10 @@ def test_a_concatenation_past_int32_offsets_gets_the_careful_error(monkeypatch):
     compiled(warm)
     plan = compiled._plans.last
     assert plan.sized is not None
-    from pincollate._plan import packed, packing
+    from pincollate._plan import packing
 
     monkeypatch.setitem(plan.compiled.run.__globals__, "INT32_MAX", 4)  # the guard, at a size a test can reach
-    monkeypatch.setattr(packed, "INT32_MAX", 4)  # the recipe's, where the batch goes next
-    monkeypatch.setattr(packing, "INT32_MAX", 4)  # and the policy's, which names the sample
+    monkeypatch.setattr(packing, "INT32_MAX", 4)  # and the walk's, where the batch goes next, which names the sample
     big = [{"x": torch.zeros(3, 3)}, {"x": torch.ones(3, 3)}]
     with pytest.raises(pincollate.CollateError, match="int32"):
         compiled(big)

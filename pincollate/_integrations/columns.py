@@ -6,11 +6,9 @@ numeric columns as one array each, variable-shape columns as object arrays of
 per-row arrays, strings as object or unicode arrays. :class:`ColumnCollate` takes
 such a batch into one buffer with the same policies as :class:`~pincollate.MMCollate`:
 a dense column is one copy, a ragged one goes through its policy (``Pad``,
-``Concat``, ``Jagged``, ``AsList``) with the row as the sample. A ragged column of
-numeric rows is planned once, by its first batch, into the recipe a cached plan of
-:class:`~pincollate.MMCollate` would keep for it (:mod:`pincollate._plan.ragged`): later
-batches read its sizes and copy it, and the careful planner takes what the recipe does
-not describe.
+``Concat``, ``Jagged``, ``AsList``) with the row as the sample, walked by the careful
+planner as :class:`~pincollate.MMCollate`'s first batch of a structure is: rows read from
+Arrow stay one tensor (described from it and its lengths, copied from it whole).
 
 For collating on the data side, :meth:`ColumnCollate.pack` turns the collated batch
 into a one-row columnar batch (its buffer as one ``uint8`` array, its layout and
@@ -22,23 +20,21 @@ process pins.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from .._batch.batch import carried, make_batch
-from .._batch.layout import Layout, PartSpec, Spec
+from .._batch.layout import Layout, Spec
 from .._batch.specs import MappingSpec
 from .._collate.collate import MMCollate
 from .._errors import CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
-from .._plan.fill import Fill, Mismatch, Node, Segment, TensorNode, Value
+from .._plan.fill import Fill, Node, Segment, TensorNode, Value
 from .._plan.padding import Joined
 from .._plan.policies import Policy, Stack
-from .._plan.ragged import part_recipe
-from .._plan.recipe import Recipe
 from .._types.builtin import fill_numbers, torch_dtype
 from .._types.leaves import type_name
 from .arrow import arrow_columns, is_arrow_table
@@ -114,11 +110,6 @@ class ColumnCollate:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._samples: MMCollate = state["samples"]
-        #: Each ragged column's recipe, settled by the first batch that has it (``None``:
-        #: the careful planner plans it for every batch).
-        self._recipes: dict[Hashable, Recipe | None] = {}
-        #: What a failed copy of a column's recipe names: its path.
-        self._owners: dict[tuple[Hashable, ...], _Owner] = {}
         #: The column sets seen: a pattern or rename that matches none of a new set is reported.
         self._columns: set[tuple[Hashable, ...]] = set()
 
@@ -132,31 +123,11 @@ class ColumnCollate:
             batch = arrow_columns(batch)
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
-        careful: frozenset[tuple[Hashable, ...]] = frozenset()
-        while True:
-            try:
-                return self._collate(batch, careful)
-            except Mismatch as mismatch:
-                # A recipe's copy failed (an int past int64 in a PerSample() number, say): that
-                # column walked carefully for this batch, which gives the batch or names the row.
-                more = careful.union(mismatch.paths)
-                if more == careful:  # walked already: the walk's own copy failed
-                    raise CollateError(f"cannot copy values into the batch at {sorted(map(str, more))}") from mismatch
-                careful = more
-
-    def _collate(self, batch: Mapping[str, Any], careful: frozenset[tuple[Hashable, ...]]) -> Any:
-        """The batch, the columns at ``careful`` walked whatever their recipe.
-
-        Raises:
-            Mismatch: a recipe's copy failed; its column's path is named.
-        """
         samples = self._samples
         fill = Fill(samples._planner, 0, 0, 0)
         keys: list[Hashable] = []
         specs: list[Spec] = []
         rows = None
-        # What a column's extra outputs must not be called: the columns, by their own and output names.
-        names = frozenset(batch).union(samples._renames.key((key,)) for key in batch)
         for key, column in batch.items():
             path = (key,)
             count = _rows(column, path)
@@ -165,11 +136,7 @@ class ColumnCollate:
             elif count != rows:
                 raise CollateError(f"column has {count} rows, the first column {rows}", path=path)
             keys.append(samples._renames.key(path))
-            planned = self._plan_column(column, path, fill, names, path in careful)
-            if isinstance(planned, PartSpec):  # settled by its recipe; the extras go after its key
-                specs.append(planned)
-                continue
-            node, extras = planned
+            node, extras = self._plan_column(column, path)
             specs.append(fill.place(node))
             for name, extra in extras.items():
                 if name in batch or name in keys:
@@ -189,9 +156,7 @@ class ColumnCollate:
         buffer = allocate(layout.nbytes, kind)
         return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
-    def _plan_column(
-        self, column: Any, path: tuple[Hashable, ...], fill: Fill, names: frozenset[Hashable], careful: bool = False
-    ) -> tuple[Node, dict[str, Node]] | PartSpec:
+    def _plan_column(self, column: Any, path: tuple[Hashable, ...]) -> tuple[Node, dict[str, Node]]:
         samples = self._samples
         policy = samples._rules.lookup(path) if samples._rules else None
         if isinstance(column, torch.Tensor):
@@ -224,33 +189,8 @@ class ColumnCollate:
         values = column if type(column) is Joined else list(column)
         if not values:
             raise CollateError("empty column: there are no rows to collate", path=path)
-        recipe = None if careful else self._recipe(values, path, names)
-        if recipe is not None:
-            fill.parts.append(None)  # type: ignore[arg-type]  # placed by the recipe
-            index = len(fill.parts) - 1
-            tasks = len(fill.tasks)
-            if recipe.run(values, fill, index):
-                # A copy of the recipe's that fails names this column: walked carefully then.
-                owner = self._owners.get(path)
-                if owner is None:
-                    owner = self._owners[path] = _Owner(path)
-                fill.tasks[tasks:] = [(*task[:3], owner) for task in fill.tasks[tasks:]]
-                return PartSpec(index)
-            fill.parts.pop()
         planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path)
         return planned
-
-    def _recipe(self, values: Sequence[Any], path: tuple[Hashable, ...], names: frozenset[Hashable]) -> Recipe | None:
-        """The column's recipe, settled by the first batch that has the column (as a cached plan's part is)."""
-        try:
-            return self._recipes[path]
-        except KeyError:
-            pass
-        recipe = part_recipe(self._samples._planner, values, path)
-        if recipe is not None and not recipe.fits_beside(names):
-            recipe = None  # the careful planner names the clash
-        self._recipes[path] = recipe
-        return recipe
 
     def iter_torch_batches(
         self,
@@ -368,15 +308,3 @@ def _on_host(column: torch.Tensor) -> np.ndarray | torch.Tensor:
 
 def _copy_into(region: torch.Tensor, column: torch.Tensor) -> None:
     region.copy_(column)
-
-
-class _Owner:
-    """The owner of a recipe's copies in a column batch: a failed copy names its column."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: tuple[Hashable, ...]):
-        self.path = path
-
-    def blame(self, payload: Any) -> tuple[tuple[Hashable, ...], ...]:
-        return (self.path,)

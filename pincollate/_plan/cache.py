@@ -8,7 +8,7 @@ shape; mappings with one key set; sequences of one length) gets a slot in a cach
 :class:`~pincollate._batch.layout.Layout` and an op that, for every later batch, gathers the
 field's column and checks it at C speed (:mod:`pincollate._plan.template` plans it). Fields that do
 not agree (ragged, mixed, with a policy) become *parts*, planned anew for each batch
-by their recipe or the careful planner after the cached slots.
+by the plan's generated function (their recipes) or the careful walk after the cached slots.
 
 A batch that does not fit its plan (a column that turned ragged) raises
 :class:`~pincollate._plan.fill.Mismatch`; its paths are remembered as careful for good,

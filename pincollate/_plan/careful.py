@@ -105,12 +105,12 @@ class Planner:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
 
         ``None`` where the walk takes it by no route a recipe has (a container, strings,
-        a column that mixes tensors and arrays) or refuses it: a recipe then never runs,
-        and every batch is walked, which names the sample and key path.
+        a column that mixes tensors and arrays) or refuses it: every batch is then walked,
+        which names the sample and key path.
         """
         walk = _Walk(self)
         walk.root = len(path)
-        # Silent: the batch's own run (its recipe, or the walk) warns of a listed field.
+        # Silent: the batch's own run (its generated function, or the walk) warns of a listed field.
         walk.fallbacks = _SILENT
         try:
             walk.plan(values, path, None, len(path), self.items)

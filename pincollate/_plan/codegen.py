@@ -269,7 +269,7 @@ def compile_parts(
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype, a value longer than ``max_length``) is no
     mismatch of the plan: the batch goes to ``slow(samples, kind, slots, pin_slots, pin)``
-    (the plan's queued fill, whose recipes and careful walk take it, or name the sample).
+    (the plan's queued fill, whose careful walk of its parts takes it, or names the sample).
     """
     w = _PlanWriter(whole=True)
     _checks(w, op, size, nvalues)
@@ -884,7 +884,7 @@ def _placing(recipe: Any) -> Any:
     return recipe.inner if type(recipe) in _CONVERTING else recipe
 
 
-#: The recipes that convert a column (token ids as lists, numpy arrays), then run an inner one.
+#: The recipes that convert a column (token ids as lists, numpy arrays), then read it by an inner one.
 _CONVERTING = (NumberLists, Arrays)
 
 
@@ -1130,7 +1130,7 @@ def _mixed_numbers(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> No
 
 
 #: A part's guard that fails: the batch goes to the plan's queued fill, which takes it or names it.
-_SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the recipe, or the careful walk, takes it"
+_SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it"
 
 
 def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: bool = False) -> str:

@@ -77,17 +77,6 @@ class ListRecipe(Recipe):
         self.per_value = handler is not None and handler.meta is not None
         self.stacks = stacks and (handler is None or handler.stackable)
 
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if not (self.missing and any(value is None for value in column)):
-            return super().run(column, fill, index)
-        absent = [i for i, value in enumerate(column) if value is None]
-        present = [value for value in column if value is not None]
-        shapes = self.shapes(present) if present else None
-        if shapes is None:
-            return False  # all absent, or not what the recipe takes: the careful planner
-        fill.parts[index] = self.sized(present, shapes, fill, absent)
-        return True
-
     def listed(self, shapes: Sequence[torch.Size], absent: Sequence[int] = ()) -> None:
         """Where a field without a policy is listed because its values' ``shapes`` differ: warn, once."""
         if self.fallback is not None and not self.fallback.done:
@@ -179,29 +168,6 @@ class ItemsRecipe(Recipe):
         self.whole = whole
         #: Where samples' items (no policy) are listed because they do not stack: warned once.
         self.fallback = fallback
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if set(map(type, column)) - LISTS:
-            return False  # a missing list, or not a list: the careful planner
-        counts = list(map(len, column))
-        if not self.items and len(set(counts)) == 1:
-            return False
-        flat = list(itertools.chain.from_iterable(column))
-        shapes = self.shapes(flat) if flat else None
-        if shapes is None:
-            return False
-        dtype = self.dtype
-        arranged = self.arranged(flat, counts, shapes)
-        if arranged is None:
-            return False  # Stack() of items that do not stack: the careful planner's error
-        stacked_shape, units, groups, sizes, pieces = arranged
-        if stacked_shape is not None:
-            stacked = place(fill, dtype, stacked_shape)
-            fill.tasks.append((_stack_items, stacked, flat, None))
-            fill.parts[index] = Part(stacked)
-            return True
-        fill.parts[index] = Part(self.placed(fill, flat, units, groups, sizes, pieces))
-        return True
 
     def placed(
         self,
@@ -315,13 +281,6 @@ def _item_shapes(
     ]
 
 
-def _stack_items(region: torch.Tensor, items: list[torch.Tensor]) -> None:
-    # (B, k, *shape): the batch's items in order, k per sample (sizes spelt out: items without
-    # elements leave view(-1, ...) ambiguous; a view, never a copy, so the stack writes the region).
-    batch, count, *shape = region.shape
-    torch.stack(items, out=region.view(batch * count, *shape))
-
-
 #: The numbers a per-sample list of one Python number type is read as, and the dtype the walk
 #: stacks each sample's numbers to (``default_collate``'s rule for a column of them).
 _NUMBER_ITEMS = {int: (np.int64, torch.int64), float: (np.float64, torch.float64), bool: (np.bool_, torch.bool)}
@@ -381,10 +340,6 @@ class NumberItems(Recipe):
         if len(kinds) != 1 or (kind := kinds.pop()) not in _NUMBER_ITEMS:
             return None
         return NumberItems(kind) if number_items(column, kind) is not None else None
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        values = number_items(column, self.kind)
-        return values is not None and self.inner.run(values, fill, index)
 
 
 def items_recipe(

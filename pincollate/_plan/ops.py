@@ -15,20 +15,13 @@ import functools
 import math
 import operator
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .._batch.layout import TensorSpec
 from .._types.builtin import fits_int64
-from .fill import Fill, Filler
-
-
-class Recipe(Protocol):
-    """A ragged field's sizes-only plan (:mod:`pincollate._plan.ragged`), as a careful op runs it."""
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool: ...
-
+from .fill import Filler
 
 __all__ = [
     "FIRST",
@@ -38,7 +31,6 @@ __all__ = [
     "BlockOp",
     "NumbersOp",
     "Op",
-    "Recipe",
     "StackOp",
     "ValueOp",
     "fill_block",

@@ -1,8 +1,8 @@
 """Padding's copies: padded values and their masks, written into the batch's buffer.
 
 Used by :class:`~pincollate.Pad` both as the careful planner plans it (any number of
-padded dimensions, per value) and as a settled recipe runs it (one padded dimension:
-one ``masked_scatter_`` for a whole small field).
+padded dimensions, per value) and as a plan's generated function copies it (one padded
+dimension: :func:`pad_1d`, the walk's kernel too).
 """
 
 from __future__ import annotations

@@ -3,24 +3,23 @@
 When the first batch of a structure shows a field planned per batch (ragged, or under
 a policy) as plain tensors of one dtype and one rank (token ids, waveforms, boxes,
 image patches: what ragged data almost always is), its plan keeps a *recipe*: the
-field's policy, dtype, rank and output names, settled once. For each batch the recipe
-checks the column at C speed, reads the sizes, computes the offsets and queues one
-copy per field: ``Pad`` as one masked assignment (large rows: one ``torch.cat`` with
-their padding, or a copy per row). Per-sample lists, ``PerSample()`` mappings
-(detection targets) and lists of items are in :mod:`pincollate._plan.listed`, ``Concat`` and
-``Jagged`` in :mod:`pincollate._plan.packed`; Python number lists and numpy arrays are converted
-first (:mod:`pincollate._plan.recipe`). :func:`recipe_for` builds the recipe for the branch the
+field's policy, dtype, rank and output names, settled once, and the policy's size and
+placement rules (:meth:`PadRecipe.measure`, :meth:`PadRecipe.placed`). The plan's generated
+function (:mod:`pincollate._plan.codegen`) reads each batch's column by it: checked at C speed,
+its sizes read, one copy per field (``Pad``: :func:`~pincollate._plan.padding.pad_1d`, the
+walk's copy kernel). Per-sample lists, ``PerSample()`` mappings (detection targets) and lists
+of items are in :mod:`pincollate._plan.listed`, ``Concat`` and ``Jagged`` in
+:mod:`pincollate._plan.packed`; Python number lists and numpy arrays are converted first
+(:mod:`pincollate._plan.recipe`). :func:`recipe_for` builds the recipe for the branch the
 careful walk took with the field's first column: the walk alone chooses the policy.
 
-A batch the recipe does not describe (another dtype, a value that is too long for
-``Pad(max_length=...)``, a missing value) goes to the careful planner, which gives
-the same result for what it can take and the error, with sample and key path, for
-what it cannot.
+A batch the recipe does not describe (another dtype, a missing value where none was planned)
+leaves the generated function for the careful walk, which gives the same result for what it
+can take and the error, with sample and key path, for what it cannot.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -29,19 +28,18 @@ import torch
 from .._batch.layout import Part, TensorSpec
 from .._batch.views import align, numpy_dtype
 from .._errors import ITEMS
-from .._types.builtin import NUMBER_TYPES, builtin, fill_numbers, ints_fit_float64, number_dtype
+from .._types.builtin import NUMBER_TYPES, builtin, ints_fit_float64, number_dtype
 from .._types.kinds import LISTS, MAPPING, kind_of
 from .._types.leaves import lookup
 from .careful import ITEMS_ROUTE, LEAVES, NUMBER_LISTS, PACKED_ITEMS, PER_SAMPLE, Planner, Route
 from .fallback import FieldFallback
-from .fill import Fill, Filler, Regions
 from .listed import ListRecipe, NumberItems, items_recipe
 from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
-from .padding import Joined, cut, fill_padded_1d, fill_padded_and_mask_1d
+from .padding import Joined
 from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, fits
-from .recipe import Arrays, NumberLists, Recipe, array_column, holds_none, kept_tensors, number_tensor, plain_tensors
+from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
 
 __all__ = ["MixedNumbers", "PadRecipe", "part_recipe", "recipe_for"]
@@ -56,9 +54,7 @@ class PadRecipe(Recipe):
     padding, its length 0.
     """
 
-    __slots__ = ("dim", "fill_both", "fill_values", "left", "lengths_name", "mask_name", "missing", "policy")
-
-    takes_joined = True  # its small path copies from the one concatenation
+    __slots__ = ("dim", "left", "lengths_name", "mask_name", "missing", "policy")
 
     def __init__(self, dtype: torch.dtype, ndim: int, policy: Pad, name: Hashable, missing: bool = False):
         super().__init__(dtype, ndim)
@@ -69,18 +65,9 @@ class PadRecipe(Recipe):
         self.dim: int | None = None if dims is None else dims[0]
         self.lengths_name = policy._extra_name(policy.lengths_key, name)
         self.mask_name = policy._extra_name(policy.mask_key, name)
-        self.fill_values: Filler = functools.partial(fill_padded_1d, value=policy.value, left=self.left)
-        self.fill_both: Filler = functools.partial(fill_padded_and_mask_1d, value=policy.value, left=self.left)
 
     def extras(self) -> tuple[str, ...]:
         return tuple(name for name in (self.lengths_name, self.mask_name) if name is not None)
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        if self.missing and type(column) is not Joined and holds_none(column):
-            column = self.with_empties(column)  # type: ignore[assignment]
-            if column is None:
-                return False
-        return super().run(column, fill, index)
 
     def with_empties(self, column: Sequence[Any]) -> list[Any] | None:
         """``missing="none"``: each absent value an empty one (its row all padding, its length 0).
@@ -123,25 +110,6 @@ class PadRecipe(Recipe):
         dim = dims[0]
         lengths = list(map(FIRST, shapes)) if dim == 0 else [shape[dim] for shape in shapes]
         return lengths, dim, tuple(sizes), bool(longer)
-
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
-        measured = self.measure(shapes)
-        if measured is None:
-            return None
-        lengths, dim, sizes, longer = measured
-        if longer:
-            assert self.policy.max_length is not None  # only max_length makes a value too long
-            column, lengths = cut(column, lengths, dim, self.policy.max_length)
-        part, specs, fill.offset = self.placed(fill.offset, len(shapes), dim, sizes)
-        payload = (column, lengths, dim)
-        if self.lengths_name is not None:
-            fill.tasks.append((fill_numbers, specs[1], lengths, None))
-        if self.mask_name is None:
-            fill.tasks.append((self.fill_values, specs[0], payload, None))
-        else:
-            # One copy writes both: the mask says where the values go.
-            fill.tasks.append((self.fill_both, Regions(specs[0], specs[-1]), payload, None))
-        return part
 
     def placed(self, offset: int, n: int, dim: int, sizes: tuple[int, ...]) -> tuple[Part, list[TensorSpec], int]:
         """The placement rule: the part at byte ``offset`` for ``n`` values padded to ``sizes``.
@@ -204,15 +172,6 @@ class MixedNumbers(Recipe):
         if dtype.is_floating_point and not ints_fit_float64(column):
             return None  # an int too large for a float: the careful planner names it
         return dtype
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        dtype = self.dtype_of(column)
-        if dtype is None:
-            return False
-        part, specs, fill.offset = self.placed(fill.offset, len(column), dtype)
-        fill.tasks.append((fill_numbers, specs[0], column, None))
-        fill.parts[index] = part
-        return True
 
     @staticmethod
     def placed(offset: int, n: int, dtype: torch.dtype) -> tuple[Part, list[TensorSpec], int]:

@@ -1,11 +1,11 @@
-"""A ragged field's recipe: what its first batch settled, and how a later batch is checked against it.
+"""A ragged field's recipe: what its first batch settled, by which a plan's generated function reads it.
 
-:class:`Recipe` reads a column at C speed (one ``map`` per property: class, dtype,
-layout, device, shape) and hands the shapes to its subclass (:mod:`pincollate._plan.ragged`,
-:mod:`pincollate._plan.packed`), which places the field's tensors in the batch's per-batch area
-(:func:`place`) and queues their copies. Columns that are tensors only once converted
-(token ids as Python lists, numpy arrays) get a recipe that converts each batch first
-(:class:`NumberLists`, :class:`Arrays`).
+:class:`Recipe` holds the values' class, dtype and rank (the generated function checks a
+column against them at C speed; :meth:`Recipe.shapes` is that check in Python, for the walk's
+``PerSample()`` tensors) and its subclass (:mod:`pincollate._plan.ragged`,
+:mod:`pincollate._plan.packed`, :mod:`pincollate._plan.listed`) the policy's size and placement
+rules. Columns that are tensors only once converted (token ids as Python lists, numpy arrays)
+get a recipe whose column is converted first (:class:`NumberLists`, :class:`Arrays`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._batch.layout import Part, TensorSpec
+from .._batch.layout import TensorSpec
 from .._batch.views import align
 from .._types.builtin import (
     ARRAY_DTYPE,
@@ -57,7 +57,8 @@ _WRITEABLE: Any = operator.attrgetter("flags.writeable")
 
 
 class Recipe:
-    """A ragged field's plan, settled by its first batch. Subclasses implement :meth:`sized`, or :meth:`run` whole.
+    """What a part's first batch settled: the node the code generator reads the part by (its dtype,
+    rank and class, its outputs' names), and the size and placement rules its subclass keeps.
 
     ``cls`` is the values' exact class: ``torch.Tensor``, or a tensor subclass kept as
     its class (torchvision's ``tv_tensors``, a user's subclass) by the recipes that
@@ -65,10 +66,6 @@ class Recipe:
     """
 
     __slots__ = ("dtypes", "ndim", "subclass", "types")
-
-    #: Whether :meth:`sized` takes a :class:`~pincollate._plan.padding.Joined` column as it is
-    #: (its copies read ``flat``); others get its values as a tuple of views.
-    takes_joined = False
 
     def __init__(self, dtype: torch.dtype, ndim: int, cls: type = torch.Tensor):
         self.dtypes = frozenset((dtype,))
@@ -80,19 +77,6 @@ class Recipe:
     def dtype(self) -> torch.dtype:
         """The dtype of the values the recipe takes."""
         return next(iter(self.dtypes))
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        """Place this batch's part ``index`` and queue its copies; ``False`` if the column does not fit."""
-        shapes = self.shapes(column)
-        if shapes is None:
-            return False
-        if type(column) is Joined and not self.takes_joined:
-            column = column.views()
-        part = self.sized(column, shapes, fill)
-        if part is None:
-            return False
-        fill.parts[index] = part
-        return True
 
     def shapes(self, values: Sequence[Any]) -> list[torch.Size] | None:
         """The values' shapes if they are strided CPU tensors of the planned class, dtype and rank.
@@ -121,9 +105,6 @@ class Recipe:
             return None
         shapes = list(map(TENSOR_SHAPE, values))
         return shapes if set(map(len, shapes)) == {self.ndim} else None
-
-    def sized(self, column: Sequence[torch.Tensor], shapes: list[torch.Size], fill: Fill) -> Part | None:
-        raise NotImplementedError
 
     def extras(self) -> tuple[str, ...]:
         """The names of the outputs placed beside the field."""
@@ -248,12 +229,6 @@ class NumberLists(Recipe):
         super().__init__(inner.dtype, 1)
         self.inner = inner
 
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        flat = number_tensor(column)
-        if flat is None or flat.dtype not in self.dtypes:
-            return False
-        return self.inner.run(torch.split(flat, list(map(len, column))), fill, index)
-
     def extras(self) -> tuple[str, ...]:
         return self.inner.extras()
 
@@ -312,10 +287,6 @@ class Arrays(Recipe):
         super().__init__(inner.dtype, inner.ndim)
         self.inner = inner
         self.arrays = frozenset((dtype,))
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        tensors = self.tensors(column)
-        return tensors is not None and self.inner.run(tensors, fill, index)
 
     def tensors(self, column: Sequence[Any]) -> Sequence[torch.Tensor] | None:
         """The column as tensors: over the arrays' own memory, or (read-only arrays) concatenated once; ``None``: not arrays of the planned dtype."""

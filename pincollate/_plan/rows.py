@@ -14,10 +14,11 @@ samples (or across all their items) at once:
 * :class:`Rows`: mappings of one class and key order, a column per key;
 * :class:`Groups`: per-sample lists (or tuples) of items, one column for all the items.
 
-For each batch a :class:`PerSampleRecipe` checks every column at C speed, places the
-tensors and numbers in the batch's buffer and builds each sample's structure over them,
-as the careful planner's ``PerSample()`` would build it. A batch a column does not
-describe goes to the careful planner.
+The careful walk's ``PerSample()`` places a column of the batch's samples by these columns
+(their ``place``); a cached plan keeps them in a :class:`PerSampleRecipe`, whose every place
+the generated function (:mod:`pincollate._plan.codegen`) checks at C speed and copies into the
+batch's buffer, building each sample's structure over them as the walk does. A batch a column
+does not describe leaves the generated function for the careful walk.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._batch.layout import Part, Spec, ValueSpec
+from .._batch.layout import Spec, ValueSpec
 from .._batch.list_specs import GroupsSpec, RowsSpec, SplitSpec
 from .._batch.views import ALIGN
 from .._errors import CollateError
@@ -256,17 +257,6 @@ class PerSampleRecipe(Recipe):
     def __init__(self, column: Rows | Groups):
         super().__init__(torch.uint8, 0)  # the column checks its own values
         self.column = column
-
-    def run(self, column: Sequence[Any], fill: Fill, index: int) -> bool:
-        tasks, offset, nvalues = len(fill.tasks), fill.offset, len(fill.values)
-        spec = self.column.place(column, fill)
-        if spec is None:
-            # A column that does not fit leaves nothing behind for the careful planner.
-            del fill.tasks[tasks:], fill.values[nvalues:]
-            fill.offset = offset
-            return False
-        fill.parts[index] = Part(spec)
-        return True
 
 
 def per_sample_recipe(column: Sequence[Any]) -> Recipe | None:

@@ -8,8 +8,9 @@ description of the values, their stack's dtype and class, a number column's dtyp
 each container's output (:func:`~pincollate._plan.items.mapping_of` and its kin); the template
 decides only which fields are fixed and where they lie. Fields of one dtype and shape in one
 mapping share a block (one stack for all of them); Python numbers of one type share one.
-Fields that do not agree become *parts*, each run by the recipe of the walk's route
-(:func:`~pincollate._plan.ragged.part_recipe`) where one fits, else walked for each batch.
+Fields that do not agree become *parts*, each read by the generated function by the recipe of
+the walk's route (:func:`~pincollate._plan.ragged.part_recipe`) where one fits, else walked for
+each batch.
 :mod:`pincollate._plan.cache` caches what this makes.
 """
 
@@ -77,14 +78,14 @@ class Template:
     def part(
         self, path: Path, siblings: frozenset[Hashable] | None, column: Sequence[Any] | None = None
     ) -> tuple[Spec, Op]:
-        """A field planned for each batch: carefully, or by its recipe where ``column`` gets one."""
+        """A field planned for each batch: read by its recipe where ``column`` gets one, else walked."""
         self.careful.add(path)
         index = self.nparts
         self.nparts += 1
         recipe = None
         if column is not None and len(path) <= MAX_DEPTH and self.compiled:
             # The careful walk takes the column once: its route (branch and policy) is what
-            # the recipe runs, so the two never choose apart.
+            # the recipe describes, so the two never choose apart.
             recipe = part_recipe(self.planner, column, path)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes

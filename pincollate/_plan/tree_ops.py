@@ -2,8 +2,9 @@
 
 A container node holds what its compiled code (:mod:`pincollate._plan.codegen`) checks and
 gathers: the container class, keys and length, and its children's nodes (the single fields,
-the blocks of fields of one dtype and shape, the numbers of one type). A part node runs a
-ragged field's recipe, or hands the column to the careful planner, for each batch.
+the blocks of fields of one dtype and shape, the numbers of one type). A part node holds what a
+ragged field's first batch settled (its recipe), by which the generated function reads it; a
+part no recipe describes is walked for each batch (:meth:`CarefulOp.run`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .._batch.layout import Part
 from .._errors import CollateError
 from .._types.kinds import Registered, union_keys
 from .fill import Fill, Mismatch
-from .ops import BlockOp, NumbersOp, Op, Recipe
+from .ops import BlockOp, NumbersOp, Op
+from .recipe import Recipe
 
 __all__ = ["CarefulOp", "DataclassOp", "MappingOp", "RegisteredOp", "SequenceOp"]
 
@@ -149,20 +151,13 @@ class CarefulOp(Op):
         super().__init__(path)
         self.index: int = index
         self.siblings: frozenset[Hashable] | None = siblings
-        #: The field's sizes-only plan (:mod:`pincollate._plan.ragged`), tried first; its output names
-        #: were checked against ``siblings`` when it was made.
+        #: What the field's first batch settled (:mod:`pincollate._plan.ragged`): the node the code
+        #: generator reads the field by; ``None``: walked for every batch. Its output names were
+        #: checked against ``siblings`` when it was made.
         self.recipe: Recipe | None = recipe
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
-        if self.recipe is not None:
-            tasks = fill.tasks
-            start = len(tasks)
-            if self.recipe.run(column, fill, self.index):
-                # A recipe's copy that fails (a sparse or meta tensor, which its checks leave
-                # to the copy) has the batch planned again, this field carefully.
-                for i in range(start, len(tasks)):
-                    tasks[i] = (*tasks[i][:3], self)
-                return
+        """The field walked for this batch: what a plan's function does not read itself."""
         node, extras = fill.planner.plan(column, self.path)
         if extras:
             if self.siblings is None:
