@@ -789,7 +789,7 @@ def test_a_ragged_field_does_not_keep_its_structure_walked(monkeypatch):
     for batch in batches:
         assert_identical(collate(batch), reference(batch))
     assert walks.count(3) == 1 + len(batches)  # the first batch, and the reference's every batch
-    assert collate._plans.planned == 1 and collate._plans.last.whole
+    assert collate._plans.planned == 1 and not collate._plans.last.walks
 
 
 @pytest.mark.walk_first
@@ -869,7 +869,7 @@ def test_a_layout_asked_for_a_ragged_batch_of_a_stacked_structure_is_the_collate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedFieldWarning)
         collate(warm), collate(warm)
-        assert collate._plans.last.whole
+        assert not collate._plans.last.walks
         planned = collate.plan(ragged)
         out = collate(ragged)
     if isinstance(out, list) and not hasattr(out, "layout"):  # a top-level list of tensors carries none
@@ -890,7 +890,7 @@ def test_a_layout_asked_for_a_batch_the_collate_refuses_raises_its_error(parts):
     collate = MMCollate(pin_memory=False, fields={"c": AsList()} if parts else None)
     for _ in range(3):
         collate([sample(0), sample(1), sample(2)])
-    assert collate._plans.last.whole is not parts
+    assert collate._plans.last.walks is parts
     bad = [sample(0), sample(1, bad=True), sample(2)]
     for ask in (collate.plan, collate):
         with pytest.raises(CollateError, match=re.escape("sample 1 at ['ids'][0]: expected Tensor, got str")):

@@ -31,7 +31,7 @@ def _no_walk(collate: MMCollate, monkeypatch: pytest.MonkeyPatch) -> None:
     """The collate's last plan must make every later batch in its generated function: its way out to the
     walk (``slow``) fails the test, and so does a new plan (checked by :func:`_same_plan`)."""
     plan = collate._plans.last
-    assert plan.whole
+    assert not plan.walks
     failed = lambda *args: pytest.fail("a batch left the generated function for the walk")  # noqa: E731
     monkeypatch.setitem(plan.compiled.run.__globals__, "slow", failed)
     monkeypatch.setattr(collate, "_kept_plan", plan, raising=False)
@@ -135,7 +135,7 @@ def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     # Targets of a mapping class of their own: a part its recipe places for each batch.
     samples = [{"objects": collections.OrderedDict(v=torch.arange(i) + i), "label": i} for i in range(4)]
     collate(samples)
-    assert not collate._plans.last.whole  # a plan with a part its recipe places for each batch
+    assert collate._plans.last.walks  # a plan with a part its recipe places for each batch
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]
     assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
@@ -152,7 +152,7 @@ def test_a_warm_padded_batch_is_made_by_its_sized_function_without_asking_about_
     samples = [{"ids": torch.arange(i + 1), "label": i} for i in range(4)]
     collate(samples)
     plan = collate._plans.last
-    assert plan.whole and plan.sized is not None  # every part padded: one function makes the batch
+    assert not plan.walks and plan.sized is not None  # every part padded: one function makes the batch
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]
     assert calls.count((plan.compiled.filename, "run")) == 1
@@ -188,7 +188,7 @@ def test_many_fields_planned_per_batch_are_read_by_the_generated_function_and_na
     plan = compiled._plans.last
     source = plan.compiled.source
     # Every ragged field read inline by the function that makes the whole batch: no per-field call.
-    assert plan.whole and ".run(" not in source
+    assert not plan.walks and ".run(" not in source
     assert all(f"# ['r{j}']" in source for j in range(fields))
     _same_or_same_error(lambda: make(bad=True), MMCollate(**settings, compile=False), compiled)
     with pytest.raises(CollateError, match=r"sample 2 at \['r13'\]"):
@@ -218,7 +218,7 @@ def test_lists_under_a_users_mapping_class_are_made_by_the_generated_function():
     walked = MMCollate(pin_memory=False, fields=fields, compile=False)
     for _ in range(3):
         _same_or_same_error(make, walked, compiled)
-    assert compiled._plans.last.whole and ".run(" not in compiled._plans.last.compiled.source
+    assert not compiled._plans.last.walks and ".run(" not in compiled._plans.last.compiled.source
     out = compiled(make())
     assert isinstance(out, _Features) and list(out) == ["boxes", "ids", "ids_lengths", "ids_mask", "target", "label"]
     boxes = [b for b in out["boxes"] if b.numel()]
@@ -248,7 +248,7 @@ def test_numpy_arrays_under_a_policy_are_read_by_the_generated_function(policy, 
     walked = MMCollate(pin_memory=False, fields={"x": policy}, compile=False)
     for salt in range(2):  # walked, then planned
         compiled(make(salt))
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(2, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
@@ -283,7 +283,7 @@ def test_lists_of_subclasses_and_of_values_that_lie_flat_are_read_by_the_generat
         warnings.simplefilter("ignore", RaggedFieldWarning)
         compiled(make(batches[0])), compiled(make(batches[1]))  # walked, then planned
         walked(make(batches[0]))  # each warned once, of the field it lists
-        assert compiled._plans.last.whole
+        assert not compiled._plans.last.walks
         _no_walk(compiled, monkeypatch)
         for sizes in batches:
             _same_or_same_error(lambda sizes=sizes: make(sizes), walked, compiled)
@@ -354,7 +354,7 @@ def test_packed_token_lists_and_absent_item_lists_are_read_by_the_generated_func
     compiled = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing)
     walked = MMCollate(pin_memory=False, fields={"ids": policy}, missing=missing, compile=False)
     compiled(make(0)), compiled(make(1))  # walked, then planned
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(2, 6):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
@@ -395,7 +395,7 @@ def test_values_cut_to_max_length_are_read_by_the_generated_function(policy, mak
     compiled = MMCollate(pin_memory=False, fields={"ids": policy})
     walked = MMCollate(pin_memory=False, fields={"ids": policy}, compile=False)
     compiled(make(0))
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
@@ -446,7 +446,7 @@ def test_lists_whose_values_are_all_empty_are_read_by_the_generated_function(fie
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: ragged boxes listed, warned of once
         compiled(make(0)), walked(make(0))
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: make(salt), walked, compiled)
@@ -472,7 +472,7 @@ def test_items_that_are_all_empty_are_read_by_the_generated_function(fields, mon
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedFieldWarning)  # no policy: items that differ, warned of once
         compiled(_no_crops(0)), walked(_no_crops(0))
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: _no_crops(salt), walked, compiled)
@@ -506,7 +506,7 @@ def test_samples_that_are_the_part_itself_are_read_by_the_generated_function(pol
     walked = MMCollate(pin_memory=False, ragged=policy, compile=False)
     compiled(_bare_tokens(0))
     plan = compiled._plans.last
-    assert type(plan.template) is PartSpec and plan.whole and not plan.carrier
+    assert type(plan.template) is PartSpec and not plan.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(1, 5):
         _same_or_same_error(lambda salt=salt: _bare_tokens(salt), walked, compiled)
@@ -544,7 +544,7 @@ def test_nested_per_sample_subtrees_are_read_by_the_generated_function(kind, mon
     compiled = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()})
     walked = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()}, compile=False)
     compiled(_nested_targets(0, kind))
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
     _no_walk(compiled, monkeypatch)
     for salt in range(1, 6):
         _same_or_same_error(lambda salt=salt: _nested_targets(salt, kind), walked, compiled)
@@ -565,7 +565,7 @@ def test_nested_per_sample_subtrees_in_pinned_memory_are_built_by_the_layout(kin
     walked = MMCollate(pin_memory=False, fields={"t": pincollate.PerSample()}, compile=False)
     for salt in range(4):
         out = compiled(_nested_targets(salt, kind))
-        assert compiled._plans.last.whole
+        assert not compiled._plans.last.walks
         assert_identical(out, walked(_nested_targets(salt, kind)))
         assert out.layout == compiled.plan(_nested_targets(salt, kind))
 
@@ -620,7 +620,7 @@ def test_lists_under_a_node_the_layout_builds_are_made_by_the_generated_function
     for salt in range(4):
         got, expected = compiled(make(salt)), walked(make(salt))
         assert [t.tolist() for t in listed(got)] == [t.tolist() for t in listed(expected)]
-    assert compiled._plans.last.whole
+    assert not compiled._plans.last.walks
 
 
 def test_a_traceback_through_the_generated_code_shows_the_field_that_failed():

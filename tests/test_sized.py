@@ -98,7 +98,7 @@ def test_a_long_lived_sized_plan_gives_what_the_careful_walk_gives(name, dtype):
         assert_identical(out, careful(batch))
         kept.append((out, careful(batch)))
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None, "every part padded: the sized function"
+    assert not plan.walks and plan.sized is not None, "every part padded: the sized function"
     for out, expected in kept:  # earlier batches are their own: a later one wrote nothing of theirs
         assert_identical(out, expected)
 
@@ -161,21 +161,21 @@ def test_a_missing_value_goes_to_the_recipe_and_the_next_batch_is_sized_again():
     assert_identical(compiled(full), careful(full))
 
 
-def test_a_whole_plan_compiles_its_queued_fill_only_when_a_batch_first_needs_it():
+def test_a_plan_compiles_its_walking_function_only_when_a_batch_first_needs_it():
     compiled, careful = _pair(Pad(), missing="none")
     full = _ids(torch.arange(3), torch.arange(1))
     compiled(full), compiled(full)
     plan = compiled._plans.last
-    assert plan.sized is not None and plan.queued is None  # one function compiled, the batch's own
+    assert plan.sized is not None and plan.walking is None  # one function compiled, the batch's own
     holes = _ids(torch.arange(2), None)
     assert_identical(compiled(holes), careful(holes))  # an absent value: padding, by the function itself
-    assert plan.queued is None
+    assert plan.walking is None
     other = _ids(torch.arange(2, dtype=torch.int32), None)  # another dtype: not what the function reads
     assert_identical(compiled(other), careful(other))
-    queued = plan.queued  # the longer way: compiled now, once
-    assert queued is not None and compiled._plans.last is plan
+    walking = plan.walking  # its parts walked: compiled now, once
+    assert walking is not None and compiled._plans.last is plan and "walk = Fill(" in walking.source
     assert_identical(compiled(other), careful(other))
-    assert plan.queued is queued
+    assert plan.walking is walking
     assert_identical(compiled(holes), careful(holes))
 
 
@@ -221,12 +221,17 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
     assert f"# {format_path(('inner', 'b'))}\n" in plan.compiled.source  # each part's lines start with its key path
 
 
-def test_a_plan_with_a_part_neither_sized_nor_listed_keeps_its_queued_fill():
+def test_a_part_neither_sized_nor_listed_is_walked_by_the_plan_s_function():
     compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()})
-    # Targets of a mapping class of their own: rebuilt as that class by the recipe.
-    batch = [{"a": torch.arange(n), "b": collections.OrderedDict(x=torch.zeros(n))} for n in (1, 3)]
-    compiled(batch)
-    assert not compiled._plans.last.whole and compiled._plans.last.sized is None
+    careful = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()}, compile=False)
+    # Targets of a mapping class of their own: rebuilt as that class by the walk, placed after the
+    # padded field, whose sizes the function reads.
+    for lengths in ((1, 3), (2, 2), (4, 0)):
+        batch = [{"a": torch.arange(n), "b": collections.OrderedDict(x=torch.zeros(n))} for n in lengths]
+        assert_identical(compiled(batch), careful(batch))
+    plan = compiled._plans.last
+    assert plan.walks and plan.sized is not None
+    assert "walk = Fill(" in plan.compiled.source and plan.walking is None
 
 
 CONCATS = {
@@ -401,10 +406,10 @@ def test_a_long_lived_listed_plan_gives_what_the_careful_walk_gives(trailing, dt
         out, expected = compiled(batch), careful(batch)
         assert_identical(out, expected)
         # The layout whose parts it makes when asked: the one the plan's queued fill places.
-        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        assert out.layout == compiled._plans.last.walked(batch, "plain", 0, False, None).layout
         kept.append((out, expected))
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is None and "unsafe_split_with_sizes" in plan.compiled.source
+    assert not plan.walks and plan.sized is None and "unsafe_split_with_sizes" in plan.compiled.source
     for out, expected in kept:
         assert_identical(out, expected)
 
@@ -420,7 +425,7 @@ def test_a_listed_batch_makes_its_layout_s_parts_only_when_asked():
     again = pickle.loads(pickle.dumps(out))  # pickling asks
     assert layout._parts is not None
     assert_identical(again, careful(batch))
-    assert again.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+    assert again.layout == compiled._plans.last.walked(batch, "plain", 0, False, None).layout
     stream = io.BytesIO()
     torch.save(out, stream)
     stream.seek(0)
@@ -485,7 +490,7 @@ def test_absent_values_of_a_list_are_placed_by_the_plan_s_function_as_the_carefu
     rng = random.Random(3)
     earlier = [_agrees(compiled, careful, _optional_images(rng, 4))]
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None and "with_absent" in plan.compiled.source
+    assert not plan.walks and plan.sized is not None and "with_absent" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for absent in (0.0, 0.3, 0.6, 0.3, 0.9):
             batch = _optional_images(rng, 4, absent)
@@ -513,7 +518,7 @@ def test_lists_of_a_dtype_numpy_lacks_are_placed_by_the_plan_s_function(monkeypa
     ]
     earlier = [_agrees(compiled, careful, batches[0])]
     plan = compiled._plans.last
-    assert plan.whole
+    assert not plan.walks
     with _inline_only(plan, monkeypatch):
         earlier += [_agrees(compiled, careful, batch) for batch in batches[1:3]]
     earlier.append(_agrees(compiled, careful, batches[3]))  # every value empty: the recipe's
@@ -611,7 +616,7 @@ def test_lists_inside_a_dataclass_are_placed_by_the_plan_s_function():
         batch = [{"t": _Target(torch.rand(i + n, 4)), "label": i} for i in range(2)]
         assert_identical(compiled(batch), careful(batch))
     plan = compiled._plans.last
-    assert plan.whole and "new_dataclass(" in plan.compiled.source
+    assert not plan.walks and "new_dataclass(" in plan.compiled.source
 
 
 def test_a_concatenation_past_int32_offsets_gets_the_careful_error(monkeypatch):
@@ -654,10 +659,10 @@ def test_per_sample_targets_are_placed_by_the_plan_s_function_as_the_careful_wal
         batch[0]["target"] = {"boxes": torch.rand(2, 4), "labels": torch.arange(2)}
         out, expected = compiled(batch), careful(batch)
         assert_identical(out, expected)
-        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        assert out.layout == compiled._plans.last.walked(batch, "plain", 0, False, None).layout
         kept.append((out, expected))
     plan = compiled._plans.last
-    assert plan.whole and "# ['target']['labels']" in plan.compiled.source.replace('"', "'")
+    assert not plan.walks and "# ['target']['labels']" in plan.compiled.source.replace('"', "'")
     for out, expected in kept:
         assert_identical(out, expected)
     again = pickle.loads(pickle.dumps(kept[-1][0]))  # its layout's parts made when asked
@@ -723,7 +728,7 @@ def test_per_sample_targets_with_numbers_and_strings_are_placed_by_the_plan_s_fu
         batch = _coco(rng, 4)
         out, expected = compiled(batch), careful(batch)
         assert_identical(out, expected)
-        assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+        assert out.layout == compiled._plans.last.walked(batch, "plain", 0, False, None).layout
         kept.append((out, expected))
     assert "map(dict, map(zip" in compiled._plans.last.compiled.source
     for out, expected in kept:
@@ -924,7 +929,7 @@ def test_sized_and_listed_parts_are_made_by_one_function_as_the_careful_walk_mak
     rng = random.Random(21)
     earlier = [_agrees(compiled, careful, _mixed(rng, 5))]
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
+    assert not plan.walks and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for _ in range(12):
             batch = _mixed(rng, 5)
@@ -956,7 +961,7 @@ def test_sized_and_listed_parts_in_pinned_memory_are_built_by_the_layout(fake_pi
     for _ in range(3):
         out = compiled(batch)
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
+    assert not plan.walks and plan.sized is not None and "unsafe_split_with_sizes" in plan.compiled.source
     assert_identical(out, MMCollate(pin_memory=False, fields=MIXED_FIELDS, compile=False)(batch))
     storages = {t.untyped_storage().data_ptr() for t in (out["ids"], out["image"], *out["boxes"])}
     assert storages == {out.buffer.untyped_storage().data_ptr()}  # views of the pinned buffer's one storage
@@ -1000,7 +1005,7 @@ def test_lists_of_per_object_dicts_are_placed_by_the_plan_s_function_as_the_care
     rng = random.Random(8)
     earlier = [_agrees(compiled, careful, _annotations(rng, 5))]
     plan = compiled._plans.last
-    assert plan.whole and "islice" in plan.compiled.source
+    assert not plan.walks and "islice" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for _ in range(12):
             batch = _annotations(rng, 5)
@@ -1037,7 +1042,7 @@ def test_lists_of_per_object_dicts_beside_padded_ids_in_pinned_memory_are_built_
     for _ in range(3):
         out = compiled(batch)
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None and "islice" in plan.compiled.source
+    assert not plan.walks and plan.sized is not None and "islice" in plan.compiled.source
     assert_identical(out, MMCollate(pin_memory=False, fields=fields, compile=False)(batch))
 
 
@@ -1070,7 +1075,7 @@ def test_lists_of_items_are_placed_by_the_plan_s_function_as_the_careful_walk_pl
     rng = random.Random(12)
     earlier = [_agrees(compiled, careful, _images(2, 1, 3))]
     plan = compiled._plans.last
-    assert plan.whole and plan.sized is not None and "grouped_units" in plan.compiled.source
+    assert not plan.walks and plan.sized is not None and "grouped_units" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for batch in [_prompts(rng, 3) for _ in range(12)] + [_with(_images(1, 2, 1), x0=(torch.zeros(3, 2, 2),))]:
             if not any(sample["x"] for sample in batch):
@@ -1107,7 +1112,7 @@ def test_lists_of_tensor_subclasses_keep_their_classes_and_metadata_in_the_plan_
     rng = random.Random(5)
     earlier = [_agrees(compiled, careful, _tv_targets(rng, 4, tv_tensors))]
     plan = compiled._plans.last
-    assert plan.whole and "wrapped(" in plan.compiled.source
+    assert not plan.walks and "wrapped(" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for _ in range(10):
             batch = _tv_targets(rng, 4, tv_tensors)
@@ -1145,7 +1150,7 @@ def test_a_list_of_parameters_is_listed_plain_by_the_plan_s_function(monkeypatch
     ]
     _agrees(compiled, careful, batches[0])
     plan = compiled._plans.last
-    assert plan.whole and "wrapped(" in plan.compiled.source
+    assert not plan.walks and "wrapped(" in plan.compiled.source
     with _inline_only(plan, monkeypatch):
         for batch in batches[1:]:
             out, _ = _agrees(compiled, careful, batch)  # type: ignore[misc]
@@ -1173,7 +1178,7 @@ def test_a_field_without_a_policy_stacks_or_lists_in_the_plan_s_function_as_the_
         earlier = [_agrees(compiled, careful, _captions(2, 2, 2)), _agrees(compiled, careful, _captions(1, 3, 2))]
     assert len(warned) == 2  # each collate warns once, for the batch that lists the field
     plan = compiled._plans.last
-    assert plan.whole and ".listed(" in plan.compiled.source
+    assert not plan.walks and ".listed(" in plan.compiled.source
     with _inline_only(plan, monkeypatch), warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once already
         for lengths in ((2, 2, 2), (4, 1, 1), (3, 3, 3), (0, 0, 1), (1, 1, 1)):
@@ -1209,7 +1214,7 @@ def test_items_that_make_one_tensor_or_lists_are_placed_by_the_plan_s_function_a
         warnings.simplefilter("ignore", pincollate.RaggedFieldWarning)
         earlier = [_agrees(compiled, careful, first)]
         plan = compiled._plans.last
-        assert plan.whole and ".arranged(" in plan.compiled.source
+        assert not plan.walks and ".arranged(" in plan.compiled.source
         inline = [_images(2, 2, 2), _images(1, 1, 1), _images(3, 3, 3)]  # one tensor (B, k, *shape)
         if "x" not in fields:  # no rule: lists where they differ
             inline += [_images(2, 1, 3), _with(_images(2, 2, 2), x1=[torch.zeros(3, 2, 2), torch.zeros(3, 3, 2)])]
@@ -1286,10 +1291,10 @@ def test_a_tuple_samples_batch_is_built_by_the_plan_s_function_as_the_careful_wa
         out, expected = _agrees(compiled, careful, batch)  # type: ignore[misc]
         assert type(out) is type(expected) and out.layout is not None  # a BatchList, a namedtuple's carrier
         if compiled._plans.last.layout is None:  # parts: the queued fill places them as the function does
-            assert out.layout == compiled._plans.last.filled(batch, "plain", 0, False, None).layout
+            assert out.layout == compiled._plans.last.walked(batch, "plain", 0, False, None).layout
         kept.append((out, expected))
     plan = compiled._plans.last
-    assert plan.whole and "set_attribute(batch, CARRIED" in plan.compiled.source  # built by the function
+    assert not plan.walks and "set_attribute(batch, CARRIED" in plan.compiled.source  # built by the function
     for out, expected in kept:  # earlier batches unchanged by later ones
         assert_identical(out, expected)
     again = pickle.loads(pickle.dumps(kept[-1][0]))
@@ -1377,7 +1382,7 @@ def test_aslist_of_number_lists_is_placed_by_the_plan_s_function_as_the_careful_
         kept.append((batch(), None))
         kept[-1] = _agrees(compiled, careful, kept[-1][0])  # type: ignore[assignment]
     plan = compiled._plans.last
-    assert plan.whole and "number_items(" in plan.compiled.source
+    assert not plan.walks and "number_items(" in plan.compiled.source
     for off in NUMBER_LISTS_OFF.values():
         bad = batch()
         bad[2]["labels"] = off()

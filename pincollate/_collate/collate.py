@@ -199,7 +199,7 @@ class MMCollate:
             if type(batch) is not list or not batch:
                 return self._through_plans(_samples(batch), kind)
             last = self._plans.last
-            if last is not None and last.whole and kind != "shared":
+            if last is not None and kind != "shared":
                 # A run of batches of one structure: straight to the last plan's function, which
                 # checks the batch completely as it runs.
                 try:
@@ -243,9 +243,7 @@ class MMCollate:
         carrier = kind == "shared" and plan.carrier
         slots = self.worker_slots if carrier else 0
         pin = self.pin_memory if carrier else None
-        if plan.whole:  # its generated function makes the whole batch
-            return plan.compiled.run(samples, kind, slots, self.pin_slots, pin)
-        return plan.filled(samples, kind, self.worker_slots if kind == "shared" else 0, self.pin_slots, self.pin_memory)
+        return plan.compiled.run(samples, kind, slots, self.pin_slots, pin)
 
     def _through_plans(
         self, samples: list[Any], kind: Kind | None, failed: tuple[Plan, tuple[Path, ...]] | None = None

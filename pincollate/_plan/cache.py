@@ -31,14 +31,7 @@ from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
-from .codegen import (
-    CompiledPlan,
-    compile_parts,
-    compile_plan,
-    compile_whole,
-    is_listed,
-    is_sized,
-)
+from .codegen import CompiledPlan, compile_parts, compile_whole, is_listed, is_sized
 from .column import MAX_DEPTH
 from .fill import Fill, Mismatch
 from .ops import Op
@@ -59,7 +52,7 @@ _CAREFUL = object()
 WALK_FIRST_SIGHT = True
 
 #: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
-_WALKED = "# the careful walk of the whole batch (CarefulOp.run): no generated code\n"
+_WALKED = "# the careful walk of the whole batch (Plan._walk_whole): no generated code\n"
 
 
 class Plan:
@@ -67,10 +60,10 @@ class Plan:
 
     ``layout`` is the one Layout every batch of this plan shares when it has no parts.
     ``size`` is its batch size: the generated code checks each sample, not how many there are.
-    ``whole``: ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
-    (:func:`~pincollate._plan.codegen.compile_whole`; with padded, concatenated or listed parts,
-    the samples themselves such a part included, :func:`~pincollate._plan.codegen.compile_parts`);
-    otherwise :meth:`run` queues its copies.
+    ``compiled.run(samples, kind, slots, pin_slots, pin)`` makes the whole batch
+    (:func:`~pincollate._plan.codegen.compile_whole`; with parts, the samples themselves one
+    included, :func:`~pincollate._plan.codegen.compile_parts`), or its layout alone (``kind``
+    ``None``).
     """
 
     __slots__ = (
@@ -84,11 +77,11 @@ class Plan:
         "nvalues",
         "op",
         "planner",
-        "queued",
         "size",
         "sized",
         "template",
-        "whole",
+        "walking",
+        "walks",
     )
 
     def __init__(
@@ -112,34 +105,34 @@ class Plan:
         self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
         self.sized: SizedLayouts | None = None
+        #: The function that walks every part of a batch (where a part's guard in the plan's own
+        #: function misses): made by the first batch that needs it.
+        self.walking: CompiledPlan | None = None
         description = _describe(op, size)
-        #: The function that queues a plan with parts' copies in a Fill (:meth:`run`); made by the
-        #: first batch that needs it where the plan's own function makes its whole batch.
-        self.queued: CompiledPlan | None = None
+        #: Whether its function walks a part for each batch (a part no recipe describes), or the whole batch.
+        self.walks = False
         if self.layout is not None:
             self.compiled: CompiledPlan = compile_whole(op, self.layout, size, nvalues, description)
             self.carrier = carries(self.layout)
-            self.whole = True
             return
-        self.carrier = False
-        self.whole = False
-        parts = [node for node in _nodes(op) if type(node) is CarefulOp]
-        if type(template) is PartSpec and (planner is None or not all(is_sized(p) or is_listed(p) for p in parts)):
-            # The whole batch walked carefully: the root node's own run, no code to generate.
-            self.queued = self.compiled = CompiledPlan(op.run, _WALKED, "<pincollate careful walk>")  # type: ignore[attr-defined]
+        assert planner is not None, "a plan with parts needs its planner"
+        if type(op) is CarefulOp and op.recipe is None:
+            # The careful walk of the whole batch (compile=False, a first sight): the walk's own run,
+            # no code to generate.
+            self.compiled = CompiledPlan(self._walk_whole, _WALKED, "<pincollate careful walk>")
+            self.carrier = True  # the walk's batch says whether it is a carrier
+            self.walks = True
             return
-        if planner is None or not 0 < len(parts) == nparts or not all(is_sized(p) or is_listed(p) for p in parts):
-            self.queued = self.compiled = compile_plan(op, description)
-            return
-        # Every part padded, concatenated or a per-sample list: one generated function makes the
-        # whole batch, its layout picked by the sized parts' sizes, its lists placed after them.
+        # A plan with parts: one generated function makes the whole batch, the parts its recipes
+        # describe read at C speed (a sized layout picked by their sizes, the lists placed after it),
+        # the others walked for each batch and placed after them.
         self.compiled, self.sized = compile_parts(
-            op, template, nbytes, nparts, size, nvalues, self.bulk, self.filled, description
+            op, template, nbytes, nparts, size, nvalues, self.bulk, self.walked, description, planner
         )
-        # A part at the root (the samples themselves padded or listed) makes a tensor or a list, which
-        # crosses from a worker tensor by tensor: no ring slot for it, as for any batch not a carrier.
-        self.carrier = type(template) is not PartSpec and carries(Layout(template, nbytes))
-        self.whole = True
+        # A part at the root (the samples themselves) makes whatever the batch makes of it: its
+        # function asks for each batch whether the batch is a carrier, which alone takes a ring slot.
+        self.carrier = type(template) is PartSpec or carries(Layout(template, nbytes))
+        self.walks = not all(is_sized(node) or is_listed(node) for node in _nodes(op) if type(node) is CarefulOp)
 
     def check(self, samples: Sequence[Any]) -> Layout:
         """The layout of ``samples``'s batch (their parts planned where the plan has parts).
@@ -148,45 +141,52 @@ class Plan:
         a block's classes and dtypes): they run into plain memory of their own, dropped, so a
         batch the collate would refuse (or plan again) is refused (or planned again) here too.
         """
-        if self.whole:
-            layout = self.compiled.run(samples, None, 0, False, None)
-            self.compiled.run(samples, "plain", 0, False, None)
-            return layout  # type: ignore[no-any-return]
-        assert self.planner is not None, "a plan with parts needs its planner"
-        layout, fill = self.run(samples, self.planner)
-        fill.execute(allocate(layout.nbytes, "plain", 0, False, None), True)
-        return layout
+        layout = self.compiled.run(samples, None, 0, False, None)
+        self.compiled.run(samples, "plain", 0, False, None)
+        return layout  # type: ignore[no-any-return]
 
-    def run(self, samples: Sequence[Any], planner: Planner) -> tuple[Layout, Fill]:
-        """A plan with parts: gather and check ``samples``, plan the parts, queue the copies (none run yet)."""
-        assert self.layout is None, "a plan without parts makes its batch by compiled.run"
-        if len(samples) != self.size:
-            raise Mismatch()  # another batch size (an epoch's last batch): another plan
-        queued = self.queued
-        if queued is None:  # two threads may both compile it: either function serves
-            queued = self.queued = compile_plan(self.op, _describe(self.op, self.size))
-        fill = Fill(planner, self.nvalues, self.nparts, self.nbytes, self.bulk)
-        queued.run(samples, fill)
-        return Layout(self.template, fill.offset, fill.parts, self.bulk), fill
-
-    def filled(
-        self, samples: Sequence[Any], kind: Kind | None, slots: int, pin_slots: bool, pin: PinMode | None
+    def _walk_whole(
+        self,
+        samples: Sequence[Any],
+        kind: Kind | None,
+        slots: int,
+        pin_slots: bool,
+        pin: PinMode | None,
+        into: Any = None,
     ) -> Any:
-        """A plan with parts: the batch by :meth:`run` and its queued copies (``kind`` ``None``: its layout).
-
-        ``slots`` and ``pin`` are for a carrier (the caller asked ``carrier``); any other
-        batch crosses tensor by tensor, and takes a buffer of its own.
-        """
-        assert self.planner is not None, "a plan with parts needs its planner"
-        layout, fill = self.run(samples, self.planner)
+        """The batch (``kind`` ``None``: its layout) as the careful walk makes it, whole."""
+        if len(samples) != self.size:
+            raise Mismatch()  # another batch size: another plan
+        fill = Fill(self.planner, 0, 1, 0)  # type: ignore[arg-type]
+        self.op.run(samples, fill)  # type: ignore[attr-defined]
+        layout = Layout(self.template, fill.offset, fill.parts)
         if kind is None:
             return layout
-        # Only a carrier crosses as a slot index; any other output would cross tensor by
-        # tensor, and its slot could not be reused. A failed fill drops its buffer; a
-        # recycled one comes back when nothing reads it.
-        carrier = carries(layout)
-        buffer = allocate(layout.nbytes, kind, slots if carrier else 0, pin_slots, pin if carrier else None)
+        if not carries(layout):  # only a carrier crosses as a slot index: any other takes a buffer of its own
+            slots, pin = 0, None
+        buffer = allocate(layout.nbytes, kind, slots, pin_slots, pin) if into is None else into
         return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
+
+    def walked(
+        self, samples: Sequence[Any], kind: Kind | None, slots: int, pin_slots: bool, pin: PinMode | None
+    ) -> Any:
+        """The batch with every part walked (``kind`` ``None``: its layout): where a part's guard misses."""
+        walking = self.walking
+        if walking is None:  # two threads may both compile it: either function serves
+            walking = self.walking = compile_parts(
+                self.op,
+                self.template,
+                self.nbytes,
+                self.nparts,
+                self.size,
+                self.nvalues,
+                self.bulk,
+                None,
+                _describe(self.op, self.size) + ", parts walked",
+                self.planner,
+                walk_all=True,
+            )[0]
+        return walking.run(samples, kind, slots, pin_slots, pin)
 
 
 class Plans:

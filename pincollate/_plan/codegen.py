@@ -2,12 +2,15 @@
 
 The template (:mod:`pincollate._plan.template`) plans a structure into a tree of typed nodes
 (:mod:`pincollate._plan.ops` for leaves, :mod:`pincollate._plan.tree_ops` for containers and
-parts) that holds no sample values. :func:`compile_plan` turns that tree into straight-line
-code: for each field, in the order of the tree, the gather (one ``itemgetter`` call per
-sample for a mapping's fields), the guards at C speed (exact classes, dtypes, sample 0's
-shape, keys, lengths), and one queued copy. Every guard that fails raises
+parts) that holds no sample values. :func:`compile_whole` and :func:`compile_parts` turn that
+tree into one straight-line function that makes the whole batch: for each field, in the order
+of the tree, the gather (one ``itemgetter`` call per sample for a mapping's fields), the guards
+at C speed (exact classes, dtypes, sample 0's shape, keys, lengths), then one allocation, each
+copy as a call of its own, and the batch built. Every guard that fails raises
 :class:`~pincollate._plan.fill.Mismatch` with the key paths the tree names, as the nodes
-themselves would; the cache then plans the batch again, carefully where it failed.
+themselves would; the cache then plans the batch again, carefully where it failed. A part's
+guard that fails sends the batch to the plan's function that walks every part (the careful
+walk, :meth:`~pincollate._plan.tree_ops.CarefulOp.run`), which takes it or names the sample.
 
 As in attrs' and cattrs' generated code, nothing of the plan is spliced into the source as
 text: keys, classes, dtypes and nodes are read from a constant table (``k0``, ``k1``, ...),
@@ -26,9 +29,9 @@ from typing import Any
 
 import torch
 
-from .._batch.batch import Batch, BatchList, carrier_class, make_batch
+from .._batch.batch import Batch, BatchList, carrier_class, carries, make_batch
 from .._batch.compiled import Parts, expression, inlines_parts
-from .._batch.layout import Layout, Spec, TensorSpec
+from .._batch.layout import Layout, PartSpec, Spec, TensorSpec
 from .._batch.list_specs import grouped_units, scalar_items, split_views, with_absent, wrapped
 from .._batch.specs import DataclassSpec, MappingSpec, NamedTupleSpec, SequenceSpec, jagged
 from .._batch.views import ALIGN, Bulk, Views, numpy_dtype, pitch
@@ -46,7 +49,7 @@ from .._types.builtin import (
     stack_tensors,
 )
 from .._types.kinds import LISTS
-from .fill import Mismatch
+from .fill import Fill, Mismatch
 from .listed import FLAT, ItemsRecipe, ListRecipe, NumberItems, aligned_pieces, gaps_to, number_items, zero_rows
 from .ops import (
     FIRST,
@@ -67,14 +70,13 @@ from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, holds_none, number_tensor
 from .rows import Arrays as RowArrays
 from .rows import Groups, Numbers, PerSampleRecipe, Rows, Tensors, Values, fill_spaced
-from .sized import ListedParts, SizedLayouts, with_regions
+from .sized import ListedParts, SizedLayouts, merged, with_regions
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
 __all__ = [
     "CompiledPlan",
     "builds_inline",
     "compile_parts",
-    "compile_plan",
     "compile_whole",
     "is_listed",
     "is_sized",
@@ -130,6 +132,9 @@ _WHOLE: dict[str, Any] = {
     "INT32_MAX": INT32_MAX,
     "Layout": Layout,
     "ALIGN": ALIGN,
+    "Fill": Fill,
+    "merged": merged,
+    "carries": carries,
     "repeat": itertools.repeat,
     "scalar_items": scalar_items,
     "array_tensors": array_tensors,
@@ -153,9 +158,9 @@ _WHOLE: dict[str, Any] = {
 class CompiledPlan:
     """A plan's generated function and the source it was compiled from.
 
-    :func:`compile_plan`'s ``run(samples, fill)`` gathers and checks ``samples`` against the
-    plan and queues their copies in ``fill``; :func:`compile_whole`'s makes the whole batch.
-    Both raise :class:`~pincollate._plan.fill.Mismatch` where the batch does not fit.
+    ``run(samples, kind, slots, pin_slots, pin, into=None)`` makes the whole batch (:func:`compile_whole`,
+    :func:`compile_parts`), or its layout alone with ``kind`` ``None``; it raises
+    :class:`~pincollate._plan.fill.Mismatch` where the batch does not fit the plan.
     """
 
     __slots__ = ("filename", "run", "source")
@@ -167,43 +172,27 @@ class CompiledPlan:
 
 
 class _PlanWriter(Writer):
-    """A plan's lines. ``copies`` is ``None`` where they queue the copies in a
-    :class:`~pincollate._plan.fill.Fill` (a plan with parts); a list where the function makes
-    the whole batch itself (``(fill, spec, payload local, owner)``, in order)."""
+    """A plan's lines, and the copies its function makes (``(fill, spec, payload local, owner)``, in order)."""
 
-    def __init__(self, whole: bool) -> None:
+    def __init__(self) -> None:
         super().__init__()
         #: Each copy: its fill, its region (a spec, or the local that holds it), payload and owner.
-        self.copies: list[tuple[Any, Any, str, Op]] | None = [] if whole else None
+        self.copies: list[tuple[Any, Any, str, Op]] = []
         #: The parts read so far (a sized or listed plan's): the node, its key and the locals its copies read.
         self.parts_read: list[tuple[CarefulOp, str, dict[str, Any]]] = []
         #: A listed plan's PerSample() parts, by index: what each is made of (:data:`Member`), each
         #: list by its place in ``parts_read``.
         self.rows: dict[int, Member] = {}
+        #: Every part walked for each batch (the function a plan's guard sends a batch to).
+        self.walk_all = False
         self.nvalues = 0
         self.size = 0
 
     def copy(self, depth: int, fill: Any, spec: TensorSpec, payload: str, owner: Op) -> None:
-        if self.copies is None:
-            self.line(depth, f"append(({self.const(fill)}, {self.const(spec)}, {payload}, {self.const(owner)}))")
-        else:
-            self.copies.append((fill, spec, payload, owner))
+        self.copies.append((fill, spec, payload, owner))
 
     def value(self, depth: int, index: int, column: str) -> None:
-        self.line(depth, f"{'values' if self.copies is not None else 'fill.values'}[{index}] = {column}")
-
-
-def compile_plan(op: Op, description: str = "plan") -> CompiledPlan:
-    """Generate, compile and register the function that runs the plan whose root node is ``op``.
-
-    ``run(samples, fill)`` checks the samples and queues their copies in ``fill``.
-    ``description`` goes into the generated file name (``<pincollate plan 3: description>``).
-    """
-    writer = _PlanWriter(whole=False)
-    _emit(writer, op, "samples", 1)
-    head = ("    append = fill.tasks.append",) if any("append((" in line for line in writer.lines) else ()
-    run, source, filename = writer.compile("samples, fill", "plan", description, _GLOBALS, head)
-    return CompiledPlan(run, source, filename)
+        self.line(depth, f"values[{index}] = {column}")
 
 
 def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: str = "plan") -> CompiledPlan:
@@ -215,12 +204,11 @@ def compile_whole(op: Op, layout: Layout, size: int, nvalues: int, description: 
     makes every region at once, runs each copy as a call of its own and builds
     the batch: no task list, no per-task lookups. With ``kind`` ``None`` it only checks and
     returns the layout. A copy that fails raises :class:`~pincollate._plan.fill.Mismatch` naming
-    what its node blames, as a queued copy's does.
+    what its node blames.
     """
-    w = _PlanWriter(whole=True)
+    w = _PlanWriter()
     _checks(w, op, size, nvalues)
     copies = w.copies
-    assert copies is not None
     bulk = with_regions(layout.bulk(), [spec for _, spec, _, _ in copies])
     w.line(1, f"layout = {w.const(layout)}")
     w.line(1, "if kind is None:  # checked only")
@@ -243,10 +231,12 @@ def compile_parts(
     size: int,
     nvalues: int,
     bulk: Bulk,
-    slow: Callable[..., Any],
+    slow: Callable[..., Any] | None,
     description: str = "plan",
+    planner: Any = None,
+    walk_all: bool = False,
 ) -> tuple[CompiledPlan, SizedLayouts | None]:
-    """The function that makes a whole batch of a plan whose parts are sized or listed.
+    """The function that makes a whole batch of a plan with parts (sized, listed or walked).
 
     As :func:`compile_whole`'s, with each part read inline by its node's rules (:func:`is_sized`,
     :func:`is_listed`): its guards (one class, dtype and rank for the column, at C speed), then
@@ -266,24 +256,31 @@ def compile_parts(
       (:class:`~pincollate._plan.sized.ListedParts`), whose deferred parts build what the
       function does not build itself (:func:`builds_inline`, :func:`~pincollate._batch.compiled.inlines_parts`).
 
+    - a *walked* part (one no recipe describes; every part where ``walk_all``): walked by the
+      careful planner (:meth:`~pincollate._plan.tree_ops.CarefulOp.run`, ``planner``'s) into a
+      :class:`~pincollate._plan.fill.Fill` that places it after the lists, its values after the
+      plan's; its copies run after the function's own, and the layout (made at once) builds
+      the batch.
+
     Then it copies and builds as for a plan without parts. A column its guards do not
-    describe (a missing value, another dtype, a value longer than ``max_length``) is no
-    mismatch of the plan: the batch goes to ``slow(samples, kind, slots, pin_slots, pin)``
-    (the plan's queued fill, whose careful walk of its parts takes it, or names the sample).
+    describe (a missing value, another dtype) is no mismatch of the plan: the batch goes to
+    ``slow(samples, kind, slots, pin_slots, pin)`` (the plan's function with ``walk_all``,
+    whose careful walk of each part takes it, or names the sample).
     """
-    w = _PlanWriter(whole=True)
+    w = _PlanWriter()
+    w.walk_all = walk_all
     _checks(w, op, size, nvalues)
     copies = w.copies
-    assert copies is not None
     fixed = len(copies)
     read = w.parts_read
     listed_at = [j for j, (_, key, _) in enumerate(read) if key == _LISTED]
+    walked = [(part, found["column"]) for part, key, found in read if key == _WALKED]
     where = {j: n for n, j in enumerate(listed_at)}  # a list's place among the lists
     sized = None
-    if len(listed_at) < len(read):
-        parts = [(part.index, _placing(part.recipe)) for part, key, _ in read if key != _LISTED]
+    if len(listed_at) + len(walked) < len(read):
+        parts = [(part.index, _placing(part.recipe)) for part, key, _ in read if key not in (_LISTED, _WALKED)]
         sized = SizedLayouts(template, nbytes, nparts, size, bulk, [spec for _, spec, _, _ in copies], parts)
-        keys = ", ".join(key for _, key, _ in read if key != _LISTED)
+        keys = ", ".join(key for _, key, _ in read if key not in (_LISTED, _WALKED))
         # The layouts seen, read as a dict first: a call fewer for every batch of known sizes.
         w.line(1, f"sized = {w.const(sized.kept)}.get(({keys},))")
         w.line(1, "if sized is None:")
@@ -322,9 +319,23 @@ def compile_parts(
     # Each value's count of items, for the PerSample() parts' lists, after the lists', in their order.
     geometry += [counts for member in w.rows.values() for counts in _counts(member)]
     lists = bool(listed_at or w.rows)  # listed parts: lists, or PerSample() dicts of strings alone
-    if lists:
-        arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
-        root, root_bulk = w.const(template), w.const(bulk)
+    arguments = "".join(f"{each}, " for each in geometry)  # a tuple, of none where no key holds a list
+    root, root_bulk = (w.const(template), w.const(bulk)) if walked or lists else ("", "")
+    if walked:
+        # The parts nothing reads at C speed, walked for this batch and placed after the others
+        # (their values after the plan's); the layout is made at once with their parts.
+        w.line(1, f"walk = Fill({w.const(planner)}, 0, {nparts}, {end})")
+        w.line(1, "walk.values = values")
+        for part, column in walked:
+            w.line(1, f"{w.const(part)}.run({column}, walk)")
+        end = "walk.offset"
+        merged = f"merged({'layout.parts' if sized is not None else 'None'}, walk.parts)"
+        if lists:
+            merged = f"{w.const(listed.over)}({merged}, {arguments})"
+        w.line(1, f"layout = Layout({root}, {end}, {merged}, {root_bulk})")
+        if sized is None:
+            w.line(1, f"bulk = {root_bulk}")
+    elif lists:
         if sized is None:
             deferred = f"({w.const(listed.make)}, ({arguments}))"
         else:  # the sized parts are the sized layout's
@@ -332,6 +343,9 @@ def compile_parts(
         w.line(1, f"layout = Layout({root}, {end}, None, {root_bulk}, {deferred})")
     w.line(1, "if kind is None:  # checked only")
     w.line(2, "return layout")
+    if type(template) is PartSpec:  # the samples are the part: a batch that is no carrier takes no ring slot
+        w.line(1, "if not carries(layout):")
+        w.line(2, "slots, pin = 0, None")
     # The plan's fixed tensors, the sized parts' and the lists' regions, made at once.
     if not lists:
         _buffer(w, "layout.nbytes", "Views(buffer, values, layout.parts, bulk, kind == PAGEABLE)")
@@ -352,7 +366,9 @@ def compile_parts(
     expressions: Parts = {}
     at = 0
     items: dict[int, str] = {}
-    for j, (part, _, found) in enumerate(read):
+    for j, (part, key, found) in enumerate(read):
+        if key == _WALKED:
+            continue  # copied by the walk's fill, built by the layout
         if j in where:
             n = where[j]
             region = w.local("x")
@@ -391,6 +407,8 @@ def compile_parts(
         else:
             _concat_copies(w, part, names, found, copies)
     _copies(w, copies, size, fixed)
+    if walked:
+        w.line(1, "walk.execute(buffer, kind == PAGEABLE)")
     # Each value of a list a view of its column: not an autograd view, so each keeps a version counter of its own.
     lines = []
     for n, j in enumerate(listed_at):
@@ -426,7 +444,7 @@ def compile_parts(
             expressions[index] = (items[made_of], ())
             continue
         expressions[index] = (_built_member(w, w.rows[index], where, items, lines), ())
-    _output(w, template, frozenset(bulk[0]), expressions, lines)
+    _output(w, template, frozenset(bulk[0]), expressions, lines, inline=not walked)
     return _compiled(w, description, {"slow": slow}), sized
 
 
@@ -473,6 +491,9 @@ def _built_member(
     lines.append(f"{groups} = [list(islice({objects}, count)) for count in {counts}]")
     return groups
 
+
+#: The key a walked part is read with: the careful planner places it, after the lists.
+_WALKED = "walked"
 
 #: The key a listed part is read with: its layout is placed by the function for each batch.
 _LISTED = "None"
@@ -696,7 +717,12 @@ def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, p
 
 
 def _output(
-    w: _PlanWriter, root: Spec, bulk: frozenset[int], parts: Parts | None = None, before: Sequence[str] = ()
+    w: _PlanWriter,
+    root: Spec,
+    bulk: frozenset[int],
+    parts: Parts | None = None,
+    before: Sequence[str] = (),
+    inline: bool = True,
 ) -> None:
     """The end of a whole batch's function: the batch built here over the tensors made at once, where
     :func:`builds_inline` says so.
@@ -705,7 +731,7 @@ def _output(
     by the layout (its parts made where they are deferred). ``before``: lines that make the
     parts' locals.
     """
-    if not (builds_inline(root) and inlines_parts(root)):
+    if not (inline and builds_inline(root) and inlines_parts(root)):
         # A top the function does not build itself (a user's mapping class), or a part under a node
         # that builds itself (a registered container, a subtree too deep for one expression): the
         # layout builds the batch, its parts made from its deferred geometry.
@@ -834,7 +860,10 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
         _dataclass(w, op, column, depth)  # type: ignore[arg-type]
     elif kind is RegisteredOp:
         _registered(w, op, column, depth)  # type: ignore[arg-type]
-    elif kind is CarefulOp and w.copies is not None:
+    elif kind is CarefulOp and (w.walk_all or not (is_sized(op) or is_listed(op))):
+        _comment(w, depth, op.path)  # walked for each batch, after the other parts are placed
+        w.parts_read.append((op, _WALKED, {"column": column}))  # type: ignore[arg-type]
+    elif kind is CarefulOp:
         if type(_placing(op.recipe)) is PadRecipe:  # type: ignore[attr-defined]
             _padded(w, op, column, depth)  # type: ignore[arg-type]
         elif type(op.recipe) is MixedNumbers:  # type: ignore[attr-defined]
@@ -851,9 +880,6 @@ def _emit(w: _PlanWriter, op: Op, column: str, depth: int) -> None:
             _rows(w, op, column, depth)  # type: ignore[arg-type]
         else:
             _concatenated(w, op, column, depth)  # type: ignore[arg-type]
-    elif kind is CarefulOp:
-        _comment(w, depth, op.path)
-        w.line(depth, f"{w.const(op)}.run({column}, fill)")
     else:
         raise TypeError(f"no code for a plan node of type {kind.__name__}")
 
@@ -1129,7 +1155,7 @@ def _mixed_numbers(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> No
     w.parts_read.append((op, key, {"column": column}))
 
 
-#: A part's guard that fails: the batch goes to the plan's queued fill, which takes it or names it.
+#: A part's guard that fails: the batch goes to the plan's function that walks every part, which takes it or names it.
 _SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it"
 
 

@@ -24,7 +24,7 @@ from .._batch.views import Bulk
 from .packed import ConcatRecipe
 from .ragged import MixedNumbers, PadRecipe
 
-__all__ = ["ListedParts", "SizedLayouts", "with_regions"]
+__all__ = ["ListedParts", "SizedLayouts", "merged", "with_regions"]
 
 #: The most layouts one plan keeps; past it they are made again as batches need them.
 MOST_LAYOUTS = 512
@@ -105,6 +105,13 @@ class SizedLayouts:
             specs.extend(placed)
         layout = Layout(self.template, offset, parts, self.bulk)  # type: ignore[arg-type]
         return layout, with_regions(self.bulk, [*self.fixed, *specs]), tuple(specs), tuple(map(id, specs))
+
+
+def merged(sized: Sequence[Part | None] | None, walked: Sequence[Part | None]) -> list[Part | None]:
+    """A batch's parts: the sized layout's (``None`` where the plan has no sized part), and those the walk placed."""
+    if sized is None:
+        return list(walked)
+    return [part if part is not None else other for part, other in zip(sized, walked, strict=True)]
 
 
 class ListedParts:

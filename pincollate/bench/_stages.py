@@ -43,12 +43,11 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
 
     The scenario's baseline (``default_collate`` or the hand-written collate) and
     ``mm_collate`` whole; then ``mm_collate``'s stages: checking the batch against its
-    cached plan and placing its per-batch parts (``plan.run``; for a plan whose generated
-    function makes the whole batch, that function's guards up to the layout, which it returns
-    without copying where it is asked for no buffer kind), the copies into a buffer kept from one
-    call to the next (``fill.execute``, which also makes the tensors the copies write; for a
-    plan whose function makes the whole batch, that function into the buffer less the build), taking the buffer and handing it back (pageable memory without an
-    accelerator; a large one is leased), and building the batch over it. ``rest`` is the
+    cached plan and placing its per-batch parts (the plan's generated function up to the
+    layout, which it returns without copying where it is asked for no buffer kind), the copies
+    into a buffer kept from one call to the next (that function into the buffer, less the
+    build), taking the buffer and handing it back (pageable memory without an accelerator; a
+    large one is leased), and building the batch over it. ``rest`` is the
     whole less the stages: the calls between them, and what a fresh buffer costs that a
     kept one does not. ``stages_us`` collates one batch again and again (its samples stay
     in the caches); ``in_turn_us`` collates as many different batches in turn, as a
@@ -69,36 +68,24 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     assert isinstance(collate, MMCollate) and baseline is not None
     for batch in batches:
         collate(batch)
-    plan, planner = collate._plans.last, collate._planner
+    plan = collate._plans.last
     assert plan is not None
     kind = resolve_kind(collate.pin_memory)
-    whole = plan.whole  # one generated function checks, copies and builds
-    if whole:
-        buffer = allocate(max(plan.compiled.run(batch, None, 0, False, None).nbytes for batch in batches), kind)
-        made = {id(batch): carried(plan.compiled.run(batch, kind, 0, False, None, buffer)) for batch in batches}
-        nbytes = {key: state[0].nbytes for key, state in made.items()}  # type: ignore[index]
-        built = {
-            key: (state[0], state[2], Views(buffer, state[2], (), state[0].bulk()))  # type: ignore[index]
-            for key, state in made.items()
-        }
-    else:
-        planned = {id(batch): plan.run(batch, planner) for batch in batches}
-        buffer = allocate(max(layout.nbytes for layout, _ in planned.values()), kind)
-        nbytes = {key: layout.nbytes for key, (layout, _) in planned.items()}
-        built = {key: (layout, fill.values, fill.execute(buffer)) for key, (layout, fill) in planned.items()}
+    # The plan's one generated function checks, copies and builds.
+    buffer = allocate(max(plan.compiled.run(batch, None, 0, False, None).nbytes for batch in batches), kind)
+    made = {id(batch): carried(plan.compiled.run(batch, kind, 0, False, None, buffer)) for batch in batches}
+    nbytes = {key: state[0].nbytes for key, state in made.items()}  # type: ignore[index]
+    built = {
+        key: (state[0], state[2], Views(buffer, state[2], (), state[0].bulk()))  # type: ignore[index]
+        for key, state in made.items()
+    }
 
     def check(batch: Any) -> None:
-        if whole:
-            # The guards and the layout, nothing copied (``plan.check`` also copies, into scratch memory).
-            plan.compiled.run(batch, None, 0, False, None)
-        else:
-            plan.run(batch, planner)
+        # The guards and the layout, nothing copied (``plan.check`` also copies, into scratch memory).
+        plan.compiled.run(batch, None, 0, False, None)
 
     def copies(batch: Any) -> None:
-        if whole:
-            plan.compiled.run(batch, kind, 0, False, None, buffer)  # its build is timed on its own
-        else:
-            plan.run(batch, planner)[1].execute(buffer)
+        plan.compiled.run(batch, kind, 0, False, None, buffer)  # its build is timed on its own
 
     def build(batch: Any) -> None:
         layout, values, views = built[id(batch)]
@@ -128,9 +115,7 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
                 best[key][name] = min(best[key].get(name, took), took)
     for key in runs:
         out = {name: best[key][name] for name in stages}
-        others = out["check and place (plan.run)"]
-        if whole:
-            others += out["build the batch"]
+        others = out["check and place (plan.run)"] + out["build the batch"]
         out["copies (fill.execute)"] = max(out.pop("check, place and copy") - others, 0.0)
         parts = ("check and place (plan.run)", "copies (fill.execute)", "buffer: take and hand back", "build the batch")
         out["rest"] = max(out["mm_collate"] - sum(out[name] for name in parts), 0.0)
