@@ -131,20 +131,15 @@ def test_a_warm_batch_of_a_plan_without_parts_is_made_by_its_function_alone():
 
 def test_a_warm_batch_with_parts_in_plain_memory_asks_about_no_pin():
     # A plain buffer is pageable host memory: its tensors are carved without asking.
-    collate = MMCollate(pin_memory=False, fields={"objects": pincollate.PerSample()})
-    # Targets of a mapping class of their own: a part its recipe places for each batch.
-    samples = [{"objects": collections.OrderedDict(v=torch.arange(i) + i), "label": i} for i in range(4)]
+    collate = MMCollate(pin_memory=False, fields={"objects": pincollate.AsList()})
+    # Lists of tensors in some samples, tuples of arrays in others: a part the function walks for each batch.
+    samples = [{"objects": [torch.arange(i) + i] if i % 2 else (np.arange(i) + i,), "label": i} for i in range(4)]
     collate(samples)
-    assert collate._plans.last.walks  # a plan with a part its recipe places for each batch
+    assert collate._plans.last.walks  # a plan with a part the function walks
     calls, out = _calls(collate, samples)
     called = [name for _, name in calls]
     assert "execute" in called and not {"_source", "is_pinned"} & set(called), called
-    assert [objects["v"].tolist() for objects in out["objects"]] == [
-        [],
-        [1.0],
-        [2.0, 3.0],
-        [3.0, 4.0, 5.0],
-    ]
+    assert [objects.tolist() for objects in out["objects"]] == [[[]], [[1]], [[2, 3]], [[3, 4, 5]]]
 
 
 def test_a_warm_padded_batch_is_made_by_its_sized_function_without_asking_about_pins():
@@ -528,12 +523,16 @@ def _nested_targets(salt: int, kind: str) -> list[dict]:
         ],
         "dict-in-dict": lambda i, n: {"meta": {"size": torch.tensor([n, i]), "id": i + salt}, "file": f"{i}.jpg"},
         "numpy-boxes": lambda i, n: {"boxes": np.full((n, 4), float(salt + i), np.float32), "id": i},
+        "ordered-dicts": lambda i, n: (
+            [collections.OrderedDict(box=torch.full((4,), float(j)), label=j + salt) for j in range(n)]
+            or [collections.OrderedDict(box=torch.zeros(4), label=-1)]
+        ),
     }[kind]
     return [{"t": targets(i, n), "i": i} for i, n in enumerate(counts)]
 
 
 @pytest.mark.parametrize(
-    "kind", ["label-lists", "lists-of-lists", "objects-with-attributes", "dict-in-dict", "numpy-boxes"]
+    "kind", ["label-lists", "lists-of-lists", "objects-with-attributes", "dict-in-dict", "numpy-boxes", "ordered-dicts"]
 )
 def test_nested_per_sample_subtrees_are_read_by_the_generated_function(kind, monkeypatch):
     # Every place of a PerSample() subtree that the walk plans once (dicts, lists, tensors, arrays,
@@ -557,7 +556,7 @@ def test_nested_per_sample_subtrees_are_read_by_the_generated_function(kind, mon
     assert_identical(torch.load(stream, weights_only=False), batch)
 
 
-@pytest.mark.parametrize("kind", ["lists-of-lists", "objects-with-attributes", "dict-in-dict"])
+@pytest.mark.parametrize("kind", ["lists-of-lists", "objects-with-attributes", "dict-in-dict", "ordered-dicts"])
 def test_nested_per_sample_subtrees_in_pinned_memory_are_built_by_the_layout(kind, fake_pinned):
     # In pinned memory the batch is built by its layout, whose deferred parts make each place of the
     # subtree (the same lists, dicts and counts as the generated function reads them).

@@ -222,12 +222,21 @@ def test_two_padded_fields_and_a_nested_one_are_read_inline():
 
 
 def test_a_part_neither_sized_nor_listed_is_walked_by_the_plan_s_function():
-    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()})
-    careful = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.PerSample()}, compile=False)
-    # Targets of a mapping class of their own: rebuilt as that class by the walk, placed after the
-    # padded field, whose sizes the function reads.
+    compiled = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()})
+    careful = MMCollate(pin_memory=False, fields={"a": Pad(), "b": pincollate.AsList()}, compile=False)
+    # Each sample's items a list in some samples and a tuple of arrays in others, and a number that is
+    # an int in some samples and a 0-d tensor in others: walked (each as its kind makes it), placed
+    # after the padded field, whose sizes the function reads.
     for lengths in ((1, 3), (2, 2), (4, 0)):
-        batch = [{"a": torch.arange(n), "b": collections.OrderedDict(x=torch.zeros(n))} for n in lengths]
+        batch = [
+            {
+                "a": torch.arange(n),
+                "b": [torch.zeros(n)] if i % 2 else (np.zeros(n, np.float32),),
+                "x": i if i % 2 else torch.tensor(i),
+                "s": f"{i}",
+            }
+            for i, n in enumerate(lengths)
+        ]
         assert_identical(compiled(batch), careful(batch))
     plan = compiled._plans.last
     assert plan.walks and plan.sized is not None

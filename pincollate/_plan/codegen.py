@@ -454,7 +454,7 @@ def _placed_member(member: Member, where: dict[int, int]) -> Member:
     if tag == "list":
         return ("list", where[member[1]])
     if tag == "rows":
-        return ("rows", member[1], tuple(_placed_member(inner, where) for inner in member[2]))
+        return ("rows", member[1], tuple(_placed_member(inner, where) for inner in member[2]), member[3])
     if tag == "groups":
         return ("groups", _placed_member(member[1], where))
     return member
@@ -479,10 +479,16 @@ def _built_member(
     if tag == "value":
         return f"values[{member[1]}]"
     if tag == "rows":
-        # A dict per value over its keys' members, at C speed.
         columns = ", ".join(_built_member(w, inner, where, items, lines) for inner in member[2])
-        rows = w.local("rows")
-        lines.append(f"{rows} = list(map(dict, map(zip, repeat({w.const(member[1])}), zip({columns}, strict=True))))")
+        rows, keys = w.local("rows"), w.const(member[1])
+        if member[3] is None:  # a dict per value over its keys' members, at C speed
+            lines.append(f"{rows} = list(map(dict, map(zip, repeat({keys}), zip({columns}, strict=True))))")
+        else:  # a mapping of the samples' own class per value, as the layout builds it
+            row = w.local("row")
+            lines.append(
+                f"{rows} = [make_mapping({w.const(member[3])}, dict(zip({keys}, {row}, strict=True)))"
+                f" for {row} in zip({columns}, strict=True)]"
+            )
         return rows
     # Each value's list of its items.
     inner, counts = _built_member(w, member[1], where, items, lines), member[2]
@@ -630,9 +636,10 @@ def _listed_items(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> Non
 
 
 #: What a ``PerSample()`` part is made of, column by column: ``("list", j)`` (the list read as
-#: ``parts_read[j]``), ``("value", i)`` (``values[i]``, kept objects), ``("rows", keys, members)``
-#: (a dict per value over its keys' members) or ``("groups", member, counts)`` (each value a list of
-#: ``member``'s items, ``counts`` the local of each value's count).
+#: ``parts_read[j]``), ``("value", i)`` (``values[i]``, kept objects), ``("rows", keys, members, cls)``
+#: (a mapping per value over its keys' members: a dict where ``cls`` is ``None``, else the samples'
+#: class) or ``("groups", member, counts)`` (each value a list of ``member``'s items, ``counts`` the
+#: local of each value's count).
 Member = tuple[Any, ...]
 
 
@@ -664,7 +671,7 @@ def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, p
             local = w.local("c")
             w.line(depth, f"{local} = {columns}[{j}]")
             members.append(_member(w, op, inner, local, depth, (*path, key)))
-        return ("rows", kind.keys, tuple(members))
+        return ("rows", kind.keys, tuple(members), kind.cls)
     if type(kind) is Groups:
         # Lists (or tuples): all their items as one column, then each value's count of them.
         counts, flat = w.local("n"), w.local("flat")
@@ -968,10 +975,10 @@ def is_listed(op: Op) -> bool:
 
 
 def _compiles(kind: Any) -> bool:
-    """Whether the generated function reads a ``PerSample()`` place of this kind (:func:`_member`): dicts
-    (not a user's mapping class) and lists of such places, tensors and arrays listed, numbers, strings."""
+    """Whether the generated function reads a ``PerSample()`` place of this kind (:func:`_member`): mappings
+    and lists of such places, tensors and arrays listed, numbers, strings."""
     if type(kind) is Rows:
-        return kind.cls is None and all(map(_compiles, kind.columns))
+        return all(map(_compiles, kind.columns))
     if type(kind) is Groups:
         return _compiles(kind.items)
     if type(kind) is RowArrays:

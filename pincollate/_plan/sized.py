@@ -128,7 +128,7 @@ class ListedParts:
     its values agree, else ``None``), ``"units"`` and ``"groups"`` (each sample's stack of
     items, or its items); ``parts`` says, by part index, which list is the part (its
     place in that order), or, for a ``PerSample()`` part, what it is made of: ``("list", n)``,
-    ``("value", i)``, ``("rows", keys, members)`` (a dict per value) or ``("groups", member)``
+    ``("value", i)``, ``("rows", keys, members, cls)`` (a mapping per value) or ``("groups", member)``
     (each value a list of ``member``'s items; each value's count of them follows the lists'
     arguments, depth first, in the order of ``parts``).
     """
@@ -180,6 +180,6 @@ def _member(member: tuple[Any, ...], lists: list[Spec], counts: Iterator[Any]) -
     if tag == "value":
         return ValueSpec(member[1])
     if tag == "rows":
-        return RowsSpec(None, member[1], [_member(inner, lists, counts) for inner in member[2]])
+        return RowsSpec(member[3], member[1], [_member(inner, lists, counts) for inner in member[2]])
     own = next(counts)  # depth first, as the generated function hands them over
     return GroupsSpec(_member(member[1], lists, counts), own)
