@@ -464,3 +464,15 @@ def test_a_failing_batch_warns_of_a_listed_sibling_as_the_careful_walk_does():
         ours, theirs = _outcome(compiled, batch), _outcome(careful, batch)
         assert ours == theirs
     assert ours[0] != "ok" and any("['f'] holds values of different shapes" in said for said in ours[1])
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_field_of_tensors_beside_arrays_collates_in_a_worker_as_in_the_main_process(compile, monkeypatch):
+    # default_collate, asked for such a column in a DataLoader worker, sums its values' numel() to
+    # allocate shared memory and fails on the array: the walk stacks them as it does in the main process.
+    samples = [{"odd": torch.ones(3), "i": 0}, {"odd": np.zeros(3, np.float32), "i": 1}]
+    main = MMCollate(pin_memory=False, compile=compile)(samples)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # what default_collate asks
+    worker = MMCollate(pin_memory=False, compile=compile)(samples)
+    assert_identical(worker, main)
+    assert worker["odd"].tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]

@@ -392,8 +392,9 @@ class _Walk(ContainerWalk):
             with warnings.catch_warnings(), torch.device("cpu"):
                 warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
                 value = default_collate(list(values))
-        except (RuntimeError, TypeError, ValueError):
-            # It gives up where a tensor comes first: each value as a tensor, then stacked.
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            # It gives up where a tensor comes first (in a worker, asking an array for its numel):
+            # each value as a tensor, then stacked.
             try:
                 value = torch.stack([torch.as_tensor(v, device="cpu") for v in values])
             except (RuntimeError, TypeError, ValueError) as exc:
