@@ -119,18 +119,18 @@ def test_main_stages_time_each_stage_of_a_main_process_batch(scenario, capsys):
 
     assert bench.main(["--stages", scenario, "--quick"]) == 0
     out = capsys.readouterr().out
-    assert f"main-process batch stages, {scenario} (batch 32" in out and "check and place (plan.run)" in out
+    assert f"main-process batch stages, {scenario} (batch 32" in out and "guards and layout (no copy)" in out
     stages = main_stages(scenario, quick=True)["stages_us"]
     assert list(stages)[1:] == [
         "mm_collate",
-        "check and place (plan.run)",
+        "guards and layout (no copy)",
         "buffer: take and hand back",
         "build the batch",
-        "copies (fill.execute)",
+        "copies",
         "rest",
     ]
     assert next(iter(stages)).startswith("baseline (") and all(us >= 0 for us in stages.values())
-    assert stages["mm_collate"] > 0 and stages["check and place (plan.run)"] > 0
+    assert stages["mm_collate"] > 0 and stages["guards and layout (no copy)"] > 0
     parts = sum(stages[name] for name in list(stages)[2:6])
     assert stages["rest"] == pytest.approx(max(stages["mm_collate"] - parts, 0.0))
     assert "one batch" in out and "in turn" in out

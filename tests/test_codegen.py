@@ -493,8 +493,8 @@ def _bare_tokens(salt: int) -> list[torch.Tensor]:
 )
 def test_samples_that_are_the_part_itself_are_read_by_the_generated_function(policy, monkeypatch):
     # collate_fn=MMCollate(ragged=Pad()) over bare tensors: the root is the part. Its batches are
-    # made by the generated function (they went to the recipe through the walk's root node), and
-    # the batch, not a carrier, takes no ring slot in a worker.
+    # made by the generated function (they went to the recipe through the walk's root node); that
+    # such a batch crosses from workers intact is test_dataloader's.
     from pincollate._batch.layout import PartSpec
 
     compiled = MMCollate(pin_memory=False, ragged=policy)

@@ -1401,3 +1401,18 @@ def test_aslist_of_number_lists_is_placed_by_the_plan_s_function_as_the_careful_
         assert_identical(out, expected)
     again = pickle.loads(pickle.dumps(kept[-1][0]))
     assert_identical(again, kept[-1][1])
+
+
+def test_a_batch_its_guards_refuse_still_fills_the_caller_s_buffer():
+    # The plan's function takes a buffer of the caller's (``into``, what the bench and a worker's
+    # ring hand it); a batch a part's guard refuses (another dtype) goes to the function that walks
+    # every part, which fills that same buffer.
+    compiled, careful = _pair(Pad())
+    compiled(_ids(torch.arange(3), torch.arange(1)))
+    plan = compiled._plans.last
+    other = _ids(torch.arange(2, dtype=torch.int32), torch.arange(4, dtype=torch.int32))
+    into = torch.empty(plan.compiled.run(other, None, 0, False, None).nbytes, dtype=torch.uint8)
+    batch = plan.compiled.run(other, "plain", 0, False, None, into)
+    assert plan.walking is not None  # the guard refused it
+    assert batch.buffer.data_ptr() == into.data_ptr()
+    assert_identical(batch, careful(other))

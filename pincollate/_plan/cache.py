@@ -168,7 +168,13 @@ class Plan:
         return make_batch(layout, buffer, fill.values, fill.execute(buffer, kind == "plain"))
 
     def walked(
-        self, samples: Sequence[Any], kind: Kind | None, slots: int, pin_slots: bool, pin: PinMode | None
+        self,
+        samples: Sequence[Any],
+        kind: Kind | None,
+        slots: int,
+        pin_slots: bool,
+        pin: PinMode | None,
+        into: Any = None,
     ) -> Any:
         """The batch with every part walked (``kind`` ``None``: its layout): where a part's guard misses."""
         walking = self.walking
@@ -186,7 +192,7 @@ class Plan:
                 self.planner,
                 walk_all=True,
             )[0]
-        return walking.run(samples, kind, slots, pin_slots, pin)
+        return walking.run(samples, kind, slots, pin_slots, pin, into)
 
 
 class Plans:

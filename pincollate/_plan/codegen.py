@@ -264,7 +264,7 @@ def compile_parts(
 
     Then it copies and builds as for a plan without parts. A column its guards do not
     describe (a missing value, another dtype) is no mismatch of the plan: the batch goes to
-    ``slow(samples, kind, slots, pin_slots, pin)`` (the plan's function with ``walk_all``,
+    ``slow(samples, kind, slots, pin_slots, pin, into)`` (the plan's function with ``walk_all``,
     whose careful walk of each part takes it, or names the sample).
     """
     w = _PlanWriter()
@@ -533,7 +533,7 @@ def _listed(
         absent, present = w.local("absent"), w.local("present")
         w.line(depth, f"{absent} = [i for i, value in enumerate({column}) if value is None]")
         w.line(depth, f"{present} = [value for value in {column} if value is not None] if {absent} else {column}")
-        column = present  # every value absent: no class to check, the recipe's
+        column = present  # every value absent: no class to check, the walk's
         extras.append(("absent", absent))
     shapes = _tensor_guards(w, recipe, column, depth)
     if recipe.wrap is not None:  # a tensor subclass: each value's view made its class, as the recipe makes it
@@ -1163,7 +1163,7 @@ def _mixed_numbers(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> No
 
 
 #: A part's guard that fails: the batch goes to the plan's function that walks every part, which takes it or names it.
-_SLOW = "return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it"
+_SLOW = "return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it"
 
 
 def _tensor_guards(w: _PlanWriter, recipe: Any, values: str, depth: int, some: bool = False) -> str:

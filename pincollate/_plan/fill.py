@@ -1,16 +1,11 @@
-"""Filling a batch: what to copy where, decided per batch and kept apart from the Layout.
+"""Filling a walked batch: what the careful walk copies where, kept apart from the Layout.
 
-Two things queue fill work in a :class:`Fill`, and both end in its one task list:
-
-* the **ops** of a cached plan (:mod:`pincollate._plan.ops`), which gather each field's column from
-  the samples, check it at C speed and queue one copy;
-* **planned nodes** of the careful planner (:mod:`pincollate._plan.careful`) for fields planned anew
-  for each batch: :class:`TensorNode` (a tensor filled by :class:`Segment` s),
-  :class:`Value` and :class:`Tree`, turned into specs by :meth:`Fill.place`.
-
-:meth:`Fill.execute` then copies everything into the batch's buffer. A copy of a
-cached plan that fails raises :class:`Mismatch` naming the key paths, and the batch
-is planned again.
+The careful planner (:mod:`pincollate._plan.careful`) plans the values it walks into nodes:
+:class:`TensorNode` (a tensor filled by :class:`Segment` s), :class:`Value`, :class:`Tree` and
+:class:`Listed`, which :meth:`Fill.place` turns into specs at the next offsets, queueing their
+copies; :meth:`Fill.execute` then copies them into the batch's buffer. A plan's generated
+function makes its own copies; it walks a part no recipe describes into a :class:`Fill`.
+:class:`Mismatch` is how a batch that does not fit a cached plan says so, naming the key paths.
 """
 
 from __future__ import annotations
@@ -34,8 +29,6 @@ __all__ = [
     "Listed",
     "Mismatch",
     "Node",
-    "Owner",
-    "Regions",
     "Segment",
     "Target",
     "TensorNode",
@@ -47,27 +40,9 @@ Path = tuple[Hashable, ...]
 
 
 class Target(Protocol):
-    """Where a queued copy writes: a :class:`~pincollate._batch.layout.TensorSpec`, or :class:`Regions`."""
+    """Where a queued copy writes: a :class:`~pincollate._batch.layout.TensorSpec`."""
 
     def region(self, views: Views) -> Any: ...
-
-
-class Regions:
-    """Several tensors one copy writes (a padded field and its mask): their regions, as a tuple."""
-
-    __slots__ = ("specs",)
-
-    def __init__(self, *specs: TensorSpec):
-        self.specs = specs
-
-    def region(self, views: Views) -> tuple[torch.Tensor, ...]:
-        return tuple(spec.region(views) for spec in self.specs)
-
-
-class Owner(Protocol):
-    """What queued a copy of a cached plan (an op of :mod:`pincollate._plan.ops`): it names the paths to blame."""
-
-    def blame(self, payload: Any) -> tuple[Path, ...]: ...
 
 
 class ColumnPlanner(Protocol):
@@ -192,18 +167,19 @@ Node = TensorNode | Value | Tree | Listed
 
 
 class Fill:
-    """One batch's fill work: queued copies, non-tensor values and per-batch parts.
+    """One walked batch's (or walked part's) fill work: queued copies, non-tensor values and parts.
 
-    ``offset`` is where the next per-batch tensor goes; after the ops ran it is the
-    batch's buffer size.
+    ``offset`` is where the next tensor goes; after the walk placed everything it is the
+    end of what it placed.
     """
 
     __slots__ = ("bulk", "offset", "parts", "planner", "tasks", "values")
 
-    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int, bulk: Bulk | None = None):
-        self.bulk: Bulk | None = bulk  # the plan's fixed tensors, made at once
+    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int):
+        #: Tensors :meth:`execute` makes at once (a layout's fixed ones), where the caller knows them.
+        self.bulk: Bulk | None = None
         self.planner: ColumnPlanner = planner
-        self.tasks: list[tuple[Filler, Target, Any, Owner | None]] = []
+        self.tasks: list[tuple[Filler, Target, Any]] = []
         self.values: list[Any] = [None] * nvalues
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
         self.offset: int = offset
@@ -219,7 +195,7 @@ class Fill:
                 # A segment that fills the whole slot writes into the slot's own view.
                 whole = segment.start == 0 and segment.shape == node.shape
                 region = spec if whole else TensorSpec(node.dtype, segment.shape, offset + segment.start * itemsize)
-                self.tasks.append((segment.fill, region, segment.payload, None))
+                self.tasks.append((segment.fill, region, segment.payload))
             return spec
         if type(node) is Value:
             self.values.append(node.value)
@@ -234,7 +210,7 @@ class Fill:
         ``pageable``: the caller knows ``buffer`` is plain host memory (a ``"plain"`` kind's).
 
         Raises:
-            Mismatch: a cached plan's copy failed (a shape that differs, say).
+            CollateError: a copy failed (what the walk checked let through: a value that changed).
         """
         views = Views(buffer, self.values, bulk=self.bulk, pageable=pageable)
         # Copies into the buffer are never part of a graph (``out=`` refuses one). The
@@ -243,13 +219,11 @@ class Fill:
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            for fill, spec, payload, owner in self.tasks:
+            for fill, spec, payload in self.tasks:
                 region = spec.region(views)
                 try:
                     fill(region, payload)
                 except Exception as exc:
-                    if owner is not None:
-                        raise Mismatch(*owner.blame(payload)) from exc
                     raise CollateError(f"cannot copy values into the batch: {exc}") from exc
         finally:
             torch._C._set_grad_enabled(grad)

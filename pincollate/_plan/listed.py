@@ -117,7 +117,7 @@ class ListRecipe(Recipe):
         wrap = self.wrap
         if self.stacks and not absent and len(distinct) == 1:
             stacked = place(fill, dtype, (len(shapes), *first), None if wrap is None else wrap(column[0]))
-            fill.tasks.append((stack_tensors, stacked, column, None))
+            fill.tasks.append((stack_tensors, stacked, column))
             return Part(stacked)
         if self.stacks and len(distinct) > 1:
             self.listed(shapes, absent)
@@ -136,7 +136,7 @@ class ListRecipe(Recipe):
         split = list(itertools.chain.from_iterable(zip(counts, gaps, strict=True)))
         pieces = aligned_pieces(column, counts, gaps, zero_rows(dtype, trailing, step))
         region = place(fill, dtype, (sum(split), *trailing))
-        fill.tasks.append((concat_tensors, region, pieces, None))
+        fill.tasks.append((concat_tensors, region, pieces))
         return Part(SplitSpec(region, split, shapes_out, absent, wraps))  # type: ignore[arg-type]  # a subclass's wrap is a Wrap
 
 
@@ -180,7 +180,7 @@ class ItemsRecipe(Recipe):
     ) -> Spec:
         """The items ``flat`` listed (:meth:`units`'s) in one region of the batch, filled by one ``torch.cat``: their spec."""
         region = place(fill, self.dtype, (sum(sizes),))
-        fill.tasks.append((concat_tensors, region, pieces, None))
+        fill.tasks.append((concat_tensors, region, pieces))
         return ItemsSpec(SplitSpec(region, sizes, units), groups)
 
     def arranged(

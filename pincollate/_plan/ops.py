@@ -57,7 +57,7 @@ class Op:
         self.path: Path = path
 
     def blame(self, payload: Any) -> tuple[Path, ...]:
-        """The key paths to plan carefully when this op's queued copy failed."""
+        """The key paths to plan carefully when this op's copy (in the plan's generated function) failed."""
         return (self.path,)
 
 

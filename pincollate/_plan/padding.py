@@ -27,7 +27,6 @@ __all__ = [
     "fill_mask_1d",
     "fill_padded",
     "fill_padded_1d",
-    "fill_padded_and_mask_1d",
     "nonempty",
     "pad_1d",
     "valid_1d",
@@ -127,20 +126,6 @@ def fill_padded_1d(
     """Values padded along one dimension ``dim`` (``payload``: values, their lengths, ``dim``)."""
     values, lengths, dim = payload
     pad_1d(region, values, lengths, dim, value, left, None)
-
-
-def fill_padded_and_mask_1d(
-    regions: tuple[torch.Tensor, torch.Tensor],
-    payload: tuple[Sequence[torch.Tensor], list[int], int],
-    *,
-    value: Any,
-    left: bool,
-) -> None:
-    """:func:`fill_padded_1d` and the field's mask (``regions``: both), the mask computed once."""
-    region, mask = regions
-    values, lengths, dim = payload
-    valid = valid_1d(lengths, mask.shape[1], left, out=mask.numpy())
-    pad_1d(region, values, lengths, dim, value, left, valid)
 
 
 def pad_1d(

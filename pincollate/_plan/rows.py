@@ -80,7 +80,7 @@ class Numbers:
             return None
         n, step = len(values), self.step
         region = place(fill, self.dtype, (n * step,))
-        fill.tasks.append((fill_spaced, region, values, None))
+        fill.tasks.append((fill_spaced, region, values))
         return SplitSpec(region, (1, step - 1) * n, ((),) * n)
 
 

@@ -94,7 +94,7 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
     stages: dict[str, Callable[[Any], Any]] = {
         f"baseline ({baseline_name})": baseline,
         "mm_collate": collate,
-        "check and place (plan.run)": check,
+        "guards and layout (no copy)": check,
         "check, place and copy": copies,
         "buffer: take and hand back": lambda batch: allocate(nbytes[id(batch)], kind),
         "build the batch": build,
@@ -115,9 +115,9 @@ def main_stages(scenario: str = "ragged", quick: bool = False) -> dict[str, Any]
                 best[key][name] = min(best[key].get(name, took), took)
     for key in runs:
         out = {name: best[key][name] for name in stages}
-        others = out["check and place (plan.run)"] + out["build the batch"]
-        out["copies (fill.execute)"] = max(out.pop("check, place and copy") - others, 0.0)
-        parts = ("check and place (plan.run)", "copies (fill.execute)", "buffer: take and hand back", "build the batch")
+        others = out["guards and layout (no copy)"] + out["build the batch"]
+        out["copies"] = max(out.pop("check, place and copy") - others, 0.0)
+        parts = ("guards and layout (no copy)", "copies", "buffer: take and hand back", "build the batch")
         out["rest"] = max(out["mm_collate"] - sum(out[name] for name in parts), 0.0)
         report[key] = out
     return report

@@ -22,17 +22,17 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     # ['audio']
     try:
         if set(map(type, c2)) != k7 or set(map(TENSOR_DTYPE, c2)) != k8:
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         s5 = list(map(TENSOR_SHAPE, c2))
         if 0 in chain(s5) and not plain_memory(c2):  # sparse, meta or accelerator: the careful error
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     if set(map(len, s5)) != k9:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     measured6 = k10.measure(s5)
     if measured6 is None:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     l3, d7, z8, _longer9 = measured6
     m4 = (d7, z8)
     # root

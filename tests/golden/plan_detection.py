@@ -29,19 +29,19 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     # ['boxes']
     try:
         if set(map(type, c3)) != k13 or set(map(TENSOR_DTYPE, c3)) != k14:
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         s4 = list(map(TENSOR_SHAPE, c3))
         if 0 in chain(s4) and not plain_memory(c3):  # sparse, meta or accelerator: the careful error
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     if set(map(len, s4)) != k15:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     r5, step11, t10, shaped14 = k16.geometry(s4)
     v15 = c3
     if shaped14 is not None:
         if not plain_memory(c3):
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         v15 = list(map(FLAT, c3))
     row13 = prod(t10) * 4
     zeros12 = k17(k18, t10, step11)
@@ -53,14 +53,14 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     # ['labels']
     try:
         if set(map(type, c16)) != k19 or set(map(TENSOR_DTYPE, c16)) != k20:
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         s17 = list(map(TENSOR_SHAPE, c16))
         if 0 in chain(s17) and not plain_memory(c16):  # sparse, meta or accelerator: the careful error
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     if set(map(len, s17)) != k21:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     r18 = list(map(FIRST, s17))
     g19 = gaps_to(r18, k22)  # rows of zeros after each value
     split20 = list(chain(zip(r18, g19, strict=True)))

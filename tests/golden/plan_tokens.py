@@ -22,7 +22,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     # ['input_ids']
     flat5 = number_tensor(c2)
     if flat5 is None or flat5.dtype not in k7:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     l3 = list(map(len, c2))
     joined6 = Joined(flat5, l3)  # the values, concatenated already
     m4 = max(l3)

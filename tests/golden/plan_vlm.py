@@ -22,40 +22,40 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     # ['input_ids']
     try:
         if set(map(type, c2)) != k7 or set(map(TENSOR_DTYPE, c2)) != k8:
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         s5 = list(map(TENSOR_SHAPE, c2))
         if 0 in chain(s5) and not plain_memory(c2):  # sparse, meta or accelerator: the careful error
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     if set(map(len, s5)) != k9:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     l3 = list(map(FIRST, s5))
     m4 = max(l3)
     c6 = list(cols1[1])
     # ['pixel_values']
     if set(map(type, c6)) - k10:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     n7 = list(map(len, c6))
     v8 = list(chain(c6))
     try:
         if not v8 or set(map(type, v8)) != k11 or set(map(TENSOR_DTYPE, v8)) != k12:
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
         s9 = list(map(TENSOR_SHAPE, v8))
         if not plain_memory(v8):  # sparse, meta or accelerator: the careful error
-            return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+            return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     except (TypeError, AttributeError, RuntimeError):  # not tensors; a nested tensor has no shape
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     if set(map(len, s9)) != k13:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     t10 = k14(s9[0])
     if set(map(k14, s9)) != {t10}:
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     t11 = tuple(s9[0][1:])
     r12 = list(map(FIRST, s9))
     m13 = (sum(r12), t11, len(v8))
     if m13[0] > INT32_MAX:  # Concat's int32 offsets cannot hold it: the careful error
-        return slow(samples, kind, slots, pin_slots, pin)  # the careful walk takes it
+        return slow(samples, kind, slots, pin_slots, pin, into)  # the careful walk takes it
     sized = k15.get((m4, m13,))
     if sized is None:
         sized = k16.get((m4, m13,))
