@@ -851,3 +851,26 @@ def test_the_walk_lists_a_column_of_plain_tensors_from_its_one_description(monke
             assert [value.tolist() for value in batch["x"]] == [sample["x"].tolist() for sample in samples]
         else:
             assert batch["x"].tolist() == torch.cat([sample["x"] for sample in samples]).tolist()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_many_short_rows_past_scatter_bytes_are_padded_by_one_masked_assignment(side, monkeypatch):
+    # 256 token rows of at most ~4 KiB (a large batch of text, 1 MB in all): the masked assignment,
+    # twice as fast here as one torch.cat of 512 pieces (a value and its padding per row), gives the
+    # same padded rows; long rows keep the cat.
+    from pincollate._plan import padding
+
+    generator = torch.Generator().manual_seed(0)
+    values = [
+        torch.randint(0, 1000, (int(n),), generator=generator)
+        for n in torch.randint(1, 512, (256,), generator=generator)
+    ]
+    lengths = [v.shape[0] for v in values]
+    size = max(lengths)
+    region = torch.empty(256, size, dtype=torch.int64)
+    assert region.numel() * 8 > padding.SCATTER_BYTES
+    monkeypatch.setattr(padding, "_pad_values", lambda *args: pytest.fail("the one-cat path for short rows"))
+    padding.pad_1d(region, values, lengths, 0, 7, side == "left", None)
+    for row, value in zip(region, values, strict=True):
+        gap = torch.full((size - value.shape[0],), 7)
+        assert torch.equal(row, torch.cat([gap, value]) if side == "left" else torch.cat([value, gap]))
