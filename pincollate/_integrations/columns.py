@@ -124,7 +124,7 @@ class ColumnCollate:
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
         samples = self._samples
-        fill = Fill(samples._planner, 0, 0, 0)
+        fill = Fill(samples._planner, 0, 0)
         keys: list[Hashable] = []
         specs: list[Spec] = []
         rows = None

@@ -157,7 +157,7 @@ class Plan:
         """The batch (``kind`` ``None``: its layout) as the careful walk makes it, whole."""
         if len(samples) != self.size:
             raise Mismatch()  # another batch size: another plan
-        fill = Fill(self.planner, 0, 1, 0)  # type: ignore[arg-type]
+        fill = Fill(self.planner, 1, 0)  # type: ignore[arg-type]
         self.op.run(samples, fill)  # type: ignore[attr-defined]
         layout = Layout(self.template, fill.offset, fill.parts)
         if kind is None:

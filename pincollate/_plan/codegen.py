@@ -324,7 +324,7 @@ def compile_parts(
     if walked:
         # The parts nothing reads at C speed, walked for this batch and placed after the others
         # (their values after the plan's); the layout is made at once with their parts.
-        w.line(1, f"walk = Fill({w.const(planner)}, 0, {nparts}, {end})")
+        w.line(1, f"walk = Fill({w.const(planner)}, {nparts}, {end})")
         w.line(1, "walk.values = values")
         for part, column in walked:
             w.line(1, f"{w.const(part)}.run({column}, walk)")
@@ -648,11 +648,15 @@ def _rows(w: _PlanWriter, op: CarefulOp, column: str, depth: int) -> None:
     recipe = op.recipe
     assert type(recipe) is PerSampleRecipe
     _comment(w, depth, op.path)
-    w.rows[op.index] = _member(w, op, recipe.column, column, depth, op.path)
+    w.rows[op.index] = _member(w, op, recipe.column, column, depth, op.path, w.size)
 
 
-def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, path: Path) -> Member:
-    """One place of a ``PerSample()`` subtree, its values the list ``column``: its guards and reads, by its kind."""
+def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, path: Path, size: int | None) -> Member:
+    """One place of a ``PerSample()`` subtree, its values the list ``column``: its guards and reads, by its kind.
+
+    ``size``: how many values ``column`` holds where the plan knows it (one a sample), else ``None``
+    (the items of lists, counted for each batch).
+    """
     if type(kind) is Rows:
         # One class, the planned keys in order and of the planned types, for every value (at C speed).
         w.line(
@@ -670,7 +674,7 @@ def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, p
         for j, (key, inner) in enumerate(zip(kind.keys, kind.columns, strict=True)):
             local = w.local("c")
             w.line(depth, f"{local} = {columns}[{j}]")
-            members.append(_member(w, op, inner, local, depth, (*path, key)))
+            members.append(_member(w, op, inner, local, depth, (*path, key), size))
         return ("rows", kind.keys, tuple(members), kind.cls)
     if type(kind) is Groups:
         # Lists (or tuples): all their items as one column, then each value's count of them.
@@ -681,7 +685,7 @@ def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, p
         w.line(depth, f"{flat} = list(chain({column}))")
         w.line(depth, f"if not {flat}:  # every list empty: nothing to read, the walk's")
         w.line(depth + 1, _SLOW)
-        return ("groups", _member(w, op, kind.items, flat, depth, (*path, ITEMS)), counts)
+        return ("groups", _member(w, op, kind.items, flat, depth, (*path, ITEMS), None), counts)
     if type(kind) is Values:
         # Strings, bytes, None: the samples' own, kept beside the buffer.
         _comment(w, depth, path)
@@ -697,10 +701,13 @@ def _member(w: _PlanWriter, op: CarefulOp, kind: Any, column: str, depth: int, p
         _comment(w, depth, path)
         w.line(depth, f"if set(map(type, {column})) != {w.const(kind.types)}:")
         w.line(depth + 1, _SLOW)
-        count, split, total = w.local("count"), w.local("split"), w.local("total")
-        w.line(depth, f"{count} = len({column})")
-        w.line(depth, f"{split} = {w.const((1, kind.step - 1))} * {count}")
-        w.line(depth, f"{total} = {kind.step} * {count}")
+        if size is not None:  # a number a sample: the region's split and size are the plan's
+            count, split, total = str(size), w.const((1, kind.step - 1) * size), w.const(kind.step * size)
+        else:  # a number an item: counted for each batch
+            count, split, total = w.local("count"), w.local("split"), w.local("total")
+            w.line(depth, f"{count} = len({column})")
+            w.line(depth, f"{split} = {w.const((1, kind.step - 1))} * {count}")
+            w.line(depth, f"{total} = {kind.step} * {count}")
         found = {
             "numbers": kind,
             "count": count,

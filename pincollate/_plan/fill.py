@@ -175,12 +175,12 @@ class Fill:
 
     __slots__ = ("bulk", "offset", "parts", "planner", "tasks", "values")
 
-    def __init__(self, planner: ColumnPlanner, nvalues: int, nparts: int, offset: int):
+    def __init__(self, planner: ColumnPlanner, nparts: int, offset: int):
         #: Tensors :meth:`execute` makes at once (a layout's fixed ones), where the caller knows them.
         self.bulk: Bulk | None = None
         self.planner: ColumnPlanner = planner
         self.tasks: list[tuple[Filler, Target, Any]] = []
-        self.values: list[Any] = [None] * nvalues
+        self.values: list[Any] = []
         self.parts: list[Part] = [None] * nparts  # type: ignore[list-item]
         self.offset: int = offset
 

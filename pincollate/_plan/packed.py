@@ -9,7 +9,6 @@ are one nested tensor. Anything else goes to the careful walk.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -18,7 +17,6 @@ import torch
 from .._batch.layout import Part, Spec, TensorSpec
 from .._batch.specs import JaggedSpec
 from .._batch.views import align
-from .ops import FIRST
 from .packing import Concat, Jagged
 from .recipe import Recipe, plain_tensors
 
@@ -31,14 +29,12 @@ class ConcatRecipe(Recipe):
     Under ``Jagged`` the values and their ``int64`` offsets are one nested tensor.
     """
 
-    __slots__ = ("containers", "counts_name", "item_offsets_name", "jagged", "offsets_name", "stack", "tail")
+    __slots__ = ("containers", "counts_name", "item_offsets_name", "jagged", "offsets_name", "stack")
 
     def __init__(
         self, dtype: torch.dtype, ndim: int, policy: Concat, name: Hashable, containers: frozenset[type] | None
     ):
         super().__init__(dtype, ndim)
-        # The trailing sizes of a shape, read at C speed.
-        self.tail = operator.itemgetter(*range(1, ndim)) if ndim > 1 else FIRST
         #: The classes of the per-sample lists of items; ``None``: one tensor per sample.
         self.containers = containers
         self.jagged = isinstance(policy, Jagged)
