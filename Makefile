@@ -53,7 +53,7 @@ demo: $(DEMO)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), well under a minute.
+## The quick loop: everything but the multi-process tests (workers, torchrun, notebooks), about a minute on 2 cores.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q -p no:cacheprovider
 
