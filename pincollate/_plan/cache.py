@@ -28,7 +28,7 @@ from .._batch.batch import carries, make_batch
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
-from .._types.kinds import MAPPING, SEQUENCE, kind_of
+from .._types.kinds import LISTS, MAPPING, SEQUENCE, kind_of
 from .._types.leaves import lookup
 from .careful import Planner
 from .codegen import CompiledPlan, compile_parts, compile_whole, is_listed, is_sized
@@ -334,6 +334,12 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         return cls
     if cls is list and not shapes:  # a list's length, like a shape, may change with every batch (a tuple's keeps)
         return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if value else None)
+    if cls in LISTS:
+        classes = _flat_classes(value)
+        if classes is not None and not _careful_below(careful, path):
+            # Numbers or strings only (a list of token ids): each one's signature is its class,
+            # read at C speed; _varying reads such a tuple child by child.
+            return (cls, _FLAT, classes)
     if kind is MAPPING:
         return (
             cls,
@@ -353,6 +359,26 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
     )
 
 
+#: The classes whose signature is the class itself, and that hold no container.
+_FLAT_LEAVES = frozenset((*NUMBERS, *KEPT_VALUES))
+#: Marks the signature of a list or tuple of such values: ``(cls, _FLAT, their classes)``.
+_FLAT = object()
+
+
+def _flat_classes(value: list[Any] | tuple[Any, ...]) -> tuple[type, ...] | None:
+    """The classes of a list's values where all are numbers or strings (no container among them), else ``None``."""
+    classes = tuple(map(type, value))
+    if classes and classes.count(classes[0]) == len(classes):  # one class (token ids): the common case
+        return classes if classes[0] in _FLAT_LEAVES else None
+    return classes if _FLAT_LEAVES.issuperset(classes) else None
+
+
+def _careful_below(careful: set[Path], path: Path) -> bool:
+    """Whether a careful path lies below ``path`` (where a container's children are not looked into)."""
+    depth = len(path)
+    return any(len(known) > depth and known[:depth] == path for known in careful)
+
+
 def _varying(before: object, now: object, path: Path) -> list[Path]:
     """The key paths where two signatures of one structure differ: a tensor's shape, a list's length.
 
@@ -361,6 +387,17 @@ def _varying(before: object, now: object, path: Path) -> list[Path]:
     """
     if before == now:
         return []
+    if (
+        type(before) is tuple
+        and type(now) is tuple
+        and len(before) == len(now) == 3
+        and before[1] is _FLAT
+        and now[1] is _FLAT
+        and before[0] == now[0]
+        and len(before[2]) == len(now[2])
+    ):
+        # A list of numbers or strings whose length kept: the places whose class changed.
+        return [(*path, i) for i, (a, b) in enumerate(zip(before[2], now[2], strict=True)) if a is not b]
     if (
         type(before) is tuple
         and type(now) is tuple
@@ -383,6 +420,8 @@ def _refers_to_itself(value: Any, open_: set[int] | None = None, depth: int = 0)
     cls = type(value)
     if cls is torch.Tensor or cls in NUMBERS or cls in KEPT_VALUES or lookup(cls) is not None or depth > MAX_DEPTH:
         return False
+    if cls in LISTS and _flat_classes(value) is not None:
+        return False  # numbers or strings only (token ids), read at C speed
     kind = kind_of(value)
     if kind is None:
         return False
