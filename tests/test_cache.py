@@ -963,3 +963,22 @@ def test_a_token_list_whose_id_class_changes_learns_that_place_only():
         assert_same(out, default_collate(batch))
     assert ("ids", 1) in collate._plans.careful and ("ids",) not in collate._plans.careful
     assert ("ids", 0) not in collate._plans.careful
+
+
+def test_the_walk_checks_dicts_of_one_key_set_at_c_speed_and_still_names_a_fault(monkeypatch):
+    # A batch of plain dicts with the same keys: no per-sample Python check (a new structure's
+    # first batch, and every batch with compile=False); anything else is checked sample by sample.
+    import pincollate._plan.containers as containers
+
+    asked = []
+    real = containers.kind_of
+    monkeypatch.setattr(containers, "kind_of", lambda value: asked.append(1) or real(value))
+    samples = [{"b": torch.full((2,), float(i)), "a": i, "c": {"x": i}} for i in range(16)]
+    samples[3] = {"c": {"x": 3}, "a": 3, "b": torch.full((2,), 3.0)}  # another key order: the same keys
+    collate = MMCollate(pin_memory=False, compile=False)
+    assert_same(collate(samples), default_collate(samples))
+    assert asked == []
+    bad = [*samples[:5], {"a": 5, "b": torch.zeros(2), "d": {"x": 5}}]
+    with pytest.raises(CollateError, match=r"sample 5 at root: keys differ .*missing keys \['c'\]; extra keys \['d'\]"):
+        collate(bad)
+    assert asked

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections.abc as abc
 import dataclasses
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from .._errors import Attr
@@ -34,6 +34,13 @@ from .items import (
 __all__ = ["ContainerWalk"]
 
 
+def _same_dicts(values: Sequence[Any], keys: abc.Set[Hashable]) -> bool:
+    """Whether every value is a ``dict`` with ``keys`` (as sets: the walk's own test), read at C speed."""
+    if set(map(type, values)) != {dict}:
+        return False
+    return all(map(keys.__eq__, map(dict.keys, values)))
+
+
 class ContainerWalk(ItemWalk):
     """Mappings, namedtuples, dataclasses and sequences, each checked across the batch."""
 
@@ -41,6 +48,14 @@ class ContainerWalk(ItemWalk):
         first = next(v for v in values if v is not None) if self.missing else values[0]
         keys = list(first.keys())
         first_keys: abc.Set[Hashable] = first.keys()
+        if not self.missing and _same_dicts(values, first_keys):
+            # Dicts with the same keys (the common batch), checked at C speed; each column read
+            # in one pass over the samples.
+            if len(keys) < 2:  # itemgetter of one key gives the value, not a tuple of one
+                columns: Iterable[Sequence[Any]] = [list(map(operator.itemgetter(key), values)) for key in keys]
+            else:
+                columns = map(list, zip(*map(operator.itemgetter(*keys), values), strict=True))
+            return self._mapping_of(first, keys, columns, path, origins, depth, items)
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
@@ -64,14 +79,25 @@ class ContainerWalk(ItemWalk):
                 )
         if self.missing:
             keys = union_keys(values)
+            columns = ([None if v is None else v.get(key) for v in values] for key in keys)
+        else:
+            columns = (list(map(operator.itemgetter(key), values)) for key in keys)
+        return self._mapping_of(first, keys, columns, path, origins, depth, items)
+
+    def _mapping_of(
+        self,
+        first: Any,
+        keys: list[Hashable],
+        columns: Iterable[Sequence[Any]],
+        path: Path,
+        origins: Origins,
+        depth: int,
+        items: bool,
+    ) -> Node:
+        """The mapping's node: each key's ``column`` (one value per sample) planned, with the extras of its policy."""
         out_keys: list[Hashable] = []
         children: list[Node] = []
-        for key in keys:
-            column = (
-                [None if v is None else v.get(key) for v in values]
-                if self.missing
-                else list(map(operator.itemgetter(key), values))
-            )
+        for key, column in zip(keys, columns, strict=True):
             child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
             out_keys.append(self.renames.key((*path, key)))
             children.append(child)
