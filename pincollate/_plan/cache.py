@@ -17,6 +17,7 @@ and the batch is planned again: at most two plans for any batch.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -336,7 +337,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if value else None)
     if cls in LISTS:
         classes = _flat_classes(value)
-        if classes is not None and not _careful_below(careful, path):
+        if classes is not None and not _careful_child(careful, path):
             # Numbers or strings only (a list of token ids): each one's signature is its class,
             # read at C speed; _varying reads such a tuple child by child.
             return (cls, _FLAT, classes)
@@ -373,10 +374,17 @@ def _flat_classes(value: list[Any] | tuple[Any, ...]) -> tuple[type, ...] | None
     return classes if _FLAT_LEAVES.issuperset(classes) else None
 
 
-def _careful_below(careful: set[Path], path: Path) -> bool:
-    """Whether a careful path lies below ``path`` (where a container's children are not looked into)."""
+def _careful_child(careful: set[Path], path: Path) -> bool:
+    """Whether a value directly under ``path`` is careful (its signature is then not its class)."""
     depth = len(path)
-    return any(len(known) > depth and known[:depth] == path for known in careful)
+    return any(len(known) == depth + 1 and known[:depth] == path for known in careful)
+
+
+def _per_place(signature: object) -> object:
+    """A list of numbers or strings' signature as any sequence's: ``(cls, (int, i, class), ...)``; else ``signature``."""
+    if type(signature) is tuple and len(signature) == 3 and signature[1] is _FLAT:
+        return (signature[0], *zip(itertools.repeat(int), range(len(signature[2])), signature[2]))
+    return signature
 
 
 def _varying(before: object, now: object, path: Path) -> list[Path]:
@@ -387,17 +395,9 @@ def _varying(before: object, now: object, path: Path) -> list[Path]:
     """
     if before == now:
         return []
-    if (
-        type(before) is tuple
-        and type(now) is tuple
-        and len(before) == len(now) == 3
-        and before[1] is _FLAT
-        and now[1] is _FLAT
-        and before[0] == now[0]
-        and len(before[2]) == len(now[2])
-    ):
-        # A list of numbers or strings whose length kept: the places whose class changed.
-        return [(*path, i) for i, (a, b) in enumerate(zip(before[2], now[2], strict=True)) if a is not b]
+    # A list of numbers or strings is read place by place, as every other sequence is (the
+    # other signature may be one whose places hold something else, or no such list at all).
+    before, now = _per_place(before), _per_place(now)
     if (
         type(before) is tuple
         and type(now) is tuple
