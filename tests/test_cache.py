@@ -1027,3 +1027,32 @@ def test_a_token_list_with_one_float_and_an_epochs_last_batch_keeps_the_list_com
     for b in (batch(4), batch(4), batch(8), batch(8), batch(8, 4), batch(8, 4), batch(4), batch(4)):
         assert_same(collate(b), default_collate(b))
     assert collate._plans.careful == {("ids", 4)}
+
+
+def test_an_empty_list_keeps_its_plan_whatever_was_learnt_below_it_elsewhere():
+    # ('e', 0) learnt where another structure held tensors of changing shapes at e: a batch whose
+    # e is empty finds its plan again, and the list itself is not made careful.
+    collate = MMCollate(pin_memory=False)
+    empty = [{"e": [], "x": torch.zeros(2)} for _ in range(2)]
+    two = [{"e": [torch.zeros(2)], "x": torch.zeros(2)} for _ in range(2)]
+    three = [{"e": [torch.zeros(3)], "x": torch.zeros(2)} for _ in range(2)]
+    for batch in (empty, empty, two, two, three, three):
+        collate(batch)
+    planned = collate._plans.planned
+    for _ in range(3):
+        assert_same(collate(empty), default_collate(empty))
+    assert collate._plans.planned == planned
+    assert collate._plans.careful == {("e", 0)}
+
+
+def test_empty_token_lists_after_an_absent_id_keep_the_list_compiled():
+    collate = MMCollate(pin_memory=False, missing="none")
+    empty = [{"ids": [], "label": 1} for _ in range(2)]
+    ids = [{"ids": [1, 2, 3], "label": 1} for _ in range(2)]
+    absent = [{"ids": [1, 2, 3], "label": 1}, {"ids": [None, 2, 3], "label": 1}]
+    for batch in (empty, empty, ids, ids, absent, absent):
+        collate(batch)
+    planned = collate._plans.planned
+    for batch in (empty, empty, ids, ids):
+        collate(batch)
+    assert collate._plans.careful == {("ids", 0)} and collate._plans.planned == planned

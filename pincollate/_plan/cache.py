@@ -337,7 +337,7 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         return (cls, _signature(value[0], (*path, 0), careful, items, depth, shapes) if value else None)
     if cls in LISTS:
         classes = _flat_classes(value)
-        if classes is not None and not _careful_child(careful, path):
+        if classes is not None and not _careful_child(careful, path, len(classes)):
             # Numbers or strings only (a list of token ids): each one's signature is its class,
             # read at C speed; _varying reads such a tuple child by child.
             return (cls, _FLAT, classes)
@@ -374,10 +374,17 @@ def _flat_classes(value: list[Any] | tuple[Any, ...]) -> tuple[type, ...] | None
     return classes if _FLAT_LEAVES.issuperset(classes) else None
 
 
-def _careful_child(careful: set[Path], path: Path) -> bool:
-    """Whether a value directly under ``path`` is careful (its signature is then not its class)."""
-    depth = len(path)
-    return any(len(known) == depth + 1 and known[:depth] == path for known in careful)
+def _careful_child(careful: set[Path], path: Path, length: int) -> bool:
+    """Whether a place of the sequence of ``length`` at ``path`` is careful (its signature is then not its class).
+
+    Only a place the sequence has counts: a careful path learnt where another structure held
+    something longer (or a mapping) there says nothing about it.
+    """
+    depth = len(path) + 1
+    return any(
+        len(known) == depth and type(place := known[-1]) is int and 0 <= place < length and known[:-1] == path
+        for known in careful
+    )
 
 
 def _per_place(signature: object) -> object:
@@ -398,6 +405,8 @@ def _varying(before: object, now: object, path: Path) -> list[Path]:
     # A list of numbers or strings is read place by place, as every other sequence is (the
     # other signature may be one whose places hold something else, or no such list at all).
     before, now = _per_place(before), _per_place(now)
+    if before == now:  # an empty list read both ways
+        return []
     if (
         type(before) is tuple
         and type(now) is tuple
