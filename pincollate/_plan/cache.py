@@ -400,12 +400,10 @@ def _varying(before: object, now: object, path: Path) -> list[Path]:
     Containers that agree in class and keys are looked into; the root never counts (a whole
     batch walked is no plan).
     """
-    if before == now:
-        return []
     # A list of numbers or strings is read place by place, as every other sequence is (the
     # other signature may be one whose places hold something else, or no such list at all).
     before, now = _per_place(before), _per_place(now)
-    if before == now:  # an empty list read both ways
+    if before == now:
         return []
     if (
         type(before) is tuple
