@@ -48,6 +48,34 @@ def test_extra_outputs_must_not_clash_with_keys():
         MMCollate(fields={"ids": Pad()})(samples)
 
 
+@pytest.mark.parametrize("compile", [True, False])
+def test_two_fields_whose_extras_take_one_name_are_refused_in_every_batch(compile):
+    # The second field takes the policy only once its values are all tensors: a collate that
+    # compiled the structure while it did not must still refuse the batch, not put one mask over the other.
+    import numpy as np
+
+    collate = MMCollate(compile=compile, ragged=Pad(mask_key="m", lengths_key=None))
+    mixed = [{"a": torch.ones(4, 3), "b": torch.arange(3)}, {"a": torch.ones(4, 3), "b": np.arange(3)}]
+    tensors = [{"a": torch.ones(4, 3), "b": torch.arange(3)}, {"a": torch.ones(4, 3), "b": torch.arange(3)}]
+    for _ in range(3):
+        assert collate(mixed)["m"].shape == (2, 4)  # only a is padded: no clash
+    for _ in range(3):
+        with pytest.raises(CollateError, match="extra output 'm' of field 'b' clashes"):
+            collate(tensors)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_key_renamed_to_an_extra_name_or_to_another_key_is_refused(compile):
+    onto_extra = MMCollate(compile=compile, fields={"a": Pad(mask_key="m")}, rename={"x": "m"})
+    onto_key = MMCollate(compile=compile, rename={"a": "b"})
+    for _ in range(3):  # nothing dropped, however many times the structure comes
+        with pytest.raises(CollateError, match="extra output 'm' of field 'a' clashes"):
+            onto_extra([{"a": torch.ones(2), "x": 1}, {"a": torch.ones(3), "x": 2}])
+        with pytest.raises(CollateError, match=r"rename gives the keys \['a', 'b'\] one name, 'b'") as info:
+            onto_key([{"a": torch.ones(2), "b": 1}, {"a": torch.ones(2), "b": 2}])
+        assert info.value.path == ()
+
+
 def test_a_pattern_that_matched_but_lost_is_not_reported():
     collate = MMCollate(fields={"*.x": Pad(), "a.x": AsList()})
     out = collate([{"a": {"x": torch.zeros(2)}}, {"a": {"x": torch.zeros(3)}}])  # warnings are errors here

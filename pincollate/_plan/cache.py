@@ -285,8 +285,15 @@ class Plans:
             # The careful walk for the whole batch: asked for (compile=False), or it names
             # where the sample refers to itself, whatever was planned before.
             careful.add(())
+        known = set(careful)
         template = Template(self.settings, careful, self.planner)
         spec, op = template.plan(samples, (), None)
+        while template.clashing - known:
+            # A mapping whose parts may give extras of one name: walked for each batch, as a part.
+            known |= template.clashing
+            careful = set(known)
+            template = Template(self.settings, careful, self.planner)
+            spec, op = template.plan(samples, (), None)
         plan = Plan(spec, op, template.offset, template.nvalues, template.nparts, len(samples), self.planner)
 
         def commit() -> None:

@@ -94,18 +94,29 @@ class ContainerWalk(ItemWalk):
         depth: int,
         items: bool,
     ) -> Node:
-        """The mapping's node: each key's ``column`` (one value per sample) planned, with the extras of its policy."""
+        """The mapping's node: each key's ``column`` (one value per sample) planned, with the extras of its policy.
+
+        No output name is given twice: an extra output takes no key's name (the sample's or
+        the renamed one) nor another extra's, and ``rename`` gives no two keys one name.
+        """
+        renamed = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
+        taken = {*keys, *renamed}
+        if renamed is not keys and len(set(renamed)) < len(renamed):
+            name = next(name for j, name in enumerate(renamed) if name in renamed[:j])
+            named = [key for key, out in zip(keys, renamed, strict=True) if out == name]
+            raise self._error(f"rename gives the keys {named} one name, {name!r}", 0, path, origins)
         out_keys: list[Hashable] = []
         children: list[Node] = []
-        for key, column in zip(keys, columns, strict=True):
+        for key, out_key, column in zip(keys, renamed, columns, strict=True):
             child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
-            out_keys.append(self.renames.key((*path, key)))
+            out_keys.append(out_key)
             children.append(child)
             for name, extra_node in extras.items():
-                if name in keys or name in out_keys:
+                if name in taken:
                     raise self._error(
                         f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins
                     )
+                taken.add(name)
                 out_keys.append(name)
                 children.append(extra_node)
         return Tree(mapping_of(first, out_keys), children)

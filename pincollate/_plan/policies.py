@@ -47,6 +47,18 @@ class Policy:
     #: with no policy): the plan then gives them a fixed slot and plans the field for a
     #: batch only where they do not agree.
     fixed_when_uniform = False
+    #: The attributes naming the extra outputs (``"{key}_lengths"``-style templates, or ``None``).
+    extra_keys: tuple[str, ...] = ()
+
+    def extra_names(self, name: Hashable) -> frozenset[str]:
+        """Every name an extra output beside field ``name`` can take, whatever the batch holds.
+
+        Examples:
+            >>> sorted(Pad(mask_key="attention_mask").extra_names("ids"))
+            ['attention_mask', 'ids_lengths']
+        """
+        names = (self._extra_name(getattr(self, attribute), name) for attribute in self.extra_keys)
+        return frozenset(extra for extra in names if extra is not None)
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         """Return the field's node and its extra outputs keyed by their names.
@@ -193,6 +205,7 @@ class Pad(Policy):
     """
 
     numbers_as_sequence = True
+    extra_keys = ("lengths_key", "mask_key")
 
     def __init__(
         self,

@@ -69,6 +69,8 @@ class Template:
         self.offset = 0
         self.nvalues = 0
         self.nparts = 0
+        #: Mappings two of whose parts may give an extra output of one name: planned again as parts.
+        self.clashing: set[Path] = set()
 
     def take(self, nbytes: int) -> int:
         offset = self.offset
@@ -290,8 +292,13 @@ class Template:
                 gathered.append(key)
         columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
         names = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
-        specs, singles, blocks = self.fields(columns, path, gathered, frozenset(names))
+        if len(set(names)) < len(names):
+            return self.part(path, siblings, column)  # two keys renamed alike: the careful walk refuses it
+        # An extra output takes neither a key's name nor its new one (the walk's rule).
+        specs, singles, blocks = self.fields(columns, path, gathered, frozenset((*keys, *names)))
         children = dict(zip(gathered, specs, strict=True))
+        if self._extras_may_clash(path, [key for key in gathered if type(children[key]) is PartSpec]):
+            self.clashing.add(path)
         number_ops = []
         n = len(column)
         for (cls, dtype), group in numbers.items():
@@ -306,6 +313,29 @@ class Template:
             number_ops.append(NumbersOp(path, cls, group, block))
         spec = mapping_of(first, names)([children[key] for key in keys])
         return spec, MappingOp(path, type(first), keys, gathered, singles, blocks, number_ops, self.missing)
+
+    def _extras_may_clash(self, path: Path, parts: Sequence[Hashable]) -> bool:
+        """Whether two of a mapping's parts (its keys ``parts``) may give extra outputs of one name.
+
+        Each part checks its extras against the mapping's keys, not against another part's: a
+        policy with a fixed extra name (``ragged=Pad(mask_key="mask")``) on two fields would put
+        one mask over the other. Such a mapping is walked for each batch, which names the clash
+        where it happens. Read from the policies, so a part that takes its policy only in some
+        batches counts too.
+        """
+        seen: set[str] = set()
+        for key in parts:
+            child = (*path, key)
+            policy = self.rules.lookup(child) if self.rules else None
+            if policy is None:
+                policy = self.default
+            if policy is None:
+                continue
+            names = policy.extra_names(self.renames.key(child) if self.renames else key)
+            if not seen.isdisjoint(names):
+                return True
+            seen.update(names)
+        return False
 
 
 def _shapes_differ(column: Sequence[Any]) -> bool:
