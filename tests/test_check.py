@@ -14,7 +14,7 @@ import pickle
 import pytest
 import torch
 
-from pincollate import AsList, MMCollate, mm_collate
+from pincollate import AsList, MMCollate, Pad, mm_collate
 from samples import assert_same
 
 
@@ -147,3 +147,18 @@ def test_a_jagged_field_remade_with_lengths_loses_the_layout_and_is_saved_as_it_
     assert batch.layout is None
     for again in (pickle.loads(pickle.dumps(batch)), _saved_and_loaded(batch)):
         assert [row.tolist() for row in again["x"].unbind()] == [[0.0], [0.0, 1.0]]
+
+
+@pytest.mark.parametrize("moved", [("x",), ("sub", "x"), ("sub", "ids_lengths")], ids=["top", "nested", "extra"])
+def test_a_key_put_back_last_loses_the_layout_and_keeps_the_order_it_has(moved):
+    # Same values, same key set: only the order says the batch changed.
+    samples = [{"x": torch.ones(2), "sub": {"x": torch.ones(2), "y": i, "ids": torch.arange(i + 1)}} for i in range(2)]
+    batch = MMCollate(pin_memory=False, fields={"sub.ids": Pad()})(samples)
+    assert batch.layout is not None
+    mapping = batch["sub"] if len(moved) == 2 else batch
+    mapping[moved[-1]] = mapping.pop(moved[-1])
+    assert list(mapping)[-1] == moved[-1]
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
+        assert list(again) == list(batch) and list(again["sub"]) == list(batch["sub"])
+        assert_same(again, batch)

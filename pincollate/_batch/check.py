@@ -32,6 +32,9 @@ __all__ = ["Carried", "carried", "is_batch"]
 
 Carried = tuple[Layout, torch.Tensor, list[Any]]
 
+#: What an exhausted iterator of keys gives: no key compares equal to it.
+_END = object()
+
 
 def is_batch(obj: Any) -> bool:
     """Whether ``obj`` was made as a batch with a layout (:func:`carried` says if it still matches it)."""
@@ -191,22 +194,22 @@ class _Check:
     def _mapping(self, spec: MappingSpec, obj: Any) -> bool:
         if kind_of(obj) is not MAPPING:
             return False
-        count = 0
+        # The keys in the layout's order too: a key popped and set again puts it last, and the
+        # batch then pickles and moves in its own order, leaf by leaf.
+        keys = iter(obj)
         for key, child in zip(spec.keys, spec.children, strict=True):
-            if key not in obj:
+            if next(keys, _END) != key:
                 return False
-            count += 1
             if type(child) is PartSpec:
                 part = self.parts[child.index]
                 if not self.matches(part.node, obj[key]):
                     return False
                 for name, extra in part.extras:
-                    count += 1
-                    if name not in obj or not self.matches(extra, obj[name]):
+                    if next(keys, _END) != name or not self.matches(extra, obj[name]):
                         return False
             elif not self.matches(child, obj[key]):
                 return False
-        return len(obj) == count
+        return next(keys, _END) is _END
 
 
 def _same_value(obj: Any, value: Any) -> bool:
