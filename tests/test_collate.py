@@ -449,21 +449,48 @@ def test_a_batch_with_two_faults_gets_the_careful_walk_s_error_from_a_compiled_p
         compiled.plan(batches[-1])
 
 
-def test_a_failing_batch_warns_of_a_listed_sibling_as_the_careful_walk_does():
+@pytest.mark.parametrize("faulty", ["x", "n"])
+def test_a_failing_batch_warns_of_no_listed_sibling_and_a_later_batch_does(faulty):
+    # 'f' newly ragged (a per-sample list, warned of); 'x' items that do not stack, or 'n' an int
+    # past int64 (read after the other fields by a compiled plan, before 'x' by the walk): an error.
+    # A failed batch warns of nothing, so the field is warned of by the next batch that collates.
     fields = {"x": pincollate.Concat(items="stack")}
 
-    def sample(f: torch.Tensor, x: torch.Tensor) -> dict:
-        return {"f": f, "x": x}
+    def sample(f: torch.Tensor, x: torch.Tensor, n: int = 1) -> dict:
+        return {"n": n, "f": f, "x": x}
 
     first = [sample(torch.ones(3), torch.tensor([[1, 2]])), sample(torch.ones(3), torch.tensor([[3, 4]]))]
-    # 'f' newly ragged (a per-sample list, warned of), 'x' items that do not stack (an error).
-    second = [sample(torch.ones(3), torch.tensor([[1, 2], [3, 4]])), sample(torch.zeros(4), torch.zeros(0, 2))]
+    bad_x = [sample(torch.ones(3), torch.tensor([[1, 2], [3, 4]])), sample(torch.zeros(4), torch.zeros(0, 2))]
+    bad_n = [sample(torch.ones(3), torch.tensor([[1, 2]]), 2**70), sample(torch.zeros(4), torch.tensor([[3, 4]]))]
+    ragged = [sample(torch.ones(3), torch.tensor([[1, 2]])), sample(torch.zeros(4), torch.tensor([[3, 4]]))]
     compiled = MMCollate(pin_memory=False, fields=fields)
     careful = MMCollate(pin_memory=False, fields=fields, compile=False)
-    for batch in (first, first, second):
+    outcomes = []
+    for batch in (first, first, first, bad_x if faulty == "x" else bad_n, ragged, ragged):
         ours, theirs = _outcome(compiled, batch), _outcome(careful, batch)
         assert ours == theirs
-    assert ours[0] != "ok" and any("['f'] holds values of different shapes" in said for said in ours[1])
+        outcomes.append(ours)
+    failed, warned, quiet = outcomes[3:]
+    assert failed[0] != "ok" and failed[1] == []
+    assert warned[0] == "ok" and len(warned[1]) == 1 and "['f'] holds values of different shapes" in warned[1][0]
+    assert quiet == ("ok", [])
+
+
+def test_fields_listed_in_one_batch_are_warned_of_in_key_path_order_whatever_reads_them_first():
+    # A compiled plan reads a listed field beside a block of numbers, and a nested one, in its own order.
+    samples = [{"b": torch.zeros(i + 1), "a": {"z": torch.zeros(i + 2)}, "c": torch.zeros(2 - i)} for i in range(2)]
+    same = [{"b": torch.zeros(1), "a": {"z": torch.zeros(2)}, "c": torch.zeros(2)} for _ in range(2)]
+    for compile in (True, False):
+        collate = MMCollate(pin_memory=False, compile=compile)
+        for _ in range(3):
+            assert _outcome(collate, same) == ("ok", [])
+        said, messages = _outcome(collate, samples)
+        assert said == "ok"
+        assert [message.split(" holds")[0] for message in messages] == [
+            "pincollate: ['a']['z']",
+            "pincollate: ['b']",
+            "pincollate: ['c']",
+        ]
 
 
 @pytest.mark.parametrize("compile", [True, False])

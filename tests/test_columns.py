@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 import pytest
@@ -251,6 +252,27 @@ def test_a_value_the_batch_cannot_hold_names_its_row_and_the_next_batch_is_colla
 def test_an_extra_output_that_clashes_with_a_column_is_an_error():
     with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes"):
         ColumnCollate(pin_memory=False, fields={"ids": Pad()})({"ids": _ragged(), "ids_lengths": np.arange(3)})
+
+
+def test_a_column_renamed_onto_another_or_onto_an_extra_output_is_an_error():
+    # Nothing dropped: each would have put one column over another.
+    with pytest.raises(CollateError, match=r"rename gives the columns \['a', 'b'\] one name, 'b'"):
+        ColumnCollate(pin_memory=False, rename={"a": "b"})({"a": np.zeros(3), "b": np.ones(3)})
+    with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes"):
+        ColumnCollate(pin_memory=False, fields={"ids": Pad()}, rename={"n": "ids_lengths"})(
+            {"ids": _ragged(), "n": np.arange(3)}
+        )
+
+
+def test_a_batch_that_fails_warns_of_no_ragged_column():
+    collate = ColumnCollate(pin_memory=False)
+    ragged = _ragged()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning here fails the test
+        with pytest.raises(CollateError, match="rows"):
+            collate({"ids": ragged, "short": np.arange(2)})
+    with pytest.warns(RaggedFieldWarning, match=r"\['ids'\] holds values"):
+        collate({"ids": ragged, "n": np.arange(3)})
 
 
 # --- settings that match nothing, None rows ----------------------------------------------

@@ -88,6 +88,7 @@ def test_a_field_turning_ragged_in_a_cached_plan_warns_from_its_recipe():
     _, quiet = _warned(lambda: [collate(_ragged(2, 2)) for _ in range(3)])
     _, turned = _warned(collate, _ragged(2, 3))
     assert quiet == [] and len(turned) == 1 and "(2, 2) in sample 0 and (3, 2) in sample 1" in turned[0]
+    assert _warned(collate, _ragged(2, 3))[1] == []
     recipes = [op.recipe for _, op, _ in collate._plans.last.op.singles if getattr(op, "recipe", None)]
     assert recipes and all(recipe.fallback.done for recipe in recipes)  # a flag check per batch from now on
 

@@ -150,10 +150,12 @@ class MMCollate:
         self._renames = Renames(self.rename)
         self._reported: set[str] = set()
         self._lock = threading.Lock()
+        #: The fields warned of as per-sample lists: warned once a batch is made (a failed one warns of none).
+        self._fallbacks = Fallbacks()
         settings = Settings(
             self._rules,
             self._renames,
-            Fallbacks(),
+            self._fallbacks,
             ragged,
             missing=missing == "none",
             items=sequences == "items",
@@ -185,33 +187,51 @@ class MMCollate:
         layout is the walk's; a later batch's is the compiled plan's.
         """
         try:
-            return self._through_plans(_samples(batch), None)  # type: ignore[no-any-return]
-        except CollateError as error:
-            walked = self._walked_error(batch, error)
-            if walked is error:
-                raise
-            raise walked from None
+            layout: Layout = self._through_plans(_samples(batch), None)
+        except BaseException as error:
+            self._failed(batch, error)
+            raise
+        if self._fallbacks.waiting:
+            self._fallbacks.flush()
+        return layout
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
         try:
             kind = resolve_kind(self.pin_memory)
             if type(batch) is not list or not batch:
-                return self._through_plans(_samples(batch), kind)
-            last = self._plans.last
-            if last is not None and kind != "shared":
-                # A run of batches of one structure: straight to the last plan's function, which
-                # checks the batch completely as it runs.
-                try:
-                    return last.compiled.run(batch, kind, 0, self.pin_slots, None)
-                except Mismatch as mismatch:
-                    return self._through_plans(batch, kind, (last, mismatch.paths))
-            return self._through_plans(batch, kind)
-        except CollateError as error:
-            walked = self._walked_error(batch, error)
-            if walked is error:
-                raise
-            raise walked from None
+                out = self._through_plans(_samples(batch), kind)
+            else:
+                last = self._plans.last
+                if last is not None and kind != "shared":
+                    # A run of batches of one structure: straight to the last plan's function, which
+                    # checks the batch completely as it runs.
+                    try:
+                        out = last.compiled.run(batch, kind, 0, self.pin_slots, None)
+                    except Mismatch as mismatch:
+                        out = self._through_plans(batch, kind, (last, mismatch.paths))
+                else:
+                    out = self._through_plans(batch, kind)
+        except BaseException as error:
+            self._failed(batch, error)
+            raise
+        if self._fallbacks.waiting:  # warned once the batch is made, whichever field its code read first
+            self._fallbacks.flush()
+        return out
+
+    def _failed(self, batch: Sequence[Any], error: BaseException) -> None:
+        """A batch failed with ``error``: it warns of none of its fields, and a ``CollateError`` is the walk's.
+
+        Raises the careful walk's error where it differs from ``error`` (see :meth:`_walked_error`);
+        returns where the caller re-raises ``error``.
+        """
+        try:
+            if isinstance(error, CollateError):
+                walked = self._walked_error(batch, error)
+                if walked is not error:
+                    raise walked from None
+        finally:
+            self._fallbacks.drop()  # what this batch's code, or the walk of it, reported
 
     def _walked_error(self, batch: Sequence[Any], error: CollateError) -> CollateError:
         """The error the careful walk of the whole batch gives (``compile=False``'s), else ``error``.

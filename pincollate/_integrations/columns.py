@@ -119,6 +119,17 @@ class ColumnCollate:
         ``batch`` maps column names to arrays; a ``pyarrow.Table`` is read from Arrow's
         buffers (a ragged column's rows as one flat tensor, no array per row).
         """
+        fallbacks = self._samples._fallbacks
+        try:
+            made = self._collate(batch)
+        except BaseException:
+            fallbacks.drop()  # a batch that fails warns of none of its columns
+            raise
+        if fallbacks.waiting:
+            fallbacks.flush()
+        return made
+
+    def _collate(self, batch: Mapping[str, Any]) -> Any:
         if is_arrow_table(batch):
             batch = arrow_columns(batch)
         if not isinstance(batch, Mapping) or not batch:
@@ -128,19 +139,26 @@ class ColumnCollate:
         keys: list[Hashable] = []
         specs: list[Spec] = []
         rows = None
-        for key, column in batch.items():
+        renamed = [samples._renames.key((key,)) for key in batch]
+        taken = {*batch, *renamed}  # what no extra output may be called
+        if len(set(renamed)) < len(renamed):
+            name = next(name for j, name in enumerate(renamed) if name in renamed[:j])
+            named = [key for key, out in zip(batch, renamed, strict=True) if out == name]
+            raise CollateError(f"rename gives the columns {named} one name, {name!r}")
+        for (key, column), out_key in zip(batch.items(), renamed, strict=True):
             path = (key,)
             count = _rows(column, path)
             if rows is None:
                 rows = count
             elif count != rows:
                 raise CollateError(f"column has {count} rows, the first column {rows}", path=path)
-            keys.append(samples._renames.key(path))
+            keys.append(out_key)
             node, extras = self._plan_column(column, path)
             specs.append(fill.place(node))
             for name, extra in extras.items():
-                if name in batch or name in keys:
+                if name in taken:
                     raise CollateError(f"the extra output {name!r} of column {key!r} clashes with a column", path=path)
+                taken.add(name)
                 keys.append(name)
                 specs.append(fill.place(extra))
         columns = tuple(batch)

@@ -30,7 +30,8 @@ class RaggedFieldWarning(UserWarning):
     """A field without a policy came back as a per-sample list: its values differ in shape.
 
     Warned once per field and per collate instance, by the process that collates (a
-    DataLoader worker warns for itself, so once per worker). Name a policy for the field
+    DataLoader worker warns for itself, so once per worker), when a batch that lists the
+    field is made: a batch that fails warns of none of its fields. Name a policy for the field
     to settle it: ``AsList()`` keeps the list without a warning, ``Stack()`` makes ragged
     values an error naming the sample, ``Pad()`` or ``Concat()`` make sequences one tensor.
 
@@ -64,11 +65,19 @@ def two_shapes(pairs: Iterable[tuple[int, Any]]) -> tuple[tuple[int, Shape], tup
 
 
 class Fallbacks:
-    """The fields one collate has reported as per-sample lists: each is warned once."""
+    """The fields one collate has reported as per-sample lists: each is warned once.
+
+    A report waits for its batch: the collate warns (:meth:`flush`) once the batch is made,
+    and a batch that fails warns of nothing (:meth:`drop`), whichever of its fields its code
+    read first, so the careful walk and a compiled plan warn alike. Reports wait per thread.
+    """
 
     def __init__(self) -> None:
         self._warned: set[Path] = set()
         self._lock = threading.Lock()
+        self._local = threading.local()
+        #: Reports waiting in any thread: what the collate reads after each batch (no lock, no thread-local).
+        self.waiting = 0
 
     def field(self, path: Path) -> FieldFallback:
         """The reporter of one field, for a recipe to keep."""
@@ -85,33 +94,66 @@ class Fallbacks:
         found = two_shapes(pairs)
         if found is None:
             return
+        pending = self._pending()
+        if path not in pending:  # a batch walked again (a plan that missed) reports its field again
+            pending[path] = (found, items)
+            with self._lock:
+                self.waiting += 1
+
+    def _pending(self) -> dict[Path, Any]:
+        pending: dict[Path, Any] | None = getattr(self._local, "pending", None)
+        if pending is None:
+            pending = self._local.pending = {}
+        return pending
+
+    def drop(self) -> None:
+        """Forget this thread's reports: its batch failed."""
+        pending = self._pending()
+        if pending:
+            with self._lock:
+                self.waiting -= len(pending)
+            pending.clear()
+
+    def flush(self) -> None:
+        """Warn of this thread's reports, its batch made: each field once per collate, in key-path order."""
+        pending = self._pending()
+        if not pending:
+            return
+        reports = sorted(pending.items(), key=lambda report: format_path(report[0]))
         with self._lock:
-            if path in self._warned:
-                return
-            self._warned.add(path)
-        (a, first), (b, second) = found
-        where = format_path(path)
-        if not items:
-            what = f"{where} holds values of different shapes, {first} in sample {a} and {second} in sample {b}"
-        elif a == b:
-            what = (
-                f"{where} holds lists of items that do not stack: sample {a}'s items have shapes {first} and {second}"
-            )
-        else:
-            what = f"{where} holds lists of items that do not stack: sample {a}'s stack to {first}, sample {b}'s to {second}"
-        # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
-        setting = f"fields={{{'.'.join(map(str, path))!r}: AsList()}}" if path else "ragged=AsList()"
-        packing = (
-            "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images)"
-            if items
-            else "Pad() or Concat() make sequences one tensor"
+            self.waiting -= len(pending)
+            pending.clear()
+            fresh = [(path, report) for path, report in reports if path not in self._warned]
+            self._warned.update(path for path, _ in fresh)
+        for path, (found, items) in fresh:
+            _warn(path, found, items)
+
+
+def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items: bool) -> None:
+    """The warning for one field, at the line that called the collate."""
+    (a, first), (b, second) = found
+    where = format_path(path)
+    if not items:
+        what = f"{where} holds values of different shapes, {first} in sample {a} and {second} in sample {b}"
+    elif a == b:
+        what = f"{where} holds lists of items that do not stack: sample {a}'s items have shapes {first} and {second}"
+    else:
+        what = (
+            f"{where} holds lists of items that do not stack: sample {a}'s stack to {first}, sample {b}'s to {second}"
         )
-        warnings.warn(
-            f"pincollate: {what}, so it is a per-sample list, not one tensor. Name a policy for it to settle this: "
-            f"{setting} keeps the list without this warning, Stack() refuses ragged values, {packing}.",
-            RaggedFieldWarning,
-            stacklevel=2,
-        )
+    # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
+    setting = f"fields={{{'.'.join(map(str, path))!r}: AsList()}}" if path else "ragged=AsList()"
+    packing = (
+        "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images)"
+        if items
+        else "Pad() or Concat() make sequences one tensor"
+    )
+    warnings.warn(
+        f"pincollate: {what}, so it is a per-sample list, not one tensor. Name a policy for it to settle this: "
+        f"{setting} keeps the list without this warning, Stack() refuses ragged values, {packing}.",
+        RaggedFieldWarning,
+        stacklevel=4,  # _warn, flush, the collate's __call__: the line that called the collate
+    )
 
 
 class FieldFallback:
