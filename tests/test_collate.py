@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -419,6 +420,48 @@ def test_a_column_mixing_arrays_or_numbers_with_a_subclass_has_default_collates_
         out = collate(batch)
         assert_identical(out["x"], expected["x"])
         assert_one_buffer(out)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        [np.array([1, 2]), [3, 4]],
+        [np.array([1.5, 2.0], dtype=np.float32), (3, 4)],
+        [[3, 4], torch.tensor([1, 2]), np.array([5, 6])],
+    ],
+    ids=["array-then-list", "array-then-tuple", "list-then-rows"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_column_of_arrays_beside_lists_is_what_default_collate_makes_of_it(column, compile):
+    # default_collate makes each value of a column that starts with an array a tensor, lists too,
+    # and zips a column that starts with a list by the rows of a tensor or array beside it.
+    batch = [{"x": value} for value in column]
+    expected = default_collate(batch)
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):
+        out = collate(batch)
+        assert_identical(out["x"], expected["x"])
+        assert_one_buffer(out)
+
+
+@pytest.mark.parametrize(
+    "column, sample, says",
+    [
+        ([torch.tensor(1), 10**30], 1, "int 1000000000000000000000000000000 does not fit int64"),
+        ([10**30, torch.tensor(1)], 0, "int 1000000000000000000000000000000 does not fit int64"),
+        ([np.True_, 1, 2], 1, "'numpy.bool' object cannot be interpreted as an integer"),
+        ([1, 2, torch.ones(2)], 2, "stack expects each tensor to be equal size"),
+        ([np.array([1, 2]), [3, 4, 5]], 1, "stack expects each tensor to be equal size"),
+    ],
+    ids=["huge-int-after-tensor", "huge-int-first", "numpy-bool-beside-int", "vector-after-numbers", "longer-list"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_mixed_column_that_does_not_convert_names_the_sample(column, sample, says, compile):
+    with pytest.raises((RuntimeError, TypeError, ValueError)):  # default_collate refuses it too
+        default_collate([{"x": value} for value in column])
+    with pytest.raises(CollateError, match=re.escape(says)) as info:
+        MMCollate(pin_memory=False, compile=compile)([{"x": value} for value in column])
+    assert (info.value.sample, info.value.path) == (sample, ("x",))
 
 
 def _outcome(collate: MMCollate, batch: list) -> tuple[str, list[str]]:

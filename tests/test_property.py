@@ -176,7 +176,7 @@ def test_one_buffer_everywhere(spec, size, seed):
 
 # --- mixed leaf types, absent keys, item lists and policies ---------------------------------
 
-MIXED_KINDS = ["tensor", "numpy", "int", "float", "np-scalar", "0d-tensor", "0d-array"]
+MIXED_KINDS = ["tensor", "numpy", "int", "float", "np-scalar", "0d-tensor", "0d-array", "list", "huge-int"]
 
 
 def _mixed_leaf(kind: str, dtype_index: int, rng: np.random.Generator) -> Any:
@@ -193,6 +193,10 @@ def _mixed_leaf(kind: str, dtype_index: int, rng: np.random.Generator) -> Any:
         return [np.float32, np.int64, np.float64][dtype_index](value)
     if kind == "0d-tensor":
         return torch.tensor(value).to([torch.float32, torch.int64, torch.float64][dtype_index])
+    if kind == "list":  # after an array, default_collate takes it as one
+        return [[value, -value], [int(value), -int(value)], (value, -value)][dtype_index]
+    if kind == "huge-int":
+        return [2**63, -(2**63) - 1, 2**70][dtype_index]
     return np.asarray(value).astype([np.float32, np.int64, np.float64][dtype_index])
 
 
@@ -213,6 +217,8 @@ def test_mixed_leaf_columns_equal_default_collate_or_fail_clearly(kinds, seed):
         out, _ = _listing(collate, batch)
     except CollateError as error:
         assert error.path == ("v",)
+        assert error.sample is not None or "values of one class" in str(error), str(error)  # which sample, where one is
+        assert expected is None, f"default_collate took it: {error}"
         return
     if expected is not None:
         assert_same(out, expected)

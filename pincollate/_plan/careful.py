@@ -278,7 +278,8 @@ class _Walk(ContainerWalk):
                     if isinstance(value, int) and not fits_int64(value):
                         raise self._error(f"int {value} does not fit int64", i, path, origins)
             if failed is not None:
-                raise self._error(f"these numbers do not fit one tensor: {failed}", None, path, origins) from failed
+                refused = _first_refused(values, number_dtype, _NUMBER_ERRORS)
+                raise self._error(f"these numbers do not fit one tensor: {failed}", refused, path, origins) from failed
             if (
                 (column.dtype.is_floating_point or column.dtype.is_complex)
                 and number is not torch.float64
@@ -385,20 +386,14 @@ class _Walk(ContainerWalk):
         it, then copying its result into the batch's buffer: one extra copy, for these
         columns only.
         """
-        from torch.utils.data import default_collate
-
         try:
-            # On the host, whatever the default device (its factories would follow that).
-            with warnings.catch_warnings(), torch.device("cpu"):
-                warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
-                value = default_collate(list(values))
-        except (AttributeError, RuntimeError, TypeError, ValueError):
-            # It gives up where a tensor comes first (in a worker, asking an array for its numel):
-            # each value as a tensor, then stacked.
-            try:
-                value = torch.stack([torch.as_tensor(v, device="cpu") for v in values])
-            except (RuntimeError, TypeError, ValueError) as exc:
-                raise self._error(f"these values do not stack together: {exc}", None, path, origins) from exc
+            value = _as_default_collate(values)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            i = _first_refused(values, _as_default_collate, (RuntimeError, TypeError, ValueError))
+            bad = None if i is None else values[i]
+            # torch says "Overflow when unpacking long long" of an int past int64: say which.
+            reason = f"int {bad} does not fit int64" if type(bad) is int and not fits_int64(bad) else str(exc)
+            raise self._error(f"these values do not stack together: {reason}", i, path, origins) from exc
         shape = tuple(value.shape)
         # Its class too: a subclass beside arrays or numbers comes back as torch.stack gives it.
         handler = lookup(type(value))
@@ -431,12 +426,21 @@ _TENSOR_LIKE = frozenset(("tensor", "ndarray", "number"))
 
 
 def _mixed_families(values: Sequence[Any]) -> bool:
-    """Whether tensors, arrays and numbers are mixed in one column."""
+    """Whether tensors, arrays and numbers are mixed in one column.
+
+    Lists (and tuples) of numbers after a numeric array count too: ``default_collate`` makes
+    each value of a column whose first value is an array a tensor, lists included.
+    """
     if len(set(map(type, values))) == 1:
         return False  # one class, one family
+    first = next((value for value in values if value is not None), None)
+    arrays_first = isinstance(first, np.ndarray) and first.dtype.kind in "biufc"
     families = set()
     for value in values:
         if value is not None:
+            if arrays_first and type(value) in (list, tuple):
+                families.add("sequence")
+                continue
             handler = lookup(type(value))
             if handler is None or handler.family not in _TENSOR_LIKE:
                 return False
@@ -459,6 +463,60 @@ def _number_lists(values: Sequence[Any]) -> tuple[list[Any], set[type]] | None:
     if not numbers or (not NUMBER_TYPES.issuperset(classes) and not all(isinstance(x, _NUMBERS) for x in numbers)):
         return None
     return numbers, classes
+
+
+def _as_default_collate(values: Sequence[Any]) -> torch.Tensor:
+    """What ``default_collate`` makes of a column that mixes tensors, arrays and numbers, in host memory."""
+    from torch.utils.data import default_collate
+
+    try:
+        # On the host, whatever the default device (its factories would follow that).
+        with warnings.catch_warnings(), torch.device("cpu"):
+            warnings.simplefilter("ignore")  # its own performance hint for lists of arrays
+            value: torch.Tensor = default_collate(list(values))
+            return value
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        # It gives up where a tensor comes first (in a worker, asking an array for its numel):
+        # each value as a tensor, then stacked.
+        return torch.stack([torch.as_tensor(v, device="cpu") for v in values])
+
+
+#: What converting a column of numbers raises where they do not fit one tensor.
+_NUMBER_ERRORS = (OverflowError, RuntimeError, TypeError, ValueError)
+
+
+def _first_refused(
+    values: Sequence[Any], convert: Callable[[Sequence[Any]], Any], errors: tuple[type[Exception], ...]
+) -> int | None:
+    """The first position of ``values`` that ``convert`` refuses with the values before it (``None``: it takes them all).
+
+    A prefix that fails keeps failing as it grows (the value it refuses stays in it), so the
+    shortest is found by halving: a few conversions, for a batch that fails anyway.
+
+    Examples:
+        >>> _first_refused([1, 2, 2**70, 3], torch.tensor, (RuntimeError, ValueError))
+        2
+    """
+
+    def fails(count: int) -> bool:
+        try:
+            convert(values[:count])
+        except errors:
+            return True
+        except Exception:  # a prefix it cannot read at all (absent values only): not the refusal
+            return False
+        return False
+
+    if not values or not fails(len(values)):
+        return None
+    low, high = 1, len(values)
+    while low < high:
+        middle = (low + high) // 2
+        if fails(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low - 1
 
 
 def _copy_into(region: torch.Tensor, value: torch.Tensor) -> None:

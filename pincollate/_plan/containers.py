@@ -15,6 +15,9 @@ import operator
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
 from .._errors import Attr
 from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from .._types.leaves import type_name
@@ -195,17 +198,26 @@ class ContainerWalk(ItemWalk):
         return Tree(dataclass_of(cls, names), children)
 
     def _sequence(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool = False) -> Node:
+        rows = None  # the first tensor or array beside the sequences, which default_collate zips by its rows
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
             # A namedtuple beside plain sequences is one more sequence, as default_collate zips it.
             if not is_sequence(value):
+                if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0:
+                    rows = i if rows is None else rows
+                    continue
                 raise self._error(
                     f"expected a sequence, got {container_name(value)} ({type_name(value)})", i, path, origins
                 )
         first = values[0]
         size = len(first) if first is not None else -1
         if any(value is None or len(value) != size for value in values):
+            if rows is not None:  # only a sequence is a sample's list of items
+                value = values[rows]
+                raise self._error(
+                    f"expected a sequence, got {container_name(value)} ({type_name(value)})", rows, path, origins
+                )
             # default_collate raises here; per-sample item lists are what such data means.
             return self._items(values, path, origins, depth)
         # zip's tuples, as default_collate: a column of strings comes back as one.
