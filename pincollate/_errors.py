@@ -6,6 +6,7 @@ import ast
 import base64
 import pickle
 import re
+import threading
 from collections.abc import Hashable, Sequence
 
 __all__ = ["ITEMS", "Attr", "CollateError", "format_path"]
@@ -78,7 +79,7 @@ class CollateError(TypeError, ValueError):
                 message = f"sample {sample} at {where}: {message}"
             elif self.path:
                 message = f"at {where}: {message}"
-            if self.path and not _reads_back(where, self.path) and _in_worker():
+            if self.path and _in_worker() and not _reads_back(where, self.path):
                 # Keys whose repr is no literal (an Enum) cannot be read back from the
                 # text the main process gets: the path travels pickled beside it.
                 message += f"\n({_PICKLED}{base64.b64encode(pickle.dumps(self.path)).decode()})"
@@ -104,6 +105,11 @@ _WHERE = re.compile(rf"CollateError: (?:sample (\d+) at )?(root|(?:{_KEY})+)?")
 _PART = re.compile(r"\[((?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"])*)\]|\.(\w+)")
 
 
+#: One thread at a time reads a key back: CPython 3.11's ``ast`` module counts its recursion in a
+#: global, and two threads parsing at once can raise ``SystemError`` instead of giving the key.
+_LITERALS = threading.Lock()
+
+
 def _parse_path(text: str) -> tuple[Hashable, ...] | None:
     """The key path ``format_path`` rendered as ``text``, or ``None`` where a key is no literal."""
     if text == "root":
@@ -114,7 +120,8 @@ def _parse_path(text: str) -> tuple[Hashable, ...] | None:
             path.append(Attr(attr))
             continue
         try:
-            path.append(ast.literal_eval(key))
+            with _LITERALS:
+                path.append(ast.literal_eval(key))
         except (ValueError, SyntaxError):
             return None
     return tuple(path)

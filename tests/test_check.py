@@ -162,3 +162,11 @@ def test_a_key_put_back_last_loses_the_layout_and_keeps_the_order_it_has(moved):
     for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
         assert list(again) == list(batch) and list(again["sub"]) == list(batch["sub"])
         assert_same(again, batch)
+
+
+def test_a_key_put_back_as_an_equal_key_of_another_class_loses_the_layout():
+    batch = MMCollate(pin_memory=False)([{"a": torch.ones(2), 1: torch.zeros(1)}] * 2)
+    batch[True] = batch.pop(1)  # 1 == True: the same place and value, another key
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
+        assert [type(key) for key in again] == [str, bool]

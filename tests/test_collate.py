@@ -336,6 +336,24 @@ def test_a_collate_error_rebuilt_from_its_message_keeps_sample_and_path():
     assert CollateError("no path here").path == () and CollateError("no path here").sample is None
 
 
+def test_reading_a_key_back_is_left_to_the_worker_and_done_one_thread_at_a_time(monkeypatch):
+    # CPython 3.11's ast module is not safe for two threads parsing at once (a SystemError in place
+    # of the key): the main process never parses its own path, and the parses are serialised.
+    seen = []
+
+    def literal_eval(text):
+        seen.append(pincollate._errors._LITERALS.locked())
+        return real(text)
+
+    real = pincollate._errors.ast.literal_eval
+    monkeypatch.setattr(pincollate._errors.ast, "literal_eval", literal_eval)
+    CollateError("expected Tensor, got str", sample=3, path=("meta", 0))
+    assert seen == []
+    original = CollateError("expected Tensor, got str", sample=3, path=("meta", 0))
+    again = CollateError(f"Caught CollateError in DataLoader worker process 0.\npincollate.CollateError: {original}\n")
+    assert again.path == ("meta", 0) and seen == [True, True]
+
+
 def test_a_float_column_takes_ints_beyond_int64_as_default_collate():
     samples = [1.0, 2**70]
     assert_same(MMCollate(pin_memory=False)(samples), default_collate(samples))
@@ -428,8 +446,10 @@ def test_a_column_mixing_arrays_or_numbers_with_a_subclass_has_default_collates_
         [np.array([1, 2]), [3, 4]],
         [np.array([1.5, 2.0], dtype=np.float32), (3, 4)],
         [[3, 4], torch.tensor([1, 2]), np.array([5, 6])],
+        [np.array([1, 2]), Point(3, 4)],
+        [Point(1, 2), [3, 4], torch.tensor([5, 6]), np.array([7, 8]), (9, 10)],
     ],
-    ids=["array-then-list", "array-then-tuple", "list-then-rows"],
+    ids=["array-then-list", "array-then-tuple", "list-then-rows", "array-then-namedtuple", "namedtuple-then-rows"],
 )
 @pytest.mark.parametrize("compile", [True, False])
 def test_a_column_of_arrays_beside_lists_is_what_default_collate_makes_of_it(column, compile):

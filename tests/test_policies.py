@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
-from samples import UserTensor, assert_identical, assert_same, careful_walk, print_ragged_warnings, storages
+from samples import Point, UserTensor, assert_identical, assert_same, careful_walk, print_ragged_warnings, storages
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -874,3 +875,20 @@ def test_many_short_rows_past_scatter_bytes_are_padded_by_one_masked_assignment(
     for row, value in zip(region, values, strict=True):
         gap = torch.full((size - value.shape[0],), 7)
         assert torch.equal(row, torch.cat([gap, value]) if side == "left" else torch.cat([value, gap]))
+
+
+@pytest.mark.parametrize(
+    "policy, odd, says",
+    [
+        (Pad(), "oops", "Pad() applies to tensors and lists of items, not to str values"),
+        (Stack(), None, "Stack() applies to tensors and lists of items, not to None values"),
+        (AsList(), Point(1, 2), "AsList() applies to tensors and lists of items, not to a namedtuple"),
+    ],
+    ids=["pad-str", "stack-none", "aslist-namedtuple"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_value_a_policy_does_not_take_among_lists_is_named_with_its_sample(policy, odd, says, compile):
+    samples = [{"v": [1, 2]}, {"v": [3]}, {"v": odd}]
+    with pytest.raises(CollateError, match=re.escape(says)) as info:
+        MMCollate(pin_memory=False, compile=compile, fields={"v": policy})(samples)
+    assert (info.value.sample, info.value.path) == (2, ("v",))

@@ -32,7 +32,7 @@ __all__ = ["Carried", "carried", "is_batch"]
 
 Carried = tuple[Layout, torch.Tensor, list[Any]]
 
-#: What an exhausted iterator of keys gives: no key compares equal to it.
+#: What an exhausted iterator of keys gives: no key is of its class.
 _END = object()
 
 
@@ -198,18 +198,23 @@ class _Check:
         # batch then pickles and moves in its own order, leaf by leaf.
         keys = iter(obj)
         for key, child in zip(spec.keys, spec.children, strict=True):
-            if next(keys, _END) != key:
+            if not _same_key(next(keys, _END), key):
                 return False
             if type(child) is PartSpec:
                 part = self.parts[child.index]
                 if not self.matches(part.node, obj[key]):
                     return False
                 for name, extra in part.extras:
-                    if next(keys, _END) != name or not self.matches(extra, obj[name]):
+                    if not _same_key(next(keys, _END), name) or not self.matches(extra, obj[name]):
                         return False
             elif not self.matches(child, obj[key]):
                 return False
         return next(keys, _END) is _END
+
+
+def _same_key(key: Any, expected: Any) -> bool:
+    """``key`` is the layout's ``expected`` key: equal and of its class (``True`` put where ``1`` was is not)."""
+    return type(key) is type(expected) and key == expected
 
 
 def _same_value(obj: Any, value: Any) -> bool:

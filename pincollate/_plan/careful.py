@@ -176,18 +176,17 @@ class _Walk(ContainerWalk):
                 raise self._error(
                     f"{type(policy).__name__}() applies to tensors and lists of items, not to {handler.name} values"
                     f"{self._none_hint(first)}",
-                    None,
+                    _position(values, first),
                     path,
                     origins,
                 )
             return self._objects(values, path, origins, handler), {}
         container = self._container(first, items)
         if container is None:
-            i = next(i for i, v in enumerate(values) if v is first)
             raise self._error(
                 f"unsupported type {type_name(first)}: expected a tensor, numpy array, number, str, bytes, None, "
                 "PIL image, mapping, sequence, namedtuple or dataclass (pincollate.register_container makes a class one)",
-                i,
+                _position(values, first),
                 path,
                 origins,
             )
@@ -197,7 +196,7 @@ class _Walk(ContainerWalk):
         if policy is not None:
             raise self._error(
                 f"{type(policy).__name__}() applies to tensors and lists of items, not to a {container_name(first)}",
-                None,
+                _position(values, first),
                 path,
                 origins,
             )
@@ -413,6 +412,11 @@ class _Walk(ContainerWalk):
         return Value(values)
 
 
+def _position(values: Sequence[Any], value: Any) -> int:
+    """Where ``value`` (the column's first present value, which the walk judged it by) lies in ``values``."""
+    return next(i for i, v in enumerate(values) if v is value)
+
+
 class _Silent(Fallbacks):
     """Fallbacks that report nothing: a route's walk only looks."""
 
@@ -438,7 +442,7 @@ def _mixed_families(values: Sequence[Any]) -> bool:
     families = set()
     for value in values:
         if value is not None:
-            if arrays_first and type(value) in (list, tuple):
+            if arrays_first and isinstance(value, (list, tuple)):  # a namedtuple too
                 families.add("sequence")
                 continue
             handler = lookup(type(value))

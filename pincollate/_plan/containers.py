@@ -131,15 +131,16 @@ class ContainerWalk(ItemWalk):
     def _same_type(self, values: Sequence[Any], path: Path, origins: Origins, tuples: bool = False) -> type:
         """The class every value has (absent ones aside, with ``missing="none"``).
 
-        With ``tuples``, any tuple of the same length passes too (a plain one, another
-        namedtuple class): ``default_collate`` zips them into the first value's class.
+        With ``tuples``, any sequence of the same length passes too (a plain tuple or list,
+        another namedtuple class, a tensor or array by its rows): ``default_collate`` zips
+        them into the first value's class.
         """
         first = next(v for v in values if v is not None) if self.missing else values[0]
         cls = type(first)
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
-            if type(value) is cls or (tuples and isinstance(value, tuple) and len(value) == len(first)):
+            if type(value) is cls or (tuples and _zips(value) and len(value) == len(first)):
                 continue
             raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         return cls
@@ -204,7 +205,7 @@ class ContainerWalk(ItemWalk):
                 continue
             # A namedtuple beside plain sequences is one more sequence, as default_collate zips it.
             if not is_sequence(value):
-                if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0:
+                if _has_rows(value):
                     rows = i if rows is None else rows
                     continue
                 raise self._error(
@@ -225,3 +226,13 @@ class ContainerWalk(ItemWalk):
             self._field(column, (*path, j), origins, depth, False) for j, column in enumerate(zip(*values, strict=True))
         ]
         return Tree(sequence_of(first), children)
+
+
+def _has_rows(value: Any) -> bool:
+    """A tensor or array of at least one dimension: ``default_collate`` zips it by its rows beside sequences."""
+    return isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 0
+
+
+def _zips(value: Any) -> bool:
+    """What ``default_collate`` zips beside a namedtuple: any sequence, or a tensor or array by its rows."""
+    return is_sequence(value) or _has_rows(value)
