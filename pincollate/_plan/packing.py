@@ -97,7 +97,7 @@ class Concat(Policy):
 
     takes_items = True
     numbers_as_sequence = True
-    extra_keys = ("offsets_key", "counts_key", "item_offsets_key")
+    _extra_keys = ("offsets_key", "counts_key", "item_offsets_key")
     _offsets_dtype = torch.int32
 
     def __init__(

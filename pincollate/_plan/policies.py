@@ -48,7 +48,7 @@ class Policy:
     #: batch only where they do not agree.
     fixed_when_uniform = False
     #: The attributes naming the extra outputs (``"{key}_lengths"``-style templates, or ``None``).
-    extra_keys: tuple[str, ...] = ()
+    _extra_keys: tuple[str, ...] = ()
 
     def extra_names(self, name: Hashable) -> frozenset[str]:
         """Every name an extra output beside field ``name`` can take, whatever the batch holds.
@@ -57,7 +57,7 @@ class Policy:
             >>> sorted(Pad(mask_key="attention_mask").extra_names("ids"))
             ['attention_mask', 'ids_lengths']
         """
-        names = (self._extra_name(getattr(self, attribute), name) for attribute in self.extra_keys)
+        names = (self._extra_name(getattr(self, attribute), name) for attribute in self._extra_keys)
         return frozenset(extra for extra in names if extra is not None)
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
@@ -205,7 +205,7 @@ class Pad(Policy):
     """
 
     numbers_as_sequence = True
-    extra_keys = ("lengths_key", "mask_key")
+    _extra_keys = ("lengths_key", "mask_key")
 
     def __init__(
         self,
