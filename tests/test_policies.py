@@ -11,7 +11,16 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
-from samples import Point, UserTensor, assert_identical, assert_same, careful_walk, print_ragged_warnings, storages
+from samples import (
+    Point,
+    UserTensor,
+    assert_identical,
+    assert_one_buffer,
+    assert_same,
+    careful_walk,
+    print_ragged_warnings,
+    storages,
+)
 
 
 def _ids(*lengths: int) -> list[dict]:
@@ -204,6 +213,27 @@ def test_missing_none_gives_empty_entries_for_concat_and_pad(policy, rows):
     else:
         assert out["pixels"].shape == (3, rows, 4) and out["pixels_lengths"].tolist() == [2, 0, 1]
         assert not out["pixels"][1].any()
+
+
+@pytest.mark.parametrize(
+    "policy, shape, fill",
+    [(Pad(), (2, 0), None), (Pad(max_length=3, value=-1), (2, 3), -1.0), (Pad(dims=[0, 1]), (2, 0, 0), None)],
+    ids=["pad", "max-length", "two-dims"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_batch_with_no_value_under_pad_gives_its_empty_result_and_keeps_its_keys(policy, shape, fill, compile):
+    # A text-only batch among batches with images: the same keys, rows of nothing (Concat's float32).
+    some = [{"pixels": torch.ones(2, 4), "y": 0}, {"pixels": None, "y": 1}]
+    none = [{"pixels": None, "y": 0}, {"pixels": None, "y": 1}]
+    collate = MMCollate(pin_memory=False, missing="none", compile=compile, fields={"pixels": policy})
+    for batch in (none, some, some, some, none):
+        out = collate(batch)
+        assert sorted(out) == ["pixels", "pixels_lengths", "pixels_mask", "y"]
+    assert out["pixels"].shape == shape and out["pixels"].dtype == torch.float32
+    assert fill is None or (out["pixels"] == fill).all()
+    assert out["pixels_mask"].shape == shape and not out["pixels_mask"].any()
+    assert not out["pixels_lengths"].any() and out["pixels_lengths"].shape == ((2,) if len(shape) == 2 else (2, 2))
+    assert_one_buffer(out)
 
 
 def test_missing_none_gives_empty_entries_for_jagged():

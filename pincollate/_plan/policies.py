@@ -49,6 +49,8 @@ class Policy:
     fixed_when_uniform = False
     #: The attributes naming the extra outputs (``"{key}_lengths"``-style templates, or ``None``).
     _extra_keys: tuple[str, ...] = ()
+    #: Whether a batch in which every value is absent (``missing="none"``) gets the policy's empty result.
+    empty_when_absent = False
 
     def extra_names(self, name: Hashable) -> frozenset[str]:
         """Every name an extra output beside field ``name`` can take, whatever the batch holds.
@@ -164,6 +166,10 @@ def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int
     return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
+def _fill_value(region: torch.Tensor, payload: None, *, value: float | bool = False) -> None:
+    region.fill_(value)
+
+
 class Unpadded(Exception):
     """:meth:`Pad.measure` refuses the shapes: ``message`` says why, ``index`` which value (its position)."""
 
@@ -205,6 +211,7 @@ class Pad(Policy):
     """
 
     numbers_as_sequence = True
+    empty_when_absent = True
     _extra_keys = ("lengths_key", "mask_key")
 
     def __init__(
@@ -298,11 +305,33 @@ class Pad(Policy):
             sizes[d] = self._round(sizes[d])
         return dims, sizes, longer
 
+    def _empty(self, n: int, name: Hashable) -> tuple[Node, dict[str, Node]]:
+        """No value in the whole batch (a text-only batch, ``missing="none"``): ``n`` rows of nothing.
+
+        ``float32``, as ``Concat``'s empty values; each padded dimension (one where ``dims``
+        names none) ``max_length`` long, else empty; lengths 0, the mask all ``False``.
+        """
+        count = 1 if self.dims is None else len(self.dims)
+        sizes = [self.max_length or 0] * count
+        shape = (n, *sizes)
+        fill = functools.partial(_fill_value, value=self.value)
+        node = TensorNode(torch.float32, shape, [Segment(0, shape, fill, None)] if math.prod(shape) else [])
+        extras: dict[str, Node] = {}
+        lengths_name = self._extra_name(self.lengths_key, name)
+        if lengths_name is not None:
+            extras[lengths_name] = int_node([0] * n if count == 1 else [[0] * count for _ in range(n)])
+        mask_name = self._extra_name(self.mask_key, name)
+        if mask_name is not None:
+            extras[mask_name] = TensorNode(
+                torch.bool, shape, [Segment(0, shape, _fill_value, None)] if math.prod(shape) else []
+            )
+        return node, extras
+
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present
         shapes = dict(column.known)  # truncation may shorten some
         if not present:
-            raise column.error("Pad() got no values to pad (all missing)")
+            return self._empty(len(column.values), name)
         ndim = len(shapes[present[0]])
         if ndim == 0:
             raise column.error("Pad() cannot pad 0-d values", present[0])
