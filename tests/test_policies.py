@@ -236,6 +236,17 @@ def test_a_batch_with_no_value_under_pad_gives_its_empty_result_and_keeps_its_ke
     assert_one_buffer(out)
 
 
+@pytest.mark.parametrize("compile", [True, False])
+def test_token_lists_that_are_all_empty_pad_to_rows_of_nothing(compile):
+    # A last batch whose texts tokenize to nothing: Pad's empty rows, not an error about items.
+    collate = MMCollate(pin_memory=False, compile=compile, fields={"ids": Pad(mask_key="mask")})
+    for lists in ([[1, 2], [3]], [[], [5]], [[1], [2, 3]], [[], []], [[], []], [[]]):
+        out = collate([{"ids": ids} for ids in lists])
+        assert sorted(out) == ["ids", "ids_lengths", "mask"]
+        assert out["ids_lengths"].tolist() == [len(ids) for ids in lists]
+    assert out["ids"].shape == (1, 0) and out["mask"].shape == (1, 0)
+
+
 def test_missing_none_gives_empty_entries_for_jagged():
     out = MMCollate(missing="none", fields={"pixels": Jagged(), "ids": AsList()})(_mixed())
     assert [t.shape[0] for t in out["pixels"].unbind()] == [2, 0, 1]

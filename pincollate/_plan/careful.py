@@ -149,7 +149,11 @@ class _Walk(ContainerWalk):
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy, depth)
-        numbers = _number_lists(values) if policy is not None and policy.numbers_as_sequence else None
+        numbers = (
+            _number_lists(values, empty=not policy.takes_items)
+            if policy is not None and policy.numbers_as_sequence
+            else None
+        )
         if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
@@ -456,15 +460,21 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 _NUMBERS = tuple(NUMBER_TYPES)
 
 
-def _number_lists(values: Sequence[Any]) -> tuple[list[Any], set[type]] | None:
+def _number_lists(values: Sequence[Any], empty: bool = False) -> tuple[list[Any], set[type]] | None:
     """Every number of ``values`` and their classes, where each present value is a list (or tuple)
-    of Python numbers, one number at least in all; else ``None``."""
+    of Python numbers, one number at least in all; else ``None``.
+
+    ``empty``: lists that are all empty count too (no numbers): under a policy that takes no
+    items (``Pad``), empty lists can only be sequences of no token.
+    """
     present = [value for value in values if value is not None]
     if not all(isinstance(value, (list, tuple)) and not is_namedtuple(value) for value in present):
         return None
     numbers = list(itertools.chain.from_iterable(present))
     classes = set(map(type, numbers))  # exact number types at C speed; subclasses (an IntEnum) one by one
-    if not numbers or (not NUMBER_TYPES.issuperset(classes) and not all(isinstance(x, _NUMBERS) for x in numbers)):
+    if not numbers:
+        return (numbers, classes) if empty and present else None
+    if not NUMBER_TYPES.issuperset(classes) and not all(isinstance(x, _NUMBERS) for x in numbers):
         return None
     return numbers, classes
 
