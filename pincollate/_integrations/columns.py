@@ -139,12 +139,12 @@ class ColumnCollate:
         keys: list[Hashable] = []
         specs: list[Spec] = []
         rows = None
-        renamed = [samples._renames.key((key,)) for key in batch]
-        taken = {*batch, *renamed}  # what no extra output may be called
-        if len(set(renamed)) < len(renamed):
-            name = next(name for j, name in enumerate(renamed) if name in renamed[:j])
-            named = [key for key, out in zip(batch, renamed, strict=True) if out == name]
-            raise CollateError(f"rename gives the columns {named} one name, {name!r}")
+        given = list(batch)
+        renamed = samples._renames.outputs((), given)
+        taken = {*given, *renamed}  # what no extra output may be called
+        twice = samples._renames.twice(given, renamed)
+        if twice is not None:
+            raise CollateError(f"rename gives the columns {twice[0]} one name, {twice[1]!r}")
         for (key, column), out_key in zip(batch.items(), renamed, strict=True):
             path = (key,)
             count = _rows(column, path)

@@ -338,7 +338,7 @@ class _Walk(ContainerWalk):
     ) -> tuple[Node, Extras]:
         if not handler.is_tensor:
             # Every value is None (missing="none"): a packing or padding policy gives its empty result.
-            if policy is not None and (policy.takes_items or policy.empty_when_absent):
+            if policy is not None and policy.empty_when_absent:
                 return policy.plan(Column.empty(len(values), path), self.renames.key(path))
             return Value([None] * len(values)), {}
         if builtin(np.ndarray, handler):

@@ -102,12 +102,11 @@ class ContainerWalk(ItemWalk):
         No output name is given twice: an extra output takes no key's name (the sample's or
         the renamed one) nor another extra's, and ``rename`` gives no two keys one name.
         """
-        renamed = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
+        renamed = self.renames.outputs(path, keys)
         taken = {*keys, *renamed}
-        if renamed is not keys and len(set(renamed)) < len(renamed):
-            name = next(name for j, name in enumerate(renamed) if name in renamed[:j])
-            named = [key for key, out in zip(keys, renamed, strict=True) if out == name]
-            raise self._error(f"rename gives the keys {named} one name, {name!r}", 0, path, origins)
+        twice = self.renames.twice(keys, renamed)
+        if twice is not None:
+            raise self._error(f"rename gives the keys {twice[0]} one name, {twice[1]!r}", 0, path, origins)
         out_keys: list[Hashable] = []
         children: list[Node] = []
         for key, out_key, column in zip(keys, renamed, columns, strict=True):

@@ -97,6 +97,7 @@ class Concat(Policy):
 
     takes_items = True
     numbers_as_sequence = True
+    empty_when_absent = True
     _extra_keys = ("offsets_key", "counts_key", "item_offsets_key")
     _offsets_dtype = torch.int32
 

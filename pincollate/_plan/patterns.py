@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .._errors import ITEMS, CollateError
@@ -105,6 +105,18 @@ class Renames:
 
     def __bool__(self) -> bool:
         return bool(self.names)
+
+    def outputs(self, path: Path, keys: Sequence[Hashable]) -> Sequence[Hashable]:
+        """The output names of a mapping's ``keys`` (the mapping at ``path``): ``keys`` where nothing is renamed."""
+        return [self.key((*path, key)) for key in keys] if self.names else keys
+
+    @staticmethod
+    def twice(keys: Sequence[Hashable], names: Sequence[Hashable]) -> tuple[list[Hashable], Hashable] | None:
+        """The keys ``rename`` gives one name, and that name, where it gives two keys one (``names``: theirs)."""
+        if names is keys or len(set(names)) == len(names):
+            return None
+        name = next(name for j, name in enumerate(names) if name in names[:j])
+        return [key for key, out in zip(keys, names, strict=True) if out == name], name
 
     def key(self, path: Path) -> Hashable:
         """The output name of the last key of ``path``."""

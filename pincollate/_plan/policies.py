@@ -166,8 +166,14 @@ def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int
     return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
-def _fill_value(region: torch.Tensor, payload: None, *, value: float | bool = False) -> None:
+def _fill_value(region: torch.Tensor, payload: None, *, value: float | bool) -> None:
     region.fill_(value)
+
+
+def _constant(dtype: torch.dtype, shape: tuple[int, ...], value: float | bool) -> TensorNode:
+    """A tensor of ``shape`` holding ``value`` everywhere (nothing to fill where it has no element)."""
+    fill = functools.partial(_fill_value, value=value)
+    return TensorNode(dtype, shape, [Segment(0, shape, fill, None)] if math.prod(shape) else [])
 
 
 class Unpadded(Exception):
@@ -312,20 +318,15 @@ class Pad(Policy):
         names none) ``max_length`` long, else empty; lengths 0, the mask all ``False``.
         """
         count = 1 if self.dims is None else len(self.dims)
-        sizes = [self.max_length or 0] * count
-        shape = (n, *sizes)
-        fill = functools.partial(_fill_value, value=self.value)
-        node = TensorNode(torch.float32, shape, [Segment(0, shape, fill, None)] if math.prod(shape) else [])
+        shape = (n, *[self.max_length or 0] * count)
         extras: dict[str, Node] = {}
         lengths_name = self._extra_name(self.lengths_key, name)
         if lengths_name is not None:
             extras[lengths_name] = int_node([0] * n if count == 1 else [[0] * count for _ in range(n)])
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
-            extras[mask_name] = TensorNode(
-                torch.bool, shape, [Segment(0, shape, _fill_value, None)] if math.prod(shape) else []
-            )
-        return node, extras
+            extras[mask_name] = _constant(torch.bool, shape, False)
+        return _constant(torch.float32, shape, self.value), extras
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present

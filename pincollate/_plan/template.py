@@ -291,8 +291,8 @@ class Template:
             else:
                 gathered.append(key)
         columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
-        names = [self.renames.key((*path, key)) for key in keys] if self.renames else keys
-        if len(set(names)) < len(names):
+        names = self.renames.outputs(path, keys)
+        if self.renames.twice(keys, names) is not None:
             return self.part(path, siblings, column)  # two keys renamed alike: the careful walk refuses it
         # An extra output takes neither a key's name nor its new one (the walk's rule).
         specs, singles, blocks = self.fields(columns, path, gathered, frozenset((*keys, *names)))
