@@ -49,6 +49,7 @@ __all__ = [
     "Counter",
     "InputMeter",
     "InputStats",
+    "LoaderWrapper",
     "Metered",
     "Metering",
     "Timeline",
@@ -577,7 +578,42 @@ Metering = tuple[Clock, _Sums, Callable[[Any], tuple[int, int]]]
 # --- the wrapper ------------------------------------------------------------------------
 
 
-class InputMeter(Generic[T]):
+class LoaderWrapper:
+    """What a wrapper of a loader passes through to it: ``len()``, ``dataset``, ``sampler``,
+    ``batch_sampler`` and ``set_epoch`` (which also starts the wrapper's new epoch figures).
+
+    Frameworks read these from whatever they iterate (Lightning's epoch loop calls
+    ``set_epoch``; progress bars read ``len()``), so a wrapped loader stands where the loader did.
+    """
+
+    loader: Any
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    @property
+    def sampler(self) -> Any:
+        return self.loader.sampler
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self.loader.batch_sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it
+        (else on the loader), and start new epoch figures."""
+        pass_epoch(self.loader, epoch)
+        self._renumber(epoch)
+
+    def _renumber(self, epoch: int) -> None:
+        """Number the wrapper's next epoch figures ``epoch``."""
+
+
+class InputMeter(LoaderWrapper, Generic[T]):
     """Iterate any loader, timing how long the loop waits for each batch.
 
     Wraps a ``DataLoader``, Ray's ``iter_torch_batches``, a torchdata node, a list:
@@ -647,24 +683,7 @@ class InputMeter(Generic[T]):
         clock.started(sums)
         return Metered(source, clock, sums, self._count)
 
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset  # type: ignore[attr-defined]
-
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler  # type: ignore[attr-defined]
-
-    @property
-    def batch_sampler(self) -> Any:
-        return self.loader.batch_sampler  # type: ignore[attr-defined]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start new epoch figures, and pass ``set_epoch`` to the loader (as the ``Prefetcher`` does)."""
-        pass_epoch(self.loader, epoch)
+    def _renumber(self, epoch: int) -> None:
         self._clock.renumber(epoch)
 
 

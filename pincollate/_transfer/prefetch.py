@@ -36,7 +36,7 @@ import torch
 
 from .._errors import CollateError
 from .._memory.arena import accelerator_can_pin
-from .meter import CopyTimes, InputMeter, Metered, Metering, length_of, pass_epoch
+from .meter import CopyTimes, InputMeter, LoaderWrapper, Metered, Metering, length_of
 from .staging import Ahead, CudaStaging, MeteredPassthrough, Passthrough
 from .transfer import pin
 
@@ -51,7 +51,7 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-class Prefetcher(Generic[T]):
+class Prefetcher(LoaderWrapper, Generic[T]):
     """Iterate a loader with each batch already on ``device``, copied in advance.
 
     Without an accelerator (``device`` is CPU) it is a synchronous passthrough that
@@ -139,27 +139,7 @@ class Prefetcher(Generic[T]):
             raise CollateError("this Prefetcher was made with stats=False")
         return self._meter
 
-    # loader passthrough --------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    @property
-    def dataset(self) -> Any:
-        return self.loader.dataset  # type: ignore[attr-defined]
-
-    @property
-    def sampler(self) -> Any:
-        return self.loader.sampler  # type: ignore[attr-defined]
-
-    @property
-    def batch_sampler(self) -> Any:
-        return self.loader.batch_sampler  # type: ignore[attr-defined]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it
-        (else on the loader), and start new epoch figures."""
-        pass_epoch(self.loader, epoch)
+    def _renumber(self, epoch: int) -> None:
         if self._meter is not None:
             self._meter._clock.renumber(epoch)
 
