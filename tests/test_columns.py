@@ -219,16 +219,21 @@ def test_a_column_of_another_dtype_in_a_later_batch_is_collated_as_its_own():
     assert batch["ids"].dtype == torch.float32 and batch["ids_lengths"].tolist() == [2, 3]
 
 
-def test_ragged_is_for_tensor_columns_in_every_batch_so_a_column_keeps_its_structure():
-    # ragged= names tensor fields: token ids as Python lists are lists, in every batch, whatever
-    # the numbers' dtype, as MMCollate makes them of the rows as samples.
-    batches = [{"ids": _objects([1, 2, 3], [4, 5])}, {"ids": _objects([1.5, 2], [4])}, {"ids": _objects([7], [8, 9])}]
+def test_ragged_reads_token_lists_in_every_batch_so_a_column_keeps_its_structure():
+    # ragged= reads token ids as Python lists as sequences, in every batch (lengths that agree
+    # too), whatever the numbers' dtype, as MMCollate makes them of the rows as samples.
+    batches = [
+        {"ids": _objects([1, 2, 3], [4, 5])},
+        {"ids": _objects([1.5, 2], [4])},
+        {"ids": _objects([7, 8], [8, 9])},
+    ]
     collate = ColumnCollate(pin_memory=False, ragged=Pad())
     samples = MMCollate(pin_memory=False, ragged=Pad(), compile=False)
     for batch in batches:
         got, want = collate(batch), samples([{"ids": ids} for ids in batch["ids"]])
-        assert list(got) == list(want) == ["ids"]  # never padded, no mask beside it
-        assert_same(got["ids"], want["ids"])
+        assert list(got) == list(want) == ["ids", "ids_lengths", "ids_mask"]
+        for key in want:
+            assert_same(got[key], want[key])
 
 
 def test_rows_of_number_lists_under_stack_stack_as_the_samples_would():

@@ -1063,9 +1063,9 @@ def test_concatenations_get_no_empty_one_dimensional_piece(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", [Jagged(), Concat(), Pad()], ids=["jagged", "concat", "pad"])
-def test_a_ragged_policy_is_for_tensor_fields_and_a_warm_collate_keeps_to_it_when_a_dtype_changes(policy):
-    # ragged= names no field, so, as the careful walk, it never applies to a list: token ids
-    # as Python lists, or a sample's items, stay lists whatever their dtype.
+def test_a_ragged_policy_is_for_tensors_and_token_lists_and_a_warm_collate_keeps_to_it_when_a_dtype_changes(policy):
+    # ragged= applies to fields of tensors and to token ids as Python lists (lengths that agree
+    # too), never to a sample's items, whatever their dtype: a warm collate as the careful walk.
     collate = MMCollate(pin_memory=False, ragged=policy)
     reference = careful_walk(ragged=policy)
     for batch in (
@@ -1166,8 +1166,10 @@ ROUTES: dict[str, tuple[dict[str, Any], list[Any], tuple[str, str | None] | None
     "ragged= on 0-d tensors": ({"ragged": Pad()}, [torch.tensor(1), torch.tensor(2)], ("leaves", None)),
     "ragged= on numbers": ({"ragged": Pad()}, [1, 2.5], ("leaves", None)),
     "token ids under Pad": ({"fields": {"x": Pad()}}, [[1, 2], [3]], ("number lists", "Pad")),
-    # ... but token ids under ragged= are lists, never read as sequences.
-    "token ids under ragged=": ({"ragged": Pad()}, [[1, 2], [3]], ("items", None)),
+    # ... and under ragged=, as a field of tensors is: in every batch, lengths that agree too.
+    "token ids under ragged=": ({"ragged": Pad()}, [[1, 2], [3]], ("number lists", "Pad")),
+    "token ids of one length under ragged=": ({"ragged": Concat()}, [[1, 2], [3, 4]], ("number lists", "Concat")),
+    "token ids under ragged=AsList()": ({"ragged": AsList()}, [[1, 2], [3]], ("items", None)),
     "PerSample mappings": ({"fields": {"x": PerSample()}}, [{"a": 1}, {"a": 2}], ("per sample", "PerSample")),
     "lists of items": ({}, [[torch.zeros(2)], [torch.zeros(2)] * 2], ("items", None)),
     "AsList on lists": ({"fields": {"x": AsList()}}, [[torch.zeros(2)], []], ("items", "AsList")),
@@ -1206,13 +1208,14 @@ def test_a_routes_walk_warns_of_nothing_and_the_batch_warns_once():
 
 
 def test_a_part_gets_the_recipe_of_the_walks_route_and_none_where_the_walk_refuses():
-    # Token ids: read as sequences under a field's Pad(), items of numbers under ragged=
-    # (which the walk applies to each item: no recipe runs that).
-    collate = MMCollate(pin_memory=False, fields={"x": Pad()})
-    collate([{"x": [1, 2]}, {"x": [3]}])
-    (recipe,) = [op.recipe for op in _careful_ops(collate)]
-    assert type(recipe) is NumberLists and type(recipe.inner) is PadRecipe
-    collate = MMCollate(pin_memory=False, ragged=Pad())
+    # Token ids: read as sequences under a field's Pad() and under ragged=Pad(); items of
+    # numbers under ragged=AsList() (which the walk applies to each item: no recipe runs that).
+    for settings in ({"fields": {"x": Pad()}}, {"ragged": Pad()}):
+        collate = MMCollate(pin_memory=False, **settings)
+        collate([{"x": [1, 2]}, {"x": [3]}])
+        (recipe,) = [op.recipe for op in _careful_ops(collate)]
+        assert type(recipe) is NumberLists and type(recipe.inner) is PadRecipe
+    collate = MMCollate(pin_memory=False, ragged=AsList())
     collate([{"x": [1, 2]}, {"x": [3]}])
     assert [op.recipe for op in _careful_ops(collate)] == [None]
     # Where the walk refuses the first batch, no recipe: each batch is walked, and says why.
@@ -1285,3 +1288,43 @@ def test_a_sparse_value_that_a_recipe_reshapes_is_refused_with_its_sample_and_pa
         collate(good)
     with pytest.raises(CollateError, match=r"sample 1 at \['x'\]: sparse or non-strided"):
         collate(bad)
+
+
+@pytest.mark.parametrize("policy", [Pad(), Concat(), Jagged(), Pad(max_length=2, truncate=True)], ids=repr)
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_ragged_reads_token_lists_as_a_field_rule_does_in_every_batch(policy, compile):
+    # ragged= is a policy for every field: token ids as Python lists are read as sequences, as
+    # fields={"ids": policy} reads them, never left a per-sample list without a word. Lists of
+    # one length too, so a long-lived collate gives the same keys in every batch.
+    by_ragged = MMCollate(pin_memory=False, ragged=policy, compile=compile)
+    by_field = MMCollate(pin_memory=False, fields={"ids": policy, "pair": policy}, compile=compile)
+    batches = [
+        [{"ids": [1, 2, 3], "pair": [0.5, 1.5], "y": 0}, {"ids": [4, 5], "pair": [2.5, 3.5], "y": 1}],
+        [{"ids": [6, 7], "pair": [0.0, 1.0], "y": 2}, {"ids": [8, 9], "pair": [1.0, 2.0], "y": 3}],  # one length
+        [{"ids": [1.5], "pair": [0.0, 0.0], "y": 4}, {"ids": [2.0, 3.0, 4.0], "pair": [1.0, 1.0], "y": 5}],
+        [{"ids": [], "pair": [1.0, 2.0], "y": 6}, {"ids": [], "pair": [3.0, 4.0], "y": 7}],  # all empty
+    ]
+    reference = careful_walk(ragged=policy)
+    keys = list(reference(batches[0]))
+    for samples in batches * 2:  # a warm collate as a fresh one
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RaggedFieldWarning)  # nothing is listed
+            got = by_ragged(samples)
+            assert list(got) == keys  # the same keys in every batch
+            assert_identical(dict(got), dict(reference(samples)))
+            if samples[0]["ids"] or isinstance(policy, Pad):
+                assert_identical(dict(got), dict(by_field(samples)))
+            else:
+                # Lists all empty: sequences of no token (a field's own Concat or Jagged may read
+                # them as lists of no items; ragged= applies to no sample's items).
+                ids = got["ids"].values() if got["ids"].is_nested else got["ids"]
+                assert ids.numel() == 0 and "ids_counts" not in got
+
+
+def test_ragged_as_list_keeps_token_lists_listed_without_a_warning():
+    # A ragged= policy that reads no sequences (AsList()) leaves lists as lists: the user's choice.
+    collate = MMCollate(pin_memory=False, ragged=AsList())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RaggedFieldWarning)
+        batch = collate([{"ids": [1, 2, 3]}, {"ids": [4, 5]}])
+    assert [t.tolist() for t in batch["ids"]] == [[1, 2, 3], [4, 5]]

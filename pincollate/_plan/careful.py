@@ -101,6 +101,15 @@ class Planner:
         assert handler is not None, "a column of leaves"
         return _Walk(self)._column(values, path, None, handler)
 
+    def reads_numbers(self, values: Sequence[Any], path: Path) -> bool:
+        """Whether the walk reads ``values`` at ``path`` (lists of Python numbers) as one 1-D sequence each.
+
+        Under a policy that reads them so (``Pad``, ``Concat``, ``Jagged``): the field's own,
+        else ``ragged=``, in every batch, whether or not their lengths differ.
+        """
+        policy = self.rules.lookup(path) if self.rules else None
+        return _numbers_read(values, policy if policy is not None else self.default, policy is not None) is not None
+
     def route(self, values: Sequence[Any], path: Path) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
 
@@ -149,17 +158,15 @@ class _Walk(ContainerWalk):
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy, depth)
-        numbers = (
-            _number_lists(values, empty=not policy.takes_items)
-            if policy is not None and policy.numbers_as_sequence
-            else None
-        )
+        # The field's own policy, else ragged= (as for a field of tensors), which reads no items.
+        reads = policy if policy is not None else self.default
+        numbers = _numbers_read(values, reads, policy is not None)
         if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
             sequences = self._number_sequences(values, numbers, path, origins)
-            planned = self._leaves(sequences, path, origins, lookup(torch.Tensor), policy, depth)  # type: ignore[arg-type]
-            self._took(depth, NUMBER_LISTS, policy)  # over the leaves route _leaves took with the sequences
+            planned = self._leaves(sequences, path, origins, lookup(torch.Tensor), reads, depth)  # type: ignore[arg-type]
+            self._took(depth, NUMBER_LISTS, reads)  # over the leaves route _leaves took with the sequences
             return planned
         if isinstance(policy, PerSample) and (handler is None or not handler.is_tensor):
             # A whole subtree per sample, whatever it holds: lists of per-item dicts too.
@@ -458,6 +465,18 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 
 #: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
 _NUMBERS = tuple(NUMBER_TYPES)
+
+
+def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> tuple[list[Any], set[type]] | None:
+    """:func:`_number_lists` of ``values`` where ``policy`` reads lists of numbers as 1-D sequences; else ``None``.
+
+    ``named``: the policy is the field's own, not ``ragged=``. Lists that are all empty are
+    sequences of no token unless the policy may read them as lists of (no) items: a field's
+    own ``Concat`` or ``Jagged`` (``ragged=`` applies to no sample's items).
+    """
+    if policy is None or not policy.numbers_as_sequence:
+        return None
+    return _number_lists(values, empty=not (named and policy.takes_items))
 
 
 def _number_lists(values: Sequence[Any], empty: bool = False) -> tuple[list[Any], set[type]] | None:

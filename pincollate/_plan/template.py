@@ -154,7 +154,10 @@ class Template:
         if kind is MAPPING:
             return self.mapping(column, path, siblings)
         if kind is NAMEDTUPLE or (kind is SEQUENCE and not self.items):
-            if set(map(len, column)) != {len(first)}:
+            if set(map(len, column)) != {len(first)} or (
+                self.default is not None and self.planner.reads_numbers(column, path)
+            ):
+                # Lists of one length are transposed, unless ragged= reads them as sequences (token ids).
                 return self.part(path, siblings, column)
             names = kind.keys(first)
             specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
