@@ -104,6 +104,78 @@ def test_datasets_arrow_format_batches_collate_from_arrows_buffers():
         assert_one_buffer(batch)
 
 
+def _tokenized(pad_id: int = 3) -> tuple[object, object]:
+    """A word-level tokenizer built offline (pad id ``pad_id``), and a dataset it tokenized as ``dataset.map`` does."""
+    datasets = pytest.importorskip("datasets")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    vocab = {"[UNK]": 0, "[PAD]": pad_id, **{f"w{i}": i + 4 for i in range(20)}}
+    words = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+    texts = ["w1 w2 w3", "w4 w5", "w6", "w7 w8 w9 w10", "w11 w12", "w13"]
+    ds = datasets.Dataset.from_dict({"text": texts, "label": [0, 1, 0, 1, 1, 0]})
+    ds = ds.map(lambda rows: tokenizer(rows["text"]), batched=True, remove_columns=["text"])
+    return tokenizer, ds
+
+
+def _documented_recipe(tokenizer: object) -> dict:
+    # docs/integrations.md: a tokenizer's own output, its mask and token types padded beside the ids.
+    return {
+        "ragged": Pad(mask_key=None, lengths_key=None),
+        "fields": {"input_ids": Pad(value=tokenizer.pad_token_id, mask_key=None, lengths_key=None)},  # type: ignore[attr-defined]
+        "rename": {"label": "labels"},
+    }
+
+
+def test_a_tokenizers_own_output_collates_as_data_collator_with_padding_and_a_model_takes_it():
+    transformers = pytest.importorskip("transformers")
+    tokenizer, ds = _tokenized()
+    collate = MMCollate(**_documented_recipe(tokenizer))
+    reference = transformers.DataCollatorWithPadding(tokenizer)
+    config = transformers.BertConfig(
+        vocab_size=24, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, num_labels=2
+    )
+    model = transformers.BertForSequenceClassification(config)
+    for source in (ds, ds.with_format("torch")):
+        for batch, rows in zip(DataLoader(source, batch_size=4, collate_fn=collate), ([0, 1, 2, 3], [4, 5])):
+            want = reference([ds[i] for i in rows])
+            assert sorted(batch) == sorted(want)
+            for key in want:
+                assert batch[key].dtype == want[key].dtype and torch.equal(batch[key], want[key]), key
+            padded = batch["input_ids"] == tokenizer.pad_token_id  # type: ignore[attr-defined]
+            assert torch.equal(padded, batch["attention_mask"] == 0) and padded.any()
+            assert torch.isfinite(model(**batch).loss)
+
+
+def test_arrow_token_columns_keep_their_types_and_a_cast_column_gives_int64():
+    # docs/integrations.md: ColumnCollate keeps Arrow's int32 ids and int8 token types; a cast on
+    # the dataset gives the int64 an embedding takes.
+    datasets = pytest.importorskip("datasets")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    import pincollate
+
+    tokenizer, ds = _tokenized()
+    collate = pincollate.ColumnCollate(**_documented_recipe(tokenizer))
+    sampler = BatchSampler(SequentialSampler(range(len(ds))), batch_size=4, drop_last=False)
+    (batch, _) = DataLoader(ds.with_format("arrow"), batch_size=None, sampler=sampler, collate_fn=collate)
+    assert (batch["input_ids"].dtype, batch["token_type_ids"].dtype) == (torch.int32, torch.int8)
+    cast = ds.cast_column("token_type_ids", datasets.Sequence(datasets.Value("int64")))
+    (batch, _) = DataLoader(cast.with_format("arrow"), batch_size=None, sampler=sampler, collate_fn=collate)
+    want = MMCollate(**_documented_recipe(tokenizer))([ds[i] for i in range(4)])
+    assert batch["token_type_ids"].dtype == torch.int64
+    for key in want:
+        assert torch.equal(batch[key].long(), want[key].long()), key
+
+
 def test_datasets_image_features_come_back_as_pil_and_stack():
     datasets = pytest.importorskip("datasets")
     from PIL import Image
@@ -189,8 +261,13 @@ def test_input_monitor_adds_the_input_bound_share_to_the_trainers_logs(tmp_path,
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, data_collator=HF, callbacks=[monitor])
     trainer.train()
     assert (monitor.epoch.batches, monitor.total.batches) == (4, 8)
-    share = monitor.epoch.input_bound
-    assert share > 0.7 if slow == "data" else share < 0.3, monitor.epoch
+    share, epoch = monitor.epoch.input_bound, monitor.epoch
+    # Every nap lands on its side, whatever else runs on the machine (a BERT step on a busy
+    # machine can take as long as a nap, so the share alone would say little).
+    if slow == "data":
+        assert epoch.waited_s >= 0.95 * 4 * NAP, epoch
+    else:
+        assert epoch.busy_s >= 0.95 * 4 * NAP and epoch.waited_s < 0.5 * 4 * NAP, epoch
     logged = [entry for entry in trainer.state.log_history if "data/input_bound" in entry]
     # Every second step of both epochs, and the end of training with the whole run's.
     assert len(logged) == 5 and "train_runtime" in logged[-1] and "loss" in logged[0]
