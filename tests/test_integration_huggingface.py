@@ -145,7 +145,8 @@ def test_a_tokenizers_own_output_collates_as_data_collator_with_padding_and_a_mo
     )
     model = transformers.BertForSequenceClassification(config)
     for source in (ds, ds.with_format("torch")):
-        for batch, rows in zip(DataLoader(source, batch_size=4, collate_fn=collate), ([0, 1, 2, 3], [4, 5])):
+        batches = DataLoader(source, batch_size=4, collate_fn=collate)
+        for batch, rows in zip(batches, ([0, 1, 2, 3], [4, 5]), strict=True):
             want = reference([ds[i] for i in rows])
             assert sorted(batch) == sorted(want)
             for key in want:
