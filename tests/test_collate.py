@@ -464,6 +464,29 @@ def test_a_column_of_arrays_beside_lists_is_what_default_collate_makes_of_it(col
         assert_one_buffer(out)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize(
+    "first", [[torch.ones(2), 0], (torch.ones(2), 0), [1.0, 2.0]], ids=["list", "tuple", "numbers"]
+)
+@pytest.mark.parametrize("kind", ["nested", "sparse"])
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_tensor_the_walk_refuses_after_a_list_is_named_as_when_it_comes_first(first, kind, compile):
+    # Zipped by its rows beside sequences, a nested tensor raised torch's internal error and a
+    # sparse one was read densely: each is refused as it is alone, naming its sample.
+    if kind == "nested":
+        value = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        says = "nested tensors are not supported; pass their components as a list"
+    else:
+        value = torch.tensor([5.0, 7.0]).to_sparse()
+        says = r"sparse or non-strided tensors \(torch.sparse_coo\) are not supported"
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for batch in ([{"v": first}, {"v": value}], [{"v": value}, {"v": first}]):
+        with pytest.raises(CollateError, match=says) as info:
+            collate(batch)
+        assert info.value.sample == batch.index(next(s for s in batch if s["v"] is value))
+        assert info.value.path == ("v",)
+
+
 @pytest.mark.parametrize(
     "column, sample, says",
     [

@@ -407,6 +407,54 @@ def test_pad_value_must_fit_a_floating_dtype():
         collate([{"x": torch.zeros(2, dtype=torch.float16)}, {"x": torch.zeros(3, dtype=torch.float16)}])
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_pad_value_must_fit_each_part_of_a_complex_dtype_and_a_complex_value_pads_one(compile):
+    def ragged(dtype):
+        return [{"x": torch.ones(2, dtype=dtype)}, {"x": torch.ones(1, dtype=dtype)}]
+
+    # complex32 is two float16: a value past float16's range would pad inf.
+    with pytest.raises(CollateError, match=r"at \['x'\]: pad value 70000.0 does not fit dtype torch.complex32"):
+        MMCollate(pin_memory=False, fields={"x": Pad(value=70000.0)}, compile=compile)(ragged(torch.complex32))
+    collate = MMCollate(pin_memory=False, fields={"x": Pad(value=2 - 1j)}, compile=compile)
+    for dtype in (torch.complex64, torch.complex128, torch.complex32) * 2:  # a warm collate too
+        batch = collate(ragged(dtype))
+        assert batch["x"].dtype == dtype and batch["x"][1].tolist() == [1, 2 - 1j]
+    with pytest.raises(CollateError, match=r"at \['x'\]: pad value \(2-1j\) does not fit dtype torch.float32"):
+        collate(ragged(torch.float32))
+
+
+@pytest.mark.parametrize("name", ["float4_e2m1fn_x2", "bits8", "bits16", "int4", "uint4"])
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_pad_refuses_dtypes_without_a_range_naming_the_field(name, compile):
+    dtype = getattr(torch, name, None)
+    if dtype is None:
+        pytest.skip(f"this torch has no {name}")
+    size = dtype.itemsize
+    samples = [
+        {"x": torch.zeros(2 * size, dtype=torch.uint8).view(dtype)},
+        {"x": torch.zeros(size, dtype=torch.uint8).view(dtype)},
+    ]
+    expected = rf"at \['x'\]: Pad\(\) does not pad values of dtype torch.{name}; convert them first"
+    with pytest.raises(CollateError, match=expected):
+        MMCollate(pin_memory=False, fields={"x": Pad()}, compile=compile)(samples)
+    listed = MMCollate(pin_memory=False, fields={"x": AsList()}, compile=compile)(samples)  # as the error says
+    assert [t.dtype for t in listed["x"]] == [dtype, dtype]
+
+
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64", "float8_e4m3fn"])
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_items_of_dtypes_torch_does_not_promote_together_name_the_sample(name, compile):
+    # A sample's int items (int64) beside another's uint16 tensor: torch promotes them with nothing.
+    dtype = getattr(torch, name)
+    batch = [{"v": [1, 2]}, {"v": torch.ones(2).to(dtype)}]
+    collate = MMCollate(pin_memory=False, sequences="items", compile=compile)
+    expected = rf"{dtype} items here do not stack with torch.int64 items in sample 0: Promotion"
+    with pytest.raises(CollateError, match=expected) as info:
+        collate(batch)
+    assert info.value.sample == 1 and info.value.path == ("v",)
+
+
 def test_a_policy_on_string_values_is_an_error():
     with pytest.raises(CollateError, match=r"at \['s'\]: Pad\(\) applies to tensors and lists of items, not to str"):
         MMCollate(fields={"s": Pad()})([{"s": "a"}, {"s": "b"}])

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .._errors import Attr
+from .._types.builtin import describe_tensor
 from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from .._types.leaves import type_name
 from .fill import Node, Tree
@@ -139,10 +140,24 @@ class ContainerWalk(ItemWalk):
         for i, value in enumerate(values):
             if value is None and self.missing:
                 continue
-            if type(value) is cls or (tuples and _zips(value) and len(value) == len(first)):
+            if type(value) is cls:
                 continue
+            if tuples and _zips(value):
+                self._rows_of(value, i, path, origins)
+                if len(value) == len(first):
+                    continue
             raise self._error(f"expected {cls.__name__}, got {type_name(value)}", i, path, origins)
         return cls
+
+    def _rows_of(self, value: Any, i: int, path: Path, origins: Origins) -> None:
+        """Refuse, naming it, a tensor zipped by its rows beside sequences that the walk refuses as a value.
+
+        A nested, quantized, sparse or accelerator tensor: its rows would be read before any
+        of the walk's checks (a nested tensor's iteration raises torch's internal error).
+        """
+        if isinstance(value, torch.Tensor):
+            sample, where = self._blame(i, path, origins)
+            describe_tensor(value, sample, where)
 
     def _namedtuple(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> Node:
         cls = self._same_type(values, path, origins, tuples=True)
@@ -205,6 +220,7 @@ class ContainerWalk(ItemWalk):
             # A namedtuple beside plain sequences is one more sequence, as default_collate zips it.
             if not is_sequence(value):
                 if _has_rows(value):
+                    self._rows_of(value, i, path, origins)
                     rows = i if rows is None else rows
                     continue
                 raise self._error(

@@ -64,6 +64,9 @@ __all__ = [
 Path = tuple[Hashable, ...]
 Origins = list[tuple[int, Path]] | None
 Extras = dict[str, Node]
+#: ``refused(i, first, what, first_what, why)``: the error for sample ``i``'s items (``what``: their class
+#: or dtype) that torch does not stack with sample ``first``'s, and why.
+Refused = Callable[[int, int, str, str, str], CollateError]
 
 #: How a container's output spec is made from its children's specs.
 Maker = Callable[[list[Spec]], Spec]
@@ -129,13 +132,13 @@ class ItemWalk:
         sample, where = self._blame(i, path, origins)
         return CollateError(message, sample=sample, path=where)
 
-    def _refused(self, path: Path, origins: Origins) -> Callable[[int, int, type, type], CollateError]:
-        """The error for sample ``i``'s items of class ``cls`` that torch refuses to stack with sample ``first``'s."""
+    def _refused(self, path: Path, origins: Origins) -> Refused:
+        """The error for sample ``i``'s items (``what``) that torch refuses to stack with sample ``first``'s (``first_what``)."""
 
-        def error(i: int, first: int, cls: type, first_cls: type) -> CollateError:
+        def error(i: int, first: int, what: str, first_what: str, why: str) -> CollateError:
             return self._error(
-                f"{cls.__name__} items here do not stack with {first_cls.__name__} items in sample "
-                f"{self._blame(first, path, origins)[0]}: torch.stack refuses the two classes together",
+                f"{what} items here do not stack with {first_what} items in sample "
+                f"{self._blame(first, path, origins)[0]}: {why}",
                 i,
                 path,
                 origins,
@@ -348,12 +351,13 @@ def _unstack(slot: TensorNode) -> TensorNode:
     return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
 
 
-def merge(children: list[Node], refused: Callable[[int, int, type, type], CollateError]) -> Node:
+def merge(children: list[Node], refused: Refused) -> Node:
     """Stack children that are tensors of one shape into one slot, else list them.
 
-    The stack has the class ``torch.stack`` gives the children's classes (a subclass
-    beside plain tensors wins); where torch refuses them together (two ``tv_tensors``
-    kinds), ``refused(i, first, cls, first_cls)`` is raised for the first child that differs.
+    The stack has the class and dtype ``torch.stack`` gives the children's (a subclass
+    beside plain tensors wins; dtypes promote); where torch refuses them together (two
+    ``tv_tensors`` kinds; ``uint16`` or ``float8`` beside another dtype), ``refused(i, first,
+    what, first_what, why)`` is raised for the first child that differs.
     """
     if not children or not all(isinstance(c, TensorNode) and c.stackable for c in children):
         return Tree(ListSpec, children)
@@ -363,9 +367,12 @@ def merge(children: list[Node], refused: Callable[[int, int, type, type], Collat
         return Tree(ListSpec, children)
     wrap = _stacked_wrap(slots, refused)
     dtype = slots[0].dtype
-    for s in slots[1:]:
+    for i, s in enumerate(slots):
         if s.dtype is not dtype:
-            dtype = torch.promote_types(dtype, s.dtype)
+            try:
+                dtype = torch.promote_types(dtype, s.dtype)
+            except RuntimeError as exc:  # torch promotes uint16-64 and float8 with no other dtype
+                raise refused(i, 0, str(s.dtype), str(slots[0].dtype), str(exc)) from None
     segments: list[Segment] = []
     numel = slots[0].numel
     for i, s in enumerate(slots):
@@ -385,7 +392,7 @@ def merge(children: list[Node], refused: Callable[[int, int, type, type], Collat
     return TensorNode(dtype, (len(slots), *shape), segments, wrap)
 
 
-def _stacked_wrap(slots: list[TensorNode], refused: Callable[[int, int, type, type], CollateError]) -> Wrap | None:
+def _stacked_wrap(slots: list[TensorNode], refused: Refused) -> Wrap | None:
     """How the stack of ``slots`` is wrapped: as :meth:`Column.joined_class` decides for values."""
     wraps = dict.fromkeys(slot.wrap for slot in slots)
     if len(wraps) == 1:
@@ -395,7 +402,8 @@ def _stacked_wrap(slots: list[TensorNode], refused: Callable[[int, int, type, ty
         cls = stacked_class(classes)
     except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
         i = next(i for i, cls in enumerate(classes) if cls is not classes[0])
-        raise refused(i, 0, classes[i], classes[0]) from None
+        why = "torch.stack refuses the two classes together"
+        raise refused(i, 0, classes[i].__name__, classes[0].__name__, why) from None
     for wrap in wraps:
         if wrap is not None and wrap.cls is cls and not wrap.meta:
             return wrap

@@ -28,7 +28,7 @@ from .fill import Node, Segment, TensorNode
 from .ops import PLAIN
 from .padding import Joined, fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
-__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "fits", "int_node"]
+__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "int_node", "pad_refusal"]
 
 
 class Policy:
@@ -149,15 +149,35 @@ class PerSample(Policy):
         return AsList().plan(column, name)
 
 
-def fits(value: float | bool, dtype: torch.dtype) -> bool:
+def pad_refusal(value: complex, dtype: torch.dtype) -> str | None:
+    """Why ``Pad(value=value)`` cannot fill a field of ``dtype``; ``None`` where it can.
+
+    A float or complex value must lie in the dtype's range (each part of a complex one:
+    ``complex32`` is two ``float16``); an int value in an integer dtype's; a complex value
+    only in a complex dtype. A dtype torch gives no range for (``float4_e2m1fn_x2``,
+    ``int4``, the ``bits`` types) has no fill either.
+
+    Examples:
+        >>> pad_refusal(-1, torch.int64) is None, pad_refusal(1j, torch.complex64) is None
+        (True, True)
+        >>> pad_refusal(70000.0, torch.complex32)
+        'pad value 70000.0 does not fit dtype torch.complex32'
+    """
+    if isinstance(value, complex) and not dtype.is_complex:
+        return f"pad value {value!r} does not fit dtype {dtype}"
     if dtype == torch.bool:
-        return value in (0, 1)
-    if dtype.is_complex:
-        return True
-    if dtype.is_floating_point:
-        return math.isnan(value) or math.isinf(value) or abs(value) <= torch.finfo(dtype).max
-    info = torch.iinfo(dtype)
-    return float(value).is_integer() and info.min <= value <= info.max
+        return None if value in (0, 1) else f"pad value {value!r} does not fit dtype {dtype}"
+    try:
+        if dtype.is_complex or dtype.is_floating_point:
+            top = torch.finfo(dtype).max
+            parts = (value.real, value.imag) if isinstance(value, complex) else (value,)
+            fits = all(math.isnan(part) or math.isinf(part) or abs(part) <= top for part in parts)
+        else:
+            info = torch.iinfo(dtype)
+            fits = float(value).is_integer() and info.min <= value <= info.max
+    except (TypeError, RuntimeError, NotImplementedError):  # no range for it: no padding either
+        return f"Pad() does not pad values of dtype {dtype}; convert them first, or list them (AsList())"
+    return None if fits else f"pad value {value!r} does not fit dtype {dtype}"
 
 
 def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:
@@ -166,11 +186,11 @@ def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int
     return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, values)])
 
 
-def _fill_value(region: torch.Tensor, payload: None, *, value: float | bool) -> None:
+def _fill_value(region: torch.Tensor, payload: None, *, value: complex) -> None:
     region.fill_(value)
 
 
-def _constant(dtype: torch.dtype, shape: tuple[int, ...], value: float | bool) -> TensorNode:
+def _constant(dtype: torch.dtype, shape: tuple[int, ...], value: complex) -> TensorNode:
     """A tensor of ``shape`` holding ``value`` everywhere (nothing to fill where it has no element)."""
     fill = functools.partial(_fill_value, value=value)
     return TensorNode(dtype, shape, [Segment(0, shape, fill, None)] if math.prod(shape) else [])
@@ -189,7 +209,8 @@ class Pad(Policy):
     """Pad ragged values to one shape; add their lengths and a validity mask.
 
     Args:
-        value: the pad value; it must fit the field's dtype.
+        value: the pad value; it must fit the field's dtype (a complex one only a
+            complex field's).
         side: ``"right"`` pads after the values, ``"left"`` before them.
         multiple_of: round each padded dimension up to a multiple of this.
         max_length: pad each padded dimension to exactly this size, in every batch
@@ -222,7 +243,7 @@ class Pad(Policy):
 
     def __init__(
         self,
-        value: float | bool = 0,
+        value: complex = 0,
         side: Literal["right", "left"] = "right",
         multiple_of: int | None = None,
         max_length: int | None = None,
@@ -235,7 +256,7 @@ class Pad(Policy):
             raise CollateError(f"Pad(side=...) must be 'right' or 'left', got {side!r}")
         if multiple_of is not None and (not isinstance(multiple_of, int) or multiple_of < 1):
             raise CollateError(f"Pad(multiple_of=...) must be a positive int, got {multiple_of!r}")
-        if not isinstance(value, (bool, int, float)):
+        if not isinstance(value, (bool, int, float, complex)):
             raise CollateError(f"Pad(value=...) must be a number, got {type(value).__name__}")
         if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
             raise CollateError(f"Pad(max_length=...) must be a positive int, got {max_length!r}")
@@ -249,7 +270,7 @@ class Pad(Policy):
             raise CollateError(f"Pad(dims={tuple(dims)}) names a dimension twice")
         if lengths_key is not None and lengths_key == mask_key:
             raise CollateError(f"Pad(lengths_key=..., mask_key=...) must differ, both are {lengths_key!r}")
-        self.value: float | bool = value
+        self.value: complex = value
         self.side: Literal["right", "left"] = side
         self.multiple_of: int | None = multiple_of
         self.max_length: int | None = max_length
@@ -326,7 +347,9 @@ class Pad(Policy):
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
             extras[mask_name] = _constant(torch.bool, shape, False)
-        return _constant(torch.float32, shape, self.value), extras
+        # float32 rows of nothing (or of padding); complex64 for a complex pad value.
+        dtype = torch.complex64 if isinstance(self.value, complex) else torch.float32
+        return _constant(dtype, shape, self.value), extras
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
         present = column.present
@@ -343,8 +366,9 @@ class Pad(Policy):
                 i,
             )
         dtype = column.dtype
-        if not fits(self.value, dtype):
-            raise column.error(f"pad value {self.value!r} does not fit dtype {dtype}")
+        refusal = pad_refusal(self.value, dtype)
+        if refusal is not None:
+            raise column.error(refusal)
         try:
             dims, sizes, longer = self.measure(list(shapes.values()))  # the present values', in order
         except Unpadded as refused:

@@ -38,7 +38,7 @@ from .ops import FIRST
 from .packed import concat_recipe
 from .packing import Concat, Jagged
 from .padding import Joined
-from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, fits
+from .policies import AsList, Pad, PerSample, Policy, Stack, Unpadded, pad_refusal
 from .recipe import Arrays, NumberLists, Recipe, array_column, kept_tensors, number_tensor, plain_tensors
 from .rows import per_sample_recipe
 
@@ -284,7 +284,7 @@ def _leaves(
         dims = policy.dims
         if dims is not None and (len(dims) != 1 or not -ndim <= dims[0] < ndim):
             return None
-        if not fits(policy.value, dtype):
-            return None
+        if pad_refusal(policy.value, dtype) is not None:
+            return None  # the walk names it
         return PadRecipe(dtype, ndim, policy, name, missing)
     return None
