@@ -449,7 +449,7 @@ def test_items_of_dtypes_torch_does_not_promote_together_name_the_sample(name, c
     dtype = getattr(torch, name)
     batch = [{"v": [1, 2]}, {"v": torch.ones(2).to(dtype)}]
     collate = MMCollate(pin_memory=False, sequences="items", compile=compile)
-    expected = rf"{dtype} items here do not stack with torch.int64 items in sample 0: Promotion"
+    expected = rf"{dtype} items here do not stack with torch.int64 items before them: Promotion"
     with pytest.raises(CollateError, match=expected) as info:
         collate(batch)
     assert info.value.sample == 1 and info.value.path == ("v",)

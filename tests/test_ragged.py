@@ -1328,3 +1328,64 @@ def test_ragged_as_list_keeps_token_lists_listed_without_a_warning():
         warnings.simplefilter("error", RaggedFieldWarning)
         batch = collate([{"ids": [1, 2, 3]}, {"ids": [4, 5]}])
     assert [t.tolist() for t in batch["ids"]] == [[1, 2, 3], [4, 5]]
+
+
+class _TokenList(list):
+    """A list class of the user's, registered as a container."""
+
+
+def test_ragged_reads_lists_as_the_walk_whatever_batch_the_plan_was_made_from():
+    # A plan made from a batch whose lists the walk does not read (a numpy scalar beside ints: the
+    # first batch here, the suite compiling at first sight), or from a registered list class, must
+    # not transpose or flatten a later batch the walk pads.
+    from pincollate import register_container
+
+    register_container(_TokenList, lambda v: (list(range(len(v))), list(v)), lambda keys, values: _TokenList(values))
+    numbers = [{"x": [1, 2]}, {"x": [3, 4]}]
+    scalars = [{"x": [1, 2]}, {"x": [np.int64(3), np.int64(4)]}]
+    registered = [{"x": _TokenList([1, 2])}, {"x": _TokenList([3, 4])}]
+    for policy in (Pad(), Concat(), Jagged()):
+        collate, reference = MMCollate(pin_memory=False, ragged=policy), careful_walk(ragged=policy)
+        for batch in (scalars, numbers, scalars, numbers, registered, registered, numbers):
+            assert_same_outcome(collate, reference, batch)
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_ragged_never_reads_a_samples_items_as_token_ids(compile):
+    # Boxes as lists of four numbers: each sample's stack, as without ragged=, never padded as tokens.
+    collate = MMCollate(pin_memory=False, ragged=Pad(), compile=compile)
+    batch = [{"boxes": [[0, 0, 4, 4], [1, 1, 2, 2]], "ids": [1, 2, 3]}, {"boxes": [[2, 2, 3, 3]], "ids": [4]}]
+    for _ in range(3):
+        out = collate(batch)
+        assert [b.tolist() for b in out["boxes"]] == [[[0, 0, 4, 4], [1, 1, 2, 2]], [[2, 2, 3, 3]]]
+        assert out["ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and out["ids_lengths"].tolist() == [3, 1]
+    # A token list at a tuple's position has no mapping for the extras: as a tensor there, an error.
+    with pytest.raises(CollateError, match=r"sample 0 at \[0\]: the policy for this field returns \['0_lengths'"):
+        collate([([1, 2], 0), ([3], 1)])
+    quiet = MMCollate(pin_memory=False, ragged=Pad(lengths_key=None, mask_key=None), compile=compile)
+    assert quiet([([1, 2], 0), ([3], 1)])[0].tolist() == [[1, 2], [3, 0]]
+
+
+@pytest.mark.filterwarnings("ignore:BComplex32 support is experimental")
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        ("float8_e8m0fnu", 0),  # no zero: 0 would pad as 2**-127
+        ("float8_e8m0fnu", -1),  # no sign: -1 would pad as 1
+        ("float8_e4m3fn", 70000.0),  # saturates at 448
+        ("float8_e4m3fn", float("inf")),  # no inf
+        ("float32", 2**1100),  # past what torch converts
+        ("float16", 1e-10),  # rounds to zero
+        ("bcomplex32", 0),  # no fill kernel
+    ],
+)
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_a_pad_value_the_dtype_cannot_hold_is_refused_naming_the_field(dtype, value, compile):
+    dtype = getattr(torch, dtype, None)
+    if dtype is None:
+        pytest.skip("a dtype this torch lacks")
+    size = dtype.itemsize
+    column = [torch.zeros(2 * size, dtype=torch.uint8).view(dtype), torch.zeros(size, dtype=torch.uint8).view(dtype)]
+    collate = MMCollate(pin_memory=False, fields={"x": Pad(value=value)}, compile=compile)
+    with pytest.raises(CollateError, match=r"at \['x'\]: (pad value .* does not fit|Pad\(\) does not pad values of)"):
+        collate([{"x": value} for value in column])

@@ -60,8 +60,10 @@ class ColumnCollate:
             process has started an accelerator.
         fields: policies by column name (or key-path pattern inside a column's
             values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
-        ragged: the policy for ragged columns no pattern names (``None``: a
-            per-row list, each row in the buffer).
+        ragged: the policy for columns of rows no pattern names (object arrays and
+            Arrow lists: their tensors, arrays and token-id lists, in every batch, as
+            ``MMCollate(ragged=...)`` takes them of the rows as samples; ``None``: a
+            per-row list where rows differ, each row in the buffer).
         rename: output names for columns, e.g. ``{"label": "labels"}``.
         missing: ``"none"`` takes ``None`` rows in ragged columns (empty for
             ``Pad``/``Concat``/``Jagged``).

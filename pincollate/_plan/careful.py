@@ -101,14 +101,21 @@ class Planner:
         assert handler is not None, "a column of leaves"
         return _Walk(self)._column(values, path, None, handler)
 
-    def reads_numbers(self, values: Sequence[Any], path: Path) -> bool:
-        """Whether the walk reads ``values`` at ``path`` (lists of Python numbers) as one 1-D sequence each.
+    def may_read_numbers(self, values: Sequence[Any], path: Path) -> bool:
+        """Whether the walk may read a batch's column at ``path``, first seen as ``values``, as token-id sequences.
 
-        Under a policy that reads them so (``Pad``, ``Concat``, ``Jagged``): the field's own,
-        else ``ragged=``, in every batch, whether or not their lengths differ.
+        Under a policy that reads lists of Python numbers as sequences (``Pad``, ``Concat``,
+        ``Jagged``: the field's own, else ``ragged=``), in every batch whether or not their
+        lengths differ, a column of lists or tuples that holds a Python number may be read so
+        in some batch of its structure (another batch's lists may hold only numbers where this
+        one holds a numpy scalar beside them): a plan walks such a column for each batch.
         """
         policy = self.rules.lookup(path) if self.rules else None
-        return _numbers_read(values, policy if policy is not None else self.default, policy is not None) is not None
+        reads = policy if policy is not None else self.default
+        if reads is None or not reads.numbers_as_sequence:
+            return False
+        rows = [value for value in values if isinstance(value, (list, tuple)) and not is_namedtuple(value)]
+        return any(isinstance(x, _NUMBERS) for x in itertools.chain.from_iterable(rows))
 
     def route(self, values: Sequence[Any], path: Path) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
@@ -158,8 +165,9 @@ class _Walk(ContainerWalk):
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy, depth)
-        # The field's own policy, else ragged= (as for a field of tensors), which reads no items.
-        reads = policy if policy is not None else self.default
+        # The field's own policy, else ragged= (as for a field of tensors); ragged= never reads a
+        # sample's items as sequences (boxes as lists of four numbers stay each sample's stack).
+        reads = policy if policy is not None else (self.default if origins is None else None)
         numbers = _numbers_read(values, reads, policy is not None)
         if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
@@ -472,7 +480,7 @@ def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> 
 
     ``named``: the policy is the field's own, not ``ragged=``. Lists that are all empty are
     sequences of no token unless the policy may read them as lists of (no) items: a field's
-    own ``Concat`` or ``Jagged`` (``ragged=`` applies to no sample's items).
+    own ``Concat`` or ``Jagged`` (``ragged=`` never joins items across samples).
     """
     if policy is None or not policy.numbers_as_sequence:
         return None

@@ -25,7 +25,18 @@ from .listed import ListRecipe
 from .padding import Joined
 from .recipe import kept_tensors
 
-__all__ = ["MAX_DEPTH", "Column", "Path", "listed", "plain_stack", "stack_node", "stack_or_list", "stacked_class"]
+__all__ = [
+    "MAX_DEPTH",
+    "Column",
+    "Path",
+    "Unpromoted",
+    "listed",
+    "plain_stack",
+    "promote_all",
+    "stack_node",
+    "stack_or_list",
+    "stacked_class",
+]
 
 Path = tuple[Hashable, ...]
 
@@ -33,6 +44,39 @@ Path = tuple[Hashable, ...]
 MAX_DEPTH = 100
 
 _PLAIN = {torch.Tensor}
+
+
+class Unpromoted(Exception):
+    """:func:`promote_all` met a dtype torch promotes with nothing before it: at ``index``, ``dtype`` after ``before``."""
+
+    def __init__(self, message: str, index: int, dtype: torch.dtype, before: torch.dtype):
+        super().__init__(message)
+        self.index, self.dtype, self.before = index, dtype, before
+
+
+def promote_all(dtypes: Sequence[torch.dtype | None]) -> torch.dtype | None:
+    """The dtype ``torch.stack`` gives values of ``dtypes`` (``None`` skipped; ``None`` where none is left).
+
+    Raises:
+        Unpromoted: torch promotes a dtype with nothing before it (``uint16``-``uint64`` with
+            signed ints, ``float8`` with any other).
+
+    Examples:
+        >>> promote_all([torch.int32, None, torch.float16])
+        torch.float16
+    """
+    promoted: torch.dtype | None = None
+    for i, dtype in enumerate(dtypes):
+        if dtype is None or dtype is promoted:
+            continue
+        if promoted is None:
+            promoted = dtype
+            continue
+        try:
+            promoted = torch.promote_types(promoted, dtype)
+        except RuntimeError as exc:
+            raise Unpromoted(str(exc), i, dtype, promoted) from None
+    return promoted
 
 
 class Column:
@@ -108,18 +152,12 @@ class Column:
         found.discard(None)
         if len(found) < 2:  # one dtype (read at C speed), or none present
             return torch.float32 if not found else found.pop()  # type: ignore[return-value]
-        first: torch.dtype | None = None
-        for i, other in enumerate(self.dtypes):
-            if other is None or other is first:
-                continue
-            if first is None:
-                first = other
-                continue
-            try:
-                first = torch.promote_types(first, other)
-            except RuntimeError as exc:  # uint16/32/64 with signed ints, float8 with others
-                raise self.error(f"cannot stack {other} here with {first} before it: {exc}", i) from exc
-        return torch.float32 if first is None else first
+        try:
+            return promote_all(self.dtypes) or torch.float32
+        except Unpromoted as refused:
+            raise self.error(
+                f"cannot stack {refused.dtype} here with {refused.before} before it: {refused}", refused.index
+            ) from None
 
     @property
     def uniform(self) -> bool:

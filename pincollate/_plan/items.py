@@ -34,7 +34,7 @@ from .._types.kinds import (
 )
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
-from .column import MAX_DEPTH, Column, stack_or_list, stacked_class
+from .column import MAX_DEPTH, Column, Unpromoted, promote_all, stack_or_list, stacked_class
 from .fallback import Fallbacks, two_shapes
 from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .listed import ItemsRecipe
@@ -65,8 +65,8 @@ Path = tuple[Hashable, ...]
 Origins = list[tuple[int, Path]] | None
 Extras = dict[str, Node]
 #: ``refused(i, first, what, first_what, why)``: the error for sample ``i``'s items (``what``: their class
-#: or dtype) that torch does not stack with sample ``first``'s, and why.
-Refused = Callable[[int, int, str, str, str], CollateError]
+#: or dtype) that torch does not stack with sample ``first``'s (``None``: with those before them), and why.
+Refused = Callable[[int, int | None, str, str, str], CollateError]
 
 #: How a container's output spec is made from its children's specs.
 Maker = Callable[[list[Spec]], Spec]
@@ -135,13 +135,10 @@ class ItemWalk:
     def _refused(self, path: Path, origins: Origins) -> Refused:
         """The error for sample ``i``'s items (``what``) that torch refuses to stack with sample ``first``'s (``first_what``)."""
 
-        def error(i: int, first: int, what: str, first_what: str, why: str) -> CollateError:
+        def error(i: int, first: int | None, what: str, first_what: str, why: str) -> CollateError:
+            where = "before them" if first is None else f"in sample {self._blame(first, path, origins)[0]}"
             return self._error(
-                f"{what} items here do not stack with {first_what} items in sample "
-                f"{self._blame(first, path, origins)[0]}: {why}",
-                i,
-                path,
-                origins,
+                f"{what} items here do not stack with {first_what} items {where}: {why}", i, path, origins
             )
 
         return error
@@ -366,13 +363,11 @@ def merge(children: list[Node], refused: Refused) -> Node:
     if any(s.shape != shape for s in slots):
         return Tree(ListSpec, children)
     wrap = _stacked_wrap(slots, refused)
-    dtype = slots[0].dtype
-    for i, s in enumerate(slots):
-        if s.dtype is not dtype:
-            try:
-                dtype = torch.promote_types(dtype, s.dtype)
-            except RuntimeError as exc:  # torch promotes uint16-64 and float8 with no other dtype
-                raise refused(i, 0, str(s.dtype), str(slots[0].dtype), str(exc)) from None
+    try:
+        dtype = promote_all([slot.dtype for slot in slots])
+    except Unpromoted as exc:
+        raise refused(exc.index, None, str(exc.dtype), str(exc.before), str(exc)) from None
+    assert dtype is not None, "tensors, each of a dtype"
     segments: list[Segment] = []
     numel = slots[0].numel
     for i, s in enumerate(slots):

@@ -152,10 +152,12 @@ class PerSample(Policy):
 def pad_refusal(value: complex, dtype: torch.dtype) -> str | None:
     """Why ``Pad(value=value)`` cannot fill a field of ``dtype``; ``None`` where it can.
 
-    A float or complex value must lie in the dtype's range (each part of a complex one:
-    ``complex32`` is two ``float16``); an int value in an integer dtype's; a complex value
-    only in a complex dtype. A dtype torch gives no range for (``float4_e2m1fn_x2``,
-    ``int4``, the ``bits`` types) has no fill either.
+    The value is written into the dtype once and read back: an integer dtype must give the
+    value itself; a floating one may round it, within its range, keeping its sign, whether
+    it is zero and whether it is finite (each part of a complex value; ``complex32`` is two
+    ``float16``). A complex
+    value fits only a complex dtype. A dtype torch cannot fill (``float4_e2m1fn_x2``,
+    ``int4``, the ``bits`` types) is refused whatever the value.
 
     Examples:
         >>> pad_refusal(-1, torch.int64) is None, pad_refusal(1j, torch.complex64) is None
@@ -163,21 +165,41 @@ def pad_refusal(value: complex, dtype: torch.dtype) -> str | None:
         >>> pad_refusal(70000.0, torch.complex32)
         'pad value 70000.0 does not fit dtype torch.complex32'
     """
-    if isinstance(value, complex) and not dtype.is_complex:
-        return f"pad value {value!r} does not fit dtype {dtype}"
-    if dtype == torch.bool:
-        return None if value in (0, 1) else f"pad value {value!r} does not fit dtype {dtype}"
+    return _pad_refusal(value, type(value).__name__, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _pad_refusal(value: complex, kind: str, dtype: torch.dtype) -> str | None:
+    # ``kind``: 1, 1.0 and True are one key to the cache, but not one pad value.
+    cannot = f"pad value {value!r} does not fit dtype {dtype}"
     try:
-        if dtype.is_complex or dtype.is_floating_point:
-            top = torch.finfo(dtype).max
-            parts = (value.real, value.imag) if isinstance(value, complex) else (value,)
-            fits = all(math.isnan(part) or math.isinf(part) or abs(part) <= top for part in parts)
-        else:
-            info = torch.iinfo(dtype)
-            fits = float(value).is_integer() and info.min <= value <= info.max
-    except (TypeError, RuntimeError, NotImplementedError):  # no range for it: no padding either
+        torch.empty(2, dtype=dtype, device="cpu").fill_(0)  # Pad's fill (one element would take another path)
+    except (TypeError, RuntimeError, NotImplementedError):
         return f"Pad() does not pad values of dtype {dtype}; convert them first, or list them (AsList())"
-    return None if fits else f"pad value {value!r} does not fit dtype {dtype}"
+    if isinstance(value, complex) and not dtype.is_complex:
+        return cannot
+    if dtype == torch.bool:
+        return None if value in (0, 1) else cannot
+    exact = not (dtype.is_floating_point or dtype.is_complex)
+    if exact and not (isinstance(value, int) or float(value).is_integer()):  # type: ignore[arg-type]
+        return cannot  # a fraction in an integer dtype (a complex value reaches only complex dtypes)
+    try:
+        back = torch.empty(2, dtype=dtype, device="cpu").fill_(value)[0].item()
+    except (TypeError, RuntimeError, OverflowError):  # past the dtype's range, or past what torch converts
+        return cannot
+    if exact:
+        return None if back == value else cannot  # an integer written back as another
+    top = torch.finfo(dtype).max
+    wanted, got = complex(value), complex(back)
+    for want, have in ((wanted.real, got.real), (wanted.imag, got.imag)):
+        if math.isnan(want) or math.isinf(want):
+            if not (math.isnan(have) if math.isnan(want) else have == want):
+                return cannot
+        elif abs(want) > top or not math.isfinite(have) or (want < 0) != (have < 0) or (want == 0) != (have == 0):
+            # Past the range (float8 saturates, float16 gives inf), or a sign or a zero the
+            # dtype cannot hold (float8_e8m0fnu): rounding alone is what a float pad may take.
+            return cannot
+    return None
 
 
 def int_node(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int64) -> TensorNode:

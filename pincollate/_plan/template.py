@@ -151,13 +151,14 @@ class Template:
                 return ValueSpec(index), ValueOp(path, index, cls)
             return self.leaves(column, path, siblings, handler)
         kind = kind_of(first)
+        if self.default is not None and self.planner.may_read_numbers(column, path):
+            # Lists of numbers that ragged= may read as sequences (token ids), of one length or
+            # not, a registered list class too: as the walk reads each batch's.
+            return self.part(path, siblings, column)
         if kind is MAPPING:
             return self.mapping(column, path, siblings)
         if kind is NAMEDTUPLE or (kind is SEQUENCE and not self.items):
-            if set(map(len, column)) != {len(first)} or (
-                self.default is not None and self.planner.reads_numbers(column, path)
-            ):
-                # Lists of one length are transposed, unless ragged= reads them as sequences (token ids).
+            if set(map(len, column)) != {len(first)}:
                 return self.part(path, siblings, column)
             names = kind.keys(first)
             specs, singles, blocks = self.fields(list(zip(*column, strict=True)), path, names, None)
