@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, Jagged, MMCollate, Pad, PerSample, RaggedFieldWarning, Stack
 from pincollate._batch.trees import tensors
@@ -1344,10 +1345,12 @@ def test_ragged_reads_lists_as_the_walk_whatever_batch_the_plan_was_made_from():
     numbers = [{"x": [1, 2]}, {"x": [3, 4]}]
     scalars = [{"x": [1, 2]}, {"x": [np.int64(3), np.int64(4)]}]
     registered = [{"x": _TokenList([1, 2])}, {"x": _TokenList([3, 4])}]
-    for policy in (Pad(), Concat(), Jagged()):
-        collate, reference = MMCollate(pin_memory=False, ragged=policy), careful_walk(ragged=policy)
-        for batch in (scalars, numbers, scalars, numbers, registered, registered, numbers):
-            assert_same_outcome(collate, reference, batch)
+    empty = [{"x": []}, {"x": []}]  # sequences of no token
+    for policy in (Pad(), Concat(), Jagged(), Pad(max_length=4, truncate=True)):
+        for first in (scalars, empty):
+            collate, reference = MMCollate(pin_memory=False, ragged=policy), careful_walk(ragged=policy)
+            for batch in (first, numbers, scalars, empty, numbers, registered, registered, numbers, empty):
+                assert_same_outcome(collate, reference, batch)
 
 
 @pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
@@ -1389,3 +1392,38 @@ def test_a_pad_value_the_dtype_cannot_hold_is_refused_naming_the_field(dtype, va
     collate = MMCollate(pin_memory=False, fields={"x": Pad(value=value)}, compile=compile)
     with pytest.raises(CollateError, match=r"at \['x'\]: (pad value .* does not fit|Pad\(\) does not pad values of)"):
         collate([{"x": value} for value in column])
+
+
+def test_ragged_reads_token_lists_after_a_plan_made_from_lists_it_does_not_read():
+    # A long-lived collate that planned lists of numpy scalars or 0-d tensors (transposed, as
+    # default_collate) must pad a later batch of Python ints as the walk does.
+    python_ids = [{"ids": [1, 2]}, {"ids": [3, 4]}]
+    for warm in (
+        [{"ids": [np.int64(1), np.int64(2)]}, {"ids": [np.int64(3), np.int64(4)]}],
+        [{"ids": [torch.tensor(1), torch.tensor(2)]}, {"ids": [torch.tensor(3), torch.tensor(4)]}],
+    ):
+        collate, reference = MMCollate(pin_memory=False, ragged=Pad()), careful_walk(ragged=Pad())
+        for batch in (warm, warm, python_ids, warm, python_ids):
+            assert_same_outcome(collate, reference, batch)
+        assert list(collate(python_ids)) == ["ids", "ids_lengths", "ids_mask"]
+
+
+@pytest.mark.parametrize("policy", [Pad(), Concat()], ids=["pad", "concat"])
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_ragged_leaves_tabular_samples_to_default_collate(policy, compile):
+    # The batch's samples are no field: tuples of numbers are transposed, as default_collate does.
+    batch = [(0.5, 1), (0.25, 0)]
+    collate = MMCollate(pin_memory=False, ragged=policy, compile=compile)
+    for _ in range(3):
+        assert_identical(collate(batch), default_collate(batch))
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_ragged_warns_of_lists_of_numpy_scalars_it_leaves_listed(compile):
+    # Lists of numpy scalars are no token ids (Python numbers are): a sample's items, listed where
+    # they differ in length with the warning, never silenced by a ragged= that does not apply.
+    collate = MMCollate(pin_memory=False, ragged=Pad(), compile=compile)
+    batch = [{"ids": [np.int64(1), np.int64(2), np.int64(3)]}, {"ids": [np.int64(4)]}]
+    with pytest.warns(RaggedFieldWarning, match=r"\['ids'\] holds lists of items that do not stack"):
+        out = collate(batch)
+    assert [t.tolist() for t in out["ids"]] == [[1, 2, 3], [4]]

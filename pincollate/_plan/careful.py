@@ -101,21 +101,24 @@ class Planner:
         assert handler is not None, "a column of leaves"
         return _Walk(self)._column(values, path, None, handler)
 
-    def may_read_numbers(self, values: Sequence[Any], path: Path) -> bool:
-        """Whether the walk may read a batch's column at ``path``, first seen as ``values``, as token-id sequences.
+    def may_read_ragged_numbers(self, values: Sequence[Any], path: Path) -> bool:
+        """Whether the walk may read a column at ``path``, first seen as ``values``, as ``ragged=`` token ids.
 
-        Under a policy that reads lists of Python numbers as sequences (``Pad``, ``Concat``,
-        ``Jagged``: the field's own, else ``ragged=``), in every batch whether or not their
-        lengths differ, a column of lists or tuples that holds a Python number may be read so
-        in some batch of its structure (another batch's lists may hold only numbers where this
-        one holds a numpy scalar beside them): a plan walks such a column for each batch.
+        ``ragged=`` (a policy that reads lists of Python numbers as sequences: ``Pad``,
+        ``Concat``, ``Jagged``) reads a field's lists in every batch whether or not their
+        lengths differ (:func:`_ragged_reads`). A column of lists of values that are no
+        containers may be read so in some batch of its structure, where this one holds a numpy
+        scalar or a 0-d tensor among them (other batches of its structure may hold Python
+        numbers there), and so may one with an empty list: a plan walks such a column for each
+        batch, as a field with a rule of its own is.
         """
-        policy = self.rules.lookup(path) if self.rules else None
-        reads = policy if policy is not None else self.default
-        if reads is None or not reads.numbers_as_sequence:
+        default = self.default
+        if default is None or not default.numbers_as_sequence or not path:
             return False
         rows = [value for value in values if isinstance(value, (list, tuple)) and not is_namedtuple(value)]
-        return any(isinstance(x, _NUMBERS) for x in itertools.chain.from_iterable(rows))
+        return bool(rows) and (
+            not all(rows) or all(lookup(type(x)) is not None for x in itertools.chain.from_iterable(rows))
+        )
 
     def route(self, values: Sequence[Any], path: Path) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
@@ -165,9 +168,10 @@ class _Walk(ContainerWalk):
         handler = lookup(type(first))
         if handler is not None and (handler.is_tensor or (first is None and self.missing)):
             return self._leaves(values, path, origins, handler, policy, depth)
-        # The field's own policy, else ragged= (as for a field of tensors); ragged= never reads a
-        # sample's items as sequences (boxes as lists of four numbers stay each sample's stack).
-        reads = policy if policy is not None else (self.default if origins is None else None)
+        # The field's own policy, else ragged= (as for a field of tensors) where it reads lists.
+        reads = policy
+        if policy is None and _ragged_reads(values, path, origins):
+            reads = self.default
         numbers = _numbers_read(values, reads, policy is not None)
         if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
@@ -473,6 +477,14 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 
 #: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
 _NUMBERS = tuple(NUMBER_TYPES)
+
+
+def _ragged_reads(values: Sequence[Any], path: Path, origins: Origins) -> bool:
+    """Whether ``ragged=`` may read ``values`` as token ids: a field's lists and tuples, never the
+    batch's samples themselves (a tabular sample ``(0.5, 1)`` is transposed, as ``default_collate``
+    does) nor a sample's items (boxes as lists of four numbers stay each sample's stack).
+    """
+    return bool(path) and origins is None
 
 
 def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> tuple[list[Any], set[type]] | None:

@@ -158,8 +158,13 @@ class ItemWalk:
         """Each value's list holds its own items: stack where they agree, else a list."""
         children = self._item_nodes(values, path, origins, depth)
         merged = merge(children, self._refused(path, origins))
-        # A policy for every field (ragged=) or for the items ("images.*") is the user's choice.
-        chosen = self.default is not None or (self.rules and self.rules.lookup((*path, ITEMS)) is not None)
+        # A policy for the items ("images.*"), or ragged= where it applies to them, is the user's choice:
+        # a packing or padding one takes items of more than numbers and 0-d values within each sample
+        # (numbers it reads only as a field's token ids), AsList() or Stack() any list.
+        default = self.default
+        chosen = (self.rules and self.rules.lookup((*path, ITEMS)) is not None) or (
+            default is not None and not (default.numbers_as_sequence and _scalar_items(values))
+        )
         if type(merged) is not TensorNode and not chosen:
             samples = [self._blame(i, path, origins)[0] for i in range(len(children))]
             self.fallbacks.report(path, _item_shapes(children, samples), items=True)
@@ -346,6 +351,20 @@ def _listed_items(values: Sequence[Any]) -> Listed | None:
 def _unstack(slot: TensorNode) -> TensorNode:
     """A stack of one value, seen as that value (its leading 1 dropped)."""
     return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
+
+
+def _scalar_items(values: Sequence[Any]) -> bool:
+    """Whether every item of every list of ``values`` is a number or a 0-d value, which ``ragged=`` leaves as it is."""
+    for value in values:
+        if value is None:
+            continue
+        for item in value if is_sequence(value) and not is_namedtuple(value) else (value,):
+            handler = lookup(type(item))
+            if handler is None or not (
+                handler.family == "number" or (handler.is_tensor and not getattr(item, "ndim", 1))
+            ):
+                return False
+    return True
 
 
 def merge(children: list[Node], refused: Refused) -> Node:

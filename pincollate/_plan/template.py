@@ -151,9 +151,9 @@ class Template:
                 return ValueSpec(index), ValueOp(path, index, cls)
             return self.leaves(column, path, siblings, handler)
         kind = kind_of(first)
-        if self.default is not None and self.planner.may_read_numbers(column, path):
-            # Lists of numbers that ragged= may read as sequences (token ids), of one length or
-            # not, a registered list class too: as the walk reads each batch's.
+        if self.planner.may_read_ragged_numbers(column, path):
+            # Lists that ragged= may read as sequences (token ids) in some batch, of one length or
+            # not, a registered list class too: walked as the walk reads each batch's.
             return self.part(path, siblings, column)
         if kind is MAPPING:
             return self.mapping(column, path, siblings)
