@@ -638,9 +638,9 @@ def test_absent_keys_give_what_a_careful_walk_gives_and_keep_the_plan(monkeypatc
     walked: list = []
     real = Planner.plan
 
-    def counted(self, values, path):
+    def counted(self, values, path, keyed=False):
         walked.append(path)
-        return real(self, values, path)
+        return real(self, values, path, keyed)
 
     monkeypatch.setattr(Planner, "plan", counted)
     for k, keys in enumerate(_SPARSE_BATCHES):
@@ -744,10 +744,10 @@ def _walks(monkeypatch) -> list[int]:
     walks: list[int] = []
     plan = Planner.plan
 
-    def counted(self, values, path):
+    def counted(self, values, path, keyed=False):
         if path == ():
             walks.append(len(values))
-        return plan(self, values, path)
+        return plan(self, values, path, keyed)
 
     monkeypatch.setattr(Planner, "plan", counted)
     return walks

@@ -93,7 +93,9 @@ def test_compile_false_walks_every_batch_and_compiles_nothing_of_the_structure(m
     collate = MMCollate(pin_memory=False, compile=False)
     walked = []
     real = collate._planner.plan
-    monkeypatch.setattr(collate._planner, "plan", lambda values, path: walked.append(path) or real(values, path))
+    monkeypatch.setattr(
+        collate._planner, "plan", lambda values, path, keyed=False: walked.append(path) or real(values, path, keyed)
+    )
     for _ in range(3):
         collate(PARITY["multimodal-dict"]())
     assert walked == [(), (), ()]

@@ -557,11 +557,11 @@ def test_a_planned_ragged_field_is_not_walked_again(name, monkeypatch):
 
     walk = Planner.plan
 
-    def walked(planner: Planner, column: Any, path: Any) -> Any:
+    def walked(planner: Planner, column: Any, path: Any, keyed: bool = False) -> Any:
         # PerSample() lists all empty (no object in any image): nothing to read, the walk's.
         if not (recipe_class is PerSampleRecipe and all(value == [] for value in column)):
             raise AssertionError("the careful planner ran for a field its plan describes")
-        return walk(planner, column, path)
+        return walk(planner, column, path, keyed)
 
     monkeypatch.setattr(Planner, "plan", walked)
     for build in builds:
@@ -1155,7 +1155,7 @@ def test_read_only_arrays_are_concatenated_once_and_copied_from_there(monkeypatc
 
 def _route(values: list[Any], **settings: Any) -> tuple[str, str | None] | None:
     """The route the careful walk takes with ``values`` as field ``x`` of a collate made with ``settings``."""
-    route = MMCollate(pin_memory=False, **settings)._planner.route(values, ("x",))
+    route = MMCollate(pin_memory=False, **settings)._planner.route(values, ("x",), keyed=True)
     return None if route is None else (route.kind, None if route.policy is None else type(route.policy).__name__)
 
 
@@ -1362,11 +1362,11 @@ def test_ragged_never_reads_a_samples_items_as_token_ids(compile):
         out = collate(batch)
         assert [b.tolist() for b in out["boxes"]] == [[[0, 0, 4, 4], [1, 1, 2, 2]], [[2, 2, 3, 3]]]
         assert out["ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and out["ids_lengths"].tolist() == [3, 1]
-    # A token list at a tuple's position has no mapping for the extras: as a tensor there, an error.
-    with pytest.raises(CollateError, match=r"sample 0 at \[0\]: the policy for this field returns \['0_lengths'"):
-        collate([([1, 2], 0), ([3], 1)])
-    quiet = MMCollate(pin_memory=False, ragged=Pad(lengths_key=None, mask_key=None), compile=compile)
-    assert quiet([([1, 2], 0), ([3], 1)])[0].tolist() == [[1, 2], [3, 0]]
+    # A list at a tuple's position is no mapping's field (no key for the extras): never read as
+    # token ids, its lists listed with the warning, as without ragged=.
+    with pytest.warns(RaggedFieldWarning, match=r"\[0\] holds lists of items that do not stack"):
+        out = collate([([1, 2], 0), ([3], 1)])
+    assert [t.tolist() for t in out[0]] == [[1, 2], [3]] and out[1].tolist() == [0, 1]
 
 
 @pytest.mark.filterwarnings("ignore:BComplex32 support is experimental")
@@ -1427,3 +1427,45 @@ def test_ragged_warns_of_lists_of_numpy_scalars_it_leaves_listed(compile):
     with pytest.warns(RaggedFieldWarning, match=r"\['ids'\] holds lists of items that do not stack"):
         out = collate(batch)
     assert [t.tolist() for t in out["ids"]] == [[1, 2, 3], [4]]
+
+
+def test_ragged_reads_token_lists_after_a_plan_made_from_lists_of_lists_or_pairs():
+    # Boxes as lists of lists, [label, ids] pairs, (ids, label) pairs: planned as positions, a later
+    # batch of token ids at the same key must still be padded as the walk pads it.
+    ids = [{"b": [1, 2]}, {"b": [3, 4]}]
+    for warm in (
+        [{"b": [[1, 2], [3, 4]]}, {"b": [[5, 6], [7, 8]]}],
+        [{"b": [0, [1, 2]]}, {"b": [1, [3, 4]]}],
+        [{"b": ([], 0)}, {"b": ([], 1)}],
+        [{"b": ([np.int64(7)], 0)}, {"b": ([np.int64(8)], 1)}],
+    ):
+        for policy in (Pad(lengths_key=None, mask_key=None), Concat(offsets_key=None), Jagged()):
+            collate, reference = MMCollate(pin_memory=False, ragged=policy), careful_walk(ragged=policy)
+            for batch in (warm, warm, ids, warm, ids):
+                assert_same_outcome(collate, reference, batch)
+
+
+@pytest.mark.parametrize("policy", [Pad(), Concat(), Jagged()], ids=["pad", "concat", "jagged"])
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_boxes_as_lists_of_numbers_are_never_token_ids_whatever_their_counts(policy, compile):
+    # One count in every sample: transposed as default_collate does; counts that differ: each
+    # sample's stack. Never box k of every sample padded together, never an error.
+    collate = MMCollate(pin_memory=False, ragged=policy, compile=compile)
+    same = [{"boxes": [[1, 2, 3, 4], [5, 6, 7, 8]]}, {"boxes": [[1, 2, 3, 4], [5, 6, 7, 9]]}]
+    other = [{"boxes": [[1, 2, 3, 4], [5, 6, 7, 8]]}, {"boxes": [[1, 2, 3, 4]]}]
+    for _ in range(2):
+        assert_identical(collate(same)["boxes"], default_collate(same)["boxes"])
+        assert [t.tolist() for t in collate(other)["boxes"]] == [[[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4]]]
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walked"])
+def test_an_empty_tensor_beside_item_lists_under_ragged_concat_stays_empty(compile):
+    # Concat() of the one value is the value: no leading dimension to drop (it had read a 0-d
+    # tensor of no bytes: uninitialised memory).
+    collate = MMCollate(pin_memory=False, sequences="items", ragged=Concat(offsets_key=None), compile=compile)
+    out = collate([{"a": [1]}, {"a": torch.tensor([], dtype=torch.int64)}])["a"]
+    assert out[1].shape == (0,) and out[1].dtype == torch.int64
+    out = collate([{"a": []}, {"a": torch.zeros(0, 3)}])["a"]
+    assert out[1].shape == (0, 3)
+    out = collate([{"a": [1]}, {"a": torch.tensor([[5, 6]])}])["a"]  # a (1, 2) value stays (1, 2)
+    assert out[1].tolist() == [[5, 6]]

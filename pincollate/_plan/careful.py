@@ -88,9 +88,9 @@ class Planner:
         self.items: bool = settings.items
         self.fallbacks: Fallbacks = settings.fallbacks
 
-    def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, Extras]:
-        """Plan the column ``values`` (one per sample) found at ``path``."""
-        return _Walk(self).plan(values, path, None, len(path), self.items)
+    def plan(self, values: Sequence[Any], path: Path, keyed: bool = False) -> tuple[Node, Extras]:
+        """Plan the column ``values`` (one per sample) found at ``path`` (``keyed``: a mapping's field)."""
+        return _Walk(self).plan(values, path, None, len(path), self.items, keyed)
 
     def column(self, values: Sequence[Any], path: Path) -> Column:
         """The walk's description of ``values``, leaves of the first value's kind (tensors, arrays, numbers).
@@ -101,26 +101,22 @@ class Planner:
         assert handler is not None, "a column of leaves"
         return _Walk(self)._column(values, path, None, handler)
 
-    def may_read_ragged_numbers(self, values: Sequence[Any], path: Path) -> bool:
-        """Whether the walk may read a column at ``path``, first seen as ``values``, as ``ragged=`` token ids.
+    def may_read_ragged_numbers(self, values: Sequence[Any], keyed: bool) -> bool:
+        """Whether the walk may read a column, first seen as ``values``, as ``ragged=`` token ids in some batch.
 
         ``ragged=`` (a policy that reads lists of Python numbers as sequences: ``Pad``,
-        ``Concat``, ``Jagged``) reads a field's lists in every batch whether or not their
-        lengths differ (:func:`_ragged_reads`). A column of lists of values that are no
-        containers may be read so in some batch of its structure, where this one holds a numpy
-        scalar or a 0-d tensor among them (other batches of its structure may hold Python
-        numbers there), and so may one with an empty list: a plan walks such a column for each
-        batch, as a field with a rule of its own is.
+        ``Concat``, ``Jagged``) reads a mapping's field (``keyed``) of lists or tuples in every
+        batch whether or not their lengths differ, never the batch's samples themselves nor
+        their items. Whatever this batch's lists hold (numpy scalars, 0-d tensors, lists,
+        nothing), another batch of its structure may hold Python numbers there: a plan walks
+        every such field for each batch, as a field with a rule of its own.
         """
         default = self.default
-        if default is None or not default.numbers_as_sequence or not path:
+        if default is None or not default.numbers_as_sequence or not keyed:
             return False
-        rows = [value for value in values if isinstance(value, (list, tuple)) and not is_namedtuple(value)]
-        return bool(rows) and (
-            not all(rows) or all(lookup(type(x)) is not None for x in itertools.chain.from_iterable(rows))
-        )
+        return any(isinstance(value, (list, tuple)) and not is_namedtuple(value) for value in values)
 
-    def route(self, values: Sequence[Any], path: Path) -> Route | None:
+    def route(self, values: Sequence[Any], path: Path, keyed: bool = False) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
 
         ``None`` where the walk takes it by no route a recipe has (a container, strings,
@@ -132,7 +128,7 @@ class Planner:
         # Silent: the batch's own run (its generated function, or the walk) warns of a listed field.
         walk.fallbacks = _SILENT
         try:
-            walk.plan(values, path, None, len(path), self.items)
+            walk.plan(values, path, None, len(path), self.items, keyed)
         except Exception:  # refused (or a user's class failed): the walk of each batch says why
             return None
         return walk.route
@@ -158,7 +154,10 @@ class _Walk(ContainerWalk):
 
     # dispatch --------------------------------------------------------------------
 
-    def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
+    def plan(
+        self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool, keyed: bool = False
+    ) -> tuple[Node, Extras]:
+        """Plan ``values`` at ``path``; ``keyed``: a mapping's field, the one place ``ragged=`` reads token ids."""
         if depth > MAX_DEPTH:
             raise self._error(
                 f"nesting deeper than {MAX_DEPTH} levels: is the sample self-referencing?", 0, path, origins
@@ -170,7 +169,7 @@ class _Walk(ContainerWalk):
             return self._leaves(values, path, origins, handler, policy, depth)
         # The field's own policy, else ragged= (as for a field of tensors) where it reads lists.
         reads = policy
-        if policy is None and _ragged_reads(values, path, origins):
+        if policy is None and keyed and origins is None:  # a mapping's field of the batch's samples
             reads = self.default
         numbers = _numbers_read(values, reads, policy is not None)
         if numbers is not None:
@@ -477,14 +476,6 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 
 #: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
 _NUMBERS = tuple(NUMBER_TYPES)
-
-
-def _ragged_reads(values: Sequence[Any], path: Path, origins: Origins) -> bool:
-    """Whether ``ragged=`` may read ``values`` as token ids: a field's lists and tuples, never the
-    batch's samples themselves (a tabular sample ``(0.5, 1)`` is transposed, as ``default_collate``
-    does) nor a sample's items (boxes as lists of four numbers stay each sample's stack).
-    """
-    return bool(path) and origins is None
 
 
 def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> tuple[list[Any], set[type]] | None:

@@ -111,7 +111,7 @@ class ContainerWalk(ItemWalk):
         out_keys: list[Hashable] = []
         children: list[Node] = []
         for key, out_key, column in zip(keys, renamed, columns, strict=True):
-            child, extras = self.plan(column, (*path, key), origins, depth + 1, items)
+            child, extras = self.plan(column, (*path, key), origins, depth + 1, items, True)
             out_keys.append(out_key)
             children.append(child)
             for name, extra_node in extras.items():

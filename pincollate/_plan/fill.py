@@ -48,7 +48,7 @@ class Target(Protocol):
 class ColumnPlanner(Protocol):
     """The careful planner (:class:`~pincollate._plan.careful.Planner`), as the fill calls it."""
 
-    def plan(self, values: Sequence[Any], path: Path) -> tuple[Node, dict[str, Node]]: ...
+    def plan(self, values: Sequence[Any], path: Path, keyed: bool = False) -> tuple[Node, dict[str, Node]]: ...
 
 
 class Mismatch(Exception):

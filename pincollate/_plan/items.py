@@ -111,7 +111,9 @@ class ItemWalk:
     default: Policy | None
     fallbacks: Fallbacks
 
-    def plan(self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool) -> tuple[Node, Extras]:
+    def plan(
+        self, values: Sequence[Any], path: Path, origins: Origins, depth: int, items: bool, keyed: bool = False
+    ) -> tuple[Node, Extras]:
         raise NotImplementedError
 
     def _column(self, values: Sequence[Any], path: Path, origins: Origins, handler: LeafHandler) -> Column:
@@ -271,7 +273,9 @@ class ItemWalk:
                 )
                 if isinstance(child, Tree) and child.make is ListSpec and len(child.children) == 1:
                     child = child.children[0]
-                elif isinstance(child, TensorNode):
+                elif isinstance(child, TensorNode) and child.shape != tuple(getattr(value, "shape", ())):
+                    # A stack (or padding) of the one value: it, its leading 1 dropped. A ragged=
+                    # Concat() of it is the value already (an empty one too: no 0-d of no bytes).
                     child = _unstack(child)
             children.append(child)
         return children

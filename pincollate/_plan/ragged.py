@@ -180,7 +180,7 @@ class MixedNumbers(Recipe):
         return Part(node), [node], align(offset + node.nbytes)
 
 
-def part_recipe(planner: Planner, column: Sequence[Any], path: Path) -> Recipe | None:
+def part_recipe(planner: Planner, column: Sequence[Any], path: Path, keyed: bool = False) -> Recipe | None:
     """The recipe of the part at ``path`` first seen as ``column``: the walk's route, run at C speed; or ``None``.
 
     Items (several images per sample) get one where no field rule names them and no
@@ -188,7 +188,7 @@ def part_recipe(planner: Planner, column: Sequence[Any], path: Path) -> Recipe |
     from Arrow come joined (:class:`~pincollate._plan.padding.Joined`): the walk takes them
     one by one, the recipe whole.
     """
-    route = planner.route(list(column.views()) if type(column) is Joined else column, path)
+    route = planner.route(list(column.views()) if type(column) is Joined else column, path, keyed)
     if route is None:
         return None
     rules = planner.rules

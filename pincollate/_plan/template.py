@@ -88,7 +88,7 @@ class Template:
         if column is not None and len(path) <= MAX_DEPTH and self.compiled:
             # The careful walk takes the column once: its route (branch and policy) is what
             # the recipe describes, so the two never choose apart.
-            recipe = part_recipe(self.planner, column, path)
+            recipe = part_recipe(self.planner, column, path, siblings is not None)
             if recipe is not None and not recipe.fits_beside(siblings):
                 recipe = None  # the careful planner says what clashes
         return PartSpec(index), CarefulOp(path, index, siblings, recipe)
@@ -151,7 +151,7 @@ class Template:
                 return ValueSpec(index), ValueOp(path, index, cls)
             return self.leaves(column, path, siblings, handler)
         kind = kind_of(first)
-        if self.planner.may_read_ragged_numbers(column, path):
+        if self.planner.may_read_ragged_numbers(column, siblings is not None):
             # Lists that ragged= may read as sequences (token ids) in some batch, of one length or
             # not, a registered list class too: walked as the walk reads each batch's.
             return self.part(path, siblings, column)

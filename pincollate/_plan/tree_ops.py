@@ -158,7 +158,7 @@ class CarefulOp(Op):
 
     def run(self, column: Sequence[Any], fill: Fill) -> None:
         """The field walked for this batch: what a plan's function does not read itself."""
-        node, extras = fill.planner.plan(column, self.path)
+        node, extras = fill.planner.plan(column, self.path, self.siblings is not None)
         if extras:
             if self.siblings is None:
                 raise CollateError(
