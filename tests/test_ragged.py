@@ -1469,3 +1469,22 @@ def test_an_empty_tensor_beside_item_lists_under_ragged_concat_stays_empty(compi
     assert out[1].shape == (0, 3)
     out = collate([{"a": [1]}, {"a": torch.tensor([[5, 6]])}])["a"]  # a (1, 2) value stays (1, 2)
     assert out[1].tolist() == [[5, 6]]
+
+
+def test_under_ragged_a_field_of_tensor_lists_keeps_its_plan_and_a_field_of_number_lists_is_walked(monkeypatch):
+    # Lists of tensors of one dimension or more: the plan's guards refuse a number where they stood,
+    # so the field is not walked again; lists of numbers in any form are walked for each batch.
+    walked: list = []
+    walk = Planner.plan
+
+    def counted(planner: Planner, column: Any, path: Any, keyed: bool = False) -> Any:
+        walked.append(path)
+        return walk(planner, column, path, keyed)
+
+    collate = MMCollate(pin_memory=False, ragged=Pad(lengths_key=None, mask_key=None))
+    batch = [{"crops": [torch.ones(2), torch.ones(2)], "ids": [np.int64(1)]} for _ in range(2)]
+    collate(batch)
+    monkeypatch.setattr(Planner, "plan", counted)
+    for _ in range(3):
+        collate(batch)
+    assert ("crops",) not in walked and walked.count(("ids",)) == 3

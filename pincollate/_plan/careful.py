@@ -107,14 +107,18 @@ class Planner:
         ``ragged=`` (a policy that reads lists of Python numbers as sequences: ``Pad``,
         ``Concat``, ``Jagged``) reads a mapping's field (``keyed``) of lists or tuples in every
         batch whether or not their lengths differ, never the batch's samples themselves nor
-        their items. Whatever this batch's lists hold (numpy scalars, 0-d tensors, lists,
-        nothing), another batch of its structure may hold Python numbers there: a plan walks
-        every such field for each batch, as a field with a rule of its own.
+        their items. Where this batch's lists hold numbers in any form (numpy scalars, 0-d
+        tensors), lists, or nothing, another batch of its structure may hold Python numbers
+        there, which the plan's guards for those would take: a plan walks such a field for each
+        batch, as a field with a rule of its own.
         """
         default = self.default
         if default is None or not default.numbers_as_sequence or not keyed:
             return False
-        return any(isinstance(value, (list, tuple)) and not is_namedtuple(value) for value in values)
+        rows = [value for value in values if isinstance(value, (list, tuple)) and not is_namedtuple(value)]
+        # Lists of tensors or arrays of one dimension or more, strings or mappings keep their plan:
+        # its guards refuse a number where they stood.
+        return bool(rows) and (not all(rows) or any(map(_may_stand_for_numbers, itertools.chain.from_iterable(rows))))
 
     def route(self, values: Sequence[Any], path: Path, keyed: bool = False) -> Route | None:
         """How the walk takes the column ``values`` at ``path``: what a part's recipe is built for.
@@ -476,6 +480,14 @@ def _mixed_families(values: Sequence[Any]) -> bool:
 
 #: isinstance's form of the Python number types (subclasses too: the careful planner describes them).
 _NUMBERS = tuple(NUMBER_TYPES)
+
+
+def _may_stand_for_numbers(item: Any) -> bool:
+    """Whether a plan's guard for ``item``, in a list, could take a Python number in its place."""
+    if isinstance(item, (list, tuple)):
+        return True
+    handler = lookup(type(item))
+    return handler is not None and (handler.family == "number" or (handler.is_tensor and getattr(item, "ndim", 1) == 0))
 
 
 def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> tuple[list[Any], set[type]] | None:
