@@ -209,7 +209,7 @@ class ColumnCollate:
         values = column if type(column) is Joined else list(column)
         if not values:
             raise CollateError("empty column: there are no rows to collate", path=path)
-        planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path, keyed=True)
+        planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path, True)  # a mapping of columns
         return planned
 
     def iter_torch_batches(
