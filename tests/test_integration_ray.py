@@ -90,7 +90,9 @@ def test_ragged_and_string_columns_through_rays_iterator(cluster):
     planner = collate._samples._planner
     walked = []
     plan = planner.plan
-    planner.plan = lambda values, path, keyed=False: walked.append((path, type(values).__name__)) or plan(values, path, keyed)
+    planner.plan = lambda values, path, keyed=False: (
+        walked.append((path, type(values).__name__)) or plan(values, path, keyed)
+    )
     batches = list(collate.iter_torch_batches(ds, batch_size=4))
     # Read from Arrow's buffers as one flat tensor (no array per row, no read-only warning),
     # which the walk takes whole.
