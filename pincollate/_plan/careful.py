@@ -42,7 +42,7 @@ from .column import MAX_DEPTH, Column, plain_stack, stack_or_list
 from .containers import ContainerWalk
 from .fallback import Fallbacks
 from .fill import Node, Segment, TensorNode, Value
-from .items import Extras, Origins, Path, container_name
+from .items import Extras, Origins, Path, container_name, is_scalar
 from .padding import Joined
 from .patterns import Renames, Settings
 from .policies import AsList, PerSample, Policy
@@ -484,10 +484,7 @@ _NUMBERS = tuple(NUMBER_TYPES)
 
 def _may_stand_for_numbers(item: Any) -> bool:
     """Whether a plan's guard for ``item``, in a list, could take a Python number in its place."""
-    if isinstance(item, (list, tuple)):
-        return True
-    handler = lookup(type(item))
-    return handler is not None and (handler.family == "number" or (handler.is_tensor and getattr(item, "ndim", 1) == 0))
+    return isinstance(item, (list, tuple)) or is_scalar(item)
 
 
 def _numbers_read(values: Sequence[Any], policy: Policy | None, named: bool) -> tuple[list[Any], set[type]] | None:

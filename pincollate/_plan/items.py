@@ -54,6 +54,7 @@ __all__ = [
     "Path",
     "container_name",
     "dataclass_of",
+    "is_scalar",
     "mapping_of",
     "merge",
     "namedtuple_of",
@@ -357,17 +358,27 @@ def _unstack(slot: TensorNode) -> TensorNode:
     return TensorNode(slot.dtype, slot.shape[1:], slot.segments, slot.wrap, stackable=slot.stackable)
 
 
+def is_scalar(item: Any) -> bool:
+    """Whether ``item`` is a number in some form: a Python or numpy number, or a 0-d tensor or array.
+
+    ``ragged=`` leaves such values as they are (they stack), and a plan's guard for one may
+    take another in its place.
+
+    Examples:
+        >>> is_scalar(3), is_scalar(torch.tensor(1.5)), is_scalar(torch.zeros(2)), is_scalar("3")
+        (True, True, False, False)
+    """
+    handler = lookup(type(item))
+    return handler is not None and (handler.family == "number" or (handler.is_tensor and getattr(item, "ndim", 1) == 0))
+
+
 def _scalar_items(values: Sequence[Any]) -> bool:
-    """Whether every item of every list of ``values`` is a number or a 0-d value, which ``ragged=`` leaves as it is."""
+    """Whether every item of every list of ``values`` is a number in some form (:func:`is_scalar`)."""
     for value in values:
         if value is None:
             continue
-        for item in value if is_sequence(value) and not is_namedtuple(value) else (value,):
-            handler = lookup(type(item))
-            if handler is None or not (
-                handler.family == "number" or (handler.is_tensor and not getattr(item, "ndim", 1))
-            ):
-                return False
+        if not all(map(is_scalar, value if is_sequence(value) and not is_namedtuple(value) else (value,))):
+            return False
     return True
 
 

@@ -155,9 +155,8 @@ def pad_refusal(value: complex, dtype: torch.dtype) -> str | None:
     The value is written into the dtype once and read back: an integer dtype must give the
     value itself; a floating one may round it, within its range, keeping its sign, whether
     it is zero and whether it is finite (each part of a complex value; ``complex32`` is two
-    ``float16``). A complex
-    value fits only a complex dtype. A dtype torch cannot fill (``float4_e2m1fn_x2``,
-    ``int4``, the ``bits`` types) is refused whatever the value.
+    ``float16``). A complex value fits only a complex dtype. A dtype torch cannot fill
+    (``float4_e2m1fn_x2``, ``int4``, the ``bits`` types) is refused whatever the value.
 
     Examples:
         >>> pad_refusal(-1, torch.int64) is None, pad_refusal(1j, torch.complex64) is None
