@@ -9,11 +9,14 @@ import re
 import threading
 from collections.abc import Hashable, Sequence
 
-__all__ = ["ITEMS", "Attr", "CollateError", "format_path"]
+__all__ = ["EXTRA_NAMES", "ITEMS", "Attr", "CollateError", "format_path"]
 
 #: The key path entry of a sample's items (a list under item semantics): every item,
 #: matched by ``*`` in a field pattern, never by an index.
 ITEMS = "*"
+
+#: What an error about an extra output's name (one that clashes with a key or another's) adds.
+EXTRA_NAMES = " (a policy's *_key arguments name its extra outputs; None leaves one out)"
 
 
 class Attr(str):

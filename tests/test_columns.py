@@ -255,8 +255,12 @@ def test_a_value_the_batch_cannot_hold_names_its_row_and_the_next_batch_is_colla
 
 
 def test_an_extra_output_that_clashes_with_a_column_is_an_error():
-    with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes"):
+    with pytest.raises(CollateError, match="'ids_lengths' of column 'ids' clashes with the column 'ids_lengths'"):
         ColumnCollate(pin_memory=False, fields={"ids": Pad()})({"ids": _ragged(), "ids_lengths": np.arange(3)})
+    # Two columns' extras of one name: the error names both columns.
+    both = ColumnCollate(pin_memory=False, fields={"a": Pad(mask_key="m"), "b": Pad(mask_key="m")})
+    with pytest.raises(CollateError, match="'m' of column 'b' clashes with the extra output 'm' of column 'a'"):
+        both({"a": _ragged(), "b": _ragged()})
 
 
 def test_a_column_renamed_onto_another_or_onto_an_extra_output_is_an_error():

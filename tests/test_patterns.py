@@ -42,10 +42,24 @@ def test_a_pattern_matching_nothing_is_reported_once():
     collate(_ids(2, 2))  # no second warning: filterwarnings=error would fail here
 
 
-def test_extra_outputs_must_not_clash_with_keys():
+@pytest.mark.parametrize("compile", [True, False])
+def test_extra_outputs_must_not_clash_with_keys(compile):
     samples = [{"ids": torch.ones(1), "ids_mask": 1}, {"ids": torch.ones(2), "ids_mask": 2}]
-    with pytest.raises(CollateError, match="'ids_mask' of field 'ids' clashes"):
-        MMCollate(fields={"ids": Pad()})(samples)
+    collate = MMCollate(compile=compile, fields={"ids": Pad()})
+    for _ in range(3):  # the error names what holds the name, and how to name the extra
+        with pytest.raises(
+            CollateError, match=r"'ids_mask' of field 'ids' clashes with the key 'ids_mask' \(a policy's"
+        ):
+            collate(samples)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_clash_between_two_fields_extras_names_both_fields(compile):
+    collate = MMCollate(compile=compile, fields={"a": Pad(mask_key="m"), "b": Pad(mask_key="m")})
+    samples = [{"a": torch.arange(i + 1), "b": torch.arange(i + 2)} for i in range(3)]
+    for _ in range(3):
+        with pytest.raises(CollateError, match="'m' of field 'b' clashes with the extra output 'm' of field 'a'"):
+            collate(samples)
 
 
 @pytest.mark.parametrize("compile", [True, False])
@@ -60,7 +74,9 @@ def test_two_fields_whose_extras_take_one_name_are_refused_in_every_batch(compil
     for _ in range(3):
         assert collate(mixed)["m"].shape == (2, 4)  # only a is padded: no clash
     for _ in range(3):
-        with pytest.raises(CollateError, match="extra output 'm' of field 'b' clashes"):
+        with pytest.raises(
+            CollateError, match="extra output 'm' of field 'b' clashes with the extra output 'm' of field 'a'"
+        ):
             collate(tensors)
 
 
@@ -69,7 +85,7 @@ def test_a_key_renamed_to_an_extra_name_or_to_another_key_is_refused(compile):
     onto_extra = MMCollate(compile=compile, fields={"a": Pad(mask_key="m")}, rename={"x": "m"})
     onto_key = MMCollate(compile=compile, rename={"a": "b"})
     for _ in range(3):  # nothing dropped, however many times the structure comes
-        with pytest.raises(CollateError, match="extra output 'm' of field 'a' clashes"):
+        with pytest.raises(CollateError, match="extra output 'm' of field 'a' clashes with the key 'm'"):
             onto_extra([{"a": torch.ones(2), "x": 1}, {"a": torch.ones(3), "x": 2}])
         with pytest.raises(CollateError, match=r"rename gives the keys \['a', 'b'\] one name, 'b'") as info:
             onto_key([{"a": torch.ones(2), "b": 1}, {"a": torch.ones(2), "b": 2}])

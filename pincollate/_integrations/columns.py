@@ -30,7 +30,7 @@ from .._batch.batch import carried, make_batch
 from .._batch.layout import Layout, Spec
 from .._batch.specs import MappingSpec
 from .._collate.collate import MMCollate
-from .._errors import CollateError
+from .._errors import EXTRA_NAMES, CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
 from .._plan.fill import Fill, Node, Segment, TensorNode, Value
 from .._plan.padding import Joined
@@ -143,7 +143,8 @@ class ColumnCollate:
         rows = None
         given = list(batch)
         renamed = samples._renames.outputs((), given)
-        taken = {*given, *renamed}  # what no extra output may be called
+        # What no extra output may be called, with what took the name: what a clash names.
+        taken: dict[Hashable, str] = {name: f"the column {name!r}" for name in (*given, *renamed)}
         twice = samples._renames.twice(given, renamed)
         if twice is not None:
             raise CollateError(f"rename gives the columns {twice[0]} one name, {twice[1]!r}")
@@ -159,8 +160,11 @@ class ColumnCollate:
             specs.append(fill.place(node))
             for name, extra in extras.items():
                 if name in taken:
-                    raise CollateError(f"the extra output {name!r} of column {key!r} clashes with a column", path=path)
-                taken.add(name)
+                    raise CollateError(
+                        f"the extra output {name!r} of column {key!r} clashes with {taken[name]}{EXTRA_NAMES}",
+                        path=path,
+                    )
+                taken[name] = f"the extra output {name!r} of column {key!r}"
                 keys.append(name)
                 specs.append(fill.place(extra))
         columns = tuple(batch)

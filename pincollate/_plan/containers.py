@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import Attr
+from .._errors import EXTRA_NAMES, Attr
 from .._types.builtin import describe_tensor
 from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
 from .._types.leaves import type_name
@@ -104,7 +104,8 @@ class ContainerWalk(ItemWalk):
         the renamed one) nor another extra's, and ``rename`` gives no two keys one name.
         """
         renamed = self.renames.outputs(path, keys)
-        taken = {*keys, *renamed}
+        # Each output name taken, with what took it: what an extra output that clashes names.
+        taken: dict[Hashable, str] = {name: f"the key {name!r}" for name in (*keys, *renamed)}
         twice = self.renames.twice(keys, renamed)
         if twice is not None:
             raise self._error(f"rename gives the keys {twice[0]} one name, {twice[1]!r}", 0, path, origins)
@@ -117,9 +118,12 @@ class ContainerWalk(ItemWalk):
             for name, extra_node in extras.items():
                 if name in taken:
                     raise self._error(
-                        f"the extra output {name!r} of field {key!r} clashes with an existing key", 0, path, origins
+                        f"the extra output {name!r} of field {key!r} clashes with {taken[name]}{EXTRA_NAMES}",
+                        0,
+                        path,
+                        origins,
                     )
-                taken.add(name)
+                taken[name] = f"the extra output {name!r} of field {key!r}"
                 out_keys.append(name)
                 children.append(extra_node)
         return Tree(mapping_of(first, out_keys), children)

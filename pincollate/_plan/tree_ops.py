@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .._batch.layout import Part
-from .._errors import CollateError
+from .._errors import EXTRA_NAMES, CollateError
 from .._types.kinds import Registered, union_keys
 from .fill import Fill, Mismatch
 from .ops import BlockOp, NumbersOp, Op
@@ -169,7 +169,7 @@ class CarefulOp(Op):
             for name in extras:
                 if name in self.siblings:
                     raise CollateError(
-                        f"the extra output {name!r} of field {self.path[-1]!r} clashes with an existing key",
+                        f"the extra output {name!r} of field {self.path[-1]!r} clashes with the key {name!r}{EXTRA_NAMES}",
                         sample=0,
                         path=self.path[:-1],
                     )
