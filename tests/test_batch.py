@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import io
 import pickle
@@ -11,9 +12,10 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from pincollate import AsList, Batch, BatchList, MMCollate, mm_collate, to_device
+from pincollate import AsList, Batch, BatchList, Jagged, MMCollate, mm_collate, to_device
 from pincollate._batch.batch import carried
 from pincollate._batch.trees import tensors
+from pincollate._batch.views import ALIGN
 from samples import PARITY, RAGGED, Point, Record, assert_same, listing, storages
 
 #: One sample tree per batch type.
@@ -53,7 +55,8 @@ def test_pickle_round_trip_is_one_buffer_and_small(kind):
     if kind != "dataclass":  # default_collate rejects dataclasses
         name = BATCH_TYPES[kind]
         theirs = pickle.dumps(default_collate(PARITY[name]()))
-        assert len(data) <= 1.1 * len(theirs), (len(data), len(theirs))
+        # The buffer's first ALIGN bytes (views.START) hold no tensor: a tiny batch pickles them too.
+        assert len(data) <= 1.1 * len(theirs) + ALIGN, (len(data), len(theirs))
 
 
 def _saved_and_loaded(batch):
@@ -145,6 +148,114 @@ def test_a_batch_whose_contents_changed_moves_leaf_by_leaf(fake_pinned):
     nested["meta"]["boxes"] = torch.zeros(1)
     assert nested.layout is None
     assert nested.to(torch.float64)["meta"]["boxes"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "replaced"])
+def test_a_changed_pinned_batch_saves_and_pickles_leaf_by_leaf(fake_pinned, change):
+    # Pinned fields are views of one storage in several dtypes, which torch refuses to save
+    # together: each is written as a copy of its own, so the changed batch saves as a dict's would.
+    samples = [
+        {"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "score": i / 2, "ids": torch.arange(i + 1)}
+        for i in range(3)
+    ]
+    batch = MMCollate(fields={"ids": Jagged()})(samples).pin_memory()
+    assert len(fake_pinned) == 1 and batch.layout is not None
+    if change == "added":
+        batch["extra"] = torch.arange(3)
+    elif change == "removed":
+        del batch["score"]
+    else:
+        batch["image"] = batch["image"].float()
+    assert batch.layout is None
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    for again in (torch.load(stream), pickle.loads(pickle.dumps(batch))):
+        assert type(again) is Batch and list(again) == list(batch)
+        for key, value in batch.items():
+            if value.is_nested:
+                assert torch.equal(again[key].values(), value.values())
+                assert torch.equal(again[key].offsets(), value.offsets())
+            else:
+                assert again[key].dtype == value.dtype and torch.equal(again[key], value)
+
+
+def test_a_batch_saves_beside_one_of_its_own_fields():
+    # The batch pickles its buffer; no field of several dtypes starts at the buffer's address.
+    batch = mm_collate([{"x": torch.full((3,), float(i)), "n": i} for i in range(2)])
+    for together in ((batch, batch["x"]), {"batch": batch, "n": batch["n"]}, [batch, dict(batch)]):
+        stream = io.BytesIO()
+        torch.save(together, stream)
+        stream.seek(0)
+        loaded = torch.load(stream)
+        first = loaded[0] if isinstance(loaded, (tuple, list)) else loaded["batch"]
+        assert torch.equal(first["x"], batch["x"]) and torch.equal(first["n"], batch["n"])
+
+
+def test_grad_and_tensor_attributes_are_kept_by_pickling_copying_and_moving(fake_pinned):
+    # A tensor that requires grad, or carries an attribute of the user's, is not the layout's:
+    # the batch then pickles and moves leaf by leaf, as a dict of tensors does.
+    batch = mm_collate([{"x": torch.full((2,), float(i)), "n": i} for i in range(2)])
+    batch["x"].requires_grad_()
+    batch["n"].source = "camera 0"
+    assert batch.layout is None
+    stream = io.BytesIO()
+    torch.save(batch, stream)
+    stream.seek(0)
+    for again in (copy.deepcopy(batch), pickle.loads(pickle.dumps(batch)), torch.load(stream)):
+        assert again["x"].requires_grad and again["n"].source == "camera 0"
+        assert torch.equal(again["x"].detach(), batch["x"].detach())
+    pinned = batch.pin_memory()
+    assert pinned["x"].requires_grad and pinned["x"].grad_fn is not None and torch.equal(pinned["n"], batch["n"])
+    weighted = mm_collate([{"h": torch.ones(2)} for _ in range(2)])
+    weighted["h"] = weighted["h"] * torch.tensor(2.0, requires_grad=True)  # a field with a graph
+    for moved in (weighted.to("meta"), to_device(weighted, "meta"), weighted.to(torch.float64)):
+        assert moved["h"].requires_grad and moved["h"].grad_fn is not None
+
+
+@pytest.mark.filterwarnings("ignore:.*(in beta state|in prototype stage):UserWarning")
+@pytest.mark.parametrize("make", ["sparse", "sparse_csr", "strided nested"])
+def test_a_batch_with_a_tensor_of_no_storage_span_added_still_moves(make):
+    batch = mm_collate([{"x": torch.full((2,), float(i))} for i in range(2)])
+    dense = torch.arange(6.0).view(2, 3)
+    if make == "sparse":
+        added = dense.to_sparse()
+    elif make == "sparse_csr":
+        added = dense.to_sparse_csr()
+    else:
+        added = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    batch["added"] = added
+    for moved in (batch.to("cpu"), batch.to("cpu", copy=True), to_device(batch, "cpu")):
+        assert moved["added"].layout == added.layout and torch.equal(moved["x"], batch["x"])
+        if not added.is_nested:
+            assert torch.equal(moved["added"].to_dense(), dense)
+    copied = batch.to("cpu", copy=True)
+    assert copied["x"].data_ptr() != batch["x"].data_ptr()
+
+
+def test_to_takes_copy_positionally_as_tensor_to_does():
+    batch = mm_collate([{"x": torch.ones(2), "n": 1}, {"x": torch.zeros(2), "n": 2}])
+    for moved in (batch.to(torch.float16, False, True), batch.to("cpu", torch.float16, False, True)):
+        assert moved["x"].dtype == torch.float16 and moved["n"].dtype == torch.int64
+    same = batch.to(batch["x"], False, True)  # Tensor.to(other, non_blocking, copy)
+    assert same["x"].data_ptr() != batch["x"].data_ptr() and torch.equal(same["x"], batch["x"])
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_torch_pytree_sees_a_batchs_fields(compile):
+    import torch.utils._pytree as pytree
+
+    batch = MMCollate(compile=compile)([{"x": torch.full((2,), float(i)), "n": i} for i in range(3)])
+    leaves = pytree.tree_leaves(batch)
+    assert len(leaves) == 2 and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    doubled = pytree.tree_map_only(torch.Tensor, lambda t: t * 2, batch)
+    assert type(doubled) is Batch and list(doubled) == ["x", "n"] and torch.equal(doubled["x"], batch["x"] * 2)
+    assert doubled.layout is None and torch.equal(batch["x"][:, 0], torch.tensor([0.0, 1.0, 2.0]))
+    assert [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(batch)[0]] == ["['x']", "['n']"]
+    summed = torch.func.vmap(lambda b: b["x"].sum() + b["n"])(batch)
+    assert summed.tolist() == [0.0, 3.0, 6.0]
+    rows = MMCollate(compile=compile)([[torch.ones(2), 1], [torch.zeros(2), 2]])
+    assert type(pytree.tree_map(lambda t: t + 1, rows)) is BatchList and len(pytree.tree_leaves(rows)) == 2
 
 
 Shadow = collections.namedtuple("Shadow", "to pin_memory")

@@ -15,6 +15,7 @@ from torch.utils.data import default_collate
 
 from pincollate import AsList, CollateError, Concat, MMCollate, Pad, RaggedFieldWarning, Stack
 from pincollate._batch.layout import PartSpec
+from pincollate._batch.views import START
 from pincollate._plan.careful import Planner
 from samples import (
     LEAF_KINDS,
@@ -221,9 +222,9 @@ def test_ragged_fields_are_parts_after_the_cached_slots():
     samples = [{"image": torch.zeros(3, 2, 2), "ids": torch.arange(i + 1)} for i in range(3)]
     layout = collate.plan(samples)
     image = layout.root.children[0]
-    assert image.offset == 0 and len(layout.parts) == 1
+    assert image.offset == START and len(layout.parts) == 1
     part = layout.parts[0]
-    assert part.node.offset >= image.nbytes and [name for name, _ in part.extras] == ["ids_lengths", "ids_mask"]
+    assert part.node.offset >= START + image.nbytes and [name for name, _ in part.extras] == ["ids_lengths", "ids_mask"]
     again = collate.plan([{"image": torch.ones(3, 2, 2), "ids": torch.arange(i + 5)} for i in range(3)])
     assert again.root is layout.root and again.parts[0].node.shape == (3, 7)
 

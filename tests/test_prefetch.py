@@ -139,6 +139,35 @@ def test_early_break_and_garbage_collection_release_the_thread(fake_pinned):
     assert len(list(prefetcher)) == 32
 
 
+@pytest.mark.parametrize("stats", [True, False])
+def test_dropping_an_unfinished_iterator_never_waits_for_a_loader_inside_a_slow_batch(fake_pinned, stats):
+    # The garbage collector's close runs on the training thread: it must not wait for the pin
+    # thread, still inside the loader (a worker's slow batch), to come back.
+    release = threading.Event()
+
+    def slow():
+        yield mm_collate([{"x": torch.ones(2)}, {"x": torch.zeros(2)}])
+        release.wait(timeout=60)  # the next batch comes only once the test says so
+        yield mm_collate([{"x": torch.ones(2)}, {"x": torch.zeros(2)}])
+
+    class Loader:
+        def __iter__(self):
+            return slow()
+
+    before = set(threading.enumerate())
+    iterator = iter(Prefetcher(Loader(), device="cpu", pin_memory=True, stats=stats))
+    next(iterator)
+    ours = [t for t in threading.enumerate() if t.name == "pincollate-prefetch" and t not in before]
+    start = time.perf_counter()
+    del iterator
+    gc.collect()
+    waited = time.perf_counter() - start  # a close that waits blocks until the 10 s join times out
+    release.set()
+    for thread in ours:
+        thread.join(timeout=60)
+    assert waited < 5.0 and not any(thread.is_alive() for thread in ours)
+
+
 def test_pin_true_without_pinning_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("pinning is available here")

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 import torch
+import torch.utils._pytree as pytree
 
 from .._types.build import new_dataclass
 from .._types.wrap import Wrap
@@ -48,7 +49,8 @@ from .specs import (
     RegisteredSpec,
     SequenceSpec,
 )
-from .views import Views, exposed
+from .trees import map_tensors, nested_parts
+from .views import Views, exposed, one_storage
 
 __all__ = [
     "Batch",
@@ -146,7 +148,7 @@ class _Carrier:
     def __reduce__(self) -> Any:
         state = carried(self)
         if state is None:
-            return (type(self), (contents(self),))
+            return (type(self), (_pickled_contents(self),))
         return (_rebuild, state)
 
 
@@ -174,7 +176,7 @@ class Batch(_Carrier, dict[Hashable, Any]):
         >>> from pincollate import mm_collate
         >>> batch = mm_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.zeros(2), "y": 2}])
         >>> isinstance(batch, dict), batch.buffer.dtype, batch.layout.nbytes
-        (True, torch.uint8, 128)
+        (True, torch.uint8, 192)
         >>> batch.to(torch.float16)["x"].dtype, batch.to(torch.float16)["y"].dtype
         (torch.float16, torch.int64)
     """
@@ -193,6 +195,55 @@ class BatchList(_Carrier, list[Any]):
         >>> isinstance(batch, BatchList), batch[0].shape, batch[1].tolist()
         (True, torch.Size([2, 2]), [1, 2])
     """
+
+
+# --- torch's pytree ------------------------------------------------------------------------
+# torch.func, torch.export and the walks of torch.distributed see a dict or list subclass as
+# one leaf unless it is registered: registered, a batch's fields are its leaves, as a dict's
+# or list's are, and a tree rebuilt from them (``tree_map``) is a batch of the same type
+# that carries no layout (its tensors are new).
+
+
+def _flatten_batch(batch: Batch) -> tuple[list[Any], list[Hashable]]:
+    return list(batch.values()), list(batch.keys())
+
+
+def _unflatten_batch(values: Iterable[Any], keys: list[Hashable]) -> Batch:
+    return Batch(zip(keys, values, strict=True))
+
+
+def _flatten_batch_with_keys(batch: Batch) -> tuple[list[tuple[Any, Any]], list[Hashable]]:
+    return [(pytree.MappingKey(key), value) for key, value in batch.items()], list(batch.keys())
+
+
+def _flatten_list(batch: BatchList) -> tuple[list[Any], None]:
+    return list(batch), None
+
+
+def _unflatten_list(values: Iterable[Any], context: None) -> BatchList:
+    return BatchList(values)
+
+
+def _flatten_list_with_keys(batch: BatchList) -> tuple[list[tuple[Any, Any]], None]:
+    return [(pytree.SequenceKey(i), value) for i, value in enumerate(batch)], None
+
+
+def _register_pytree() -> None:
+    for cls, flatten, unflatten, with_keys in (
+        (Batch, _flatten_batch, _unflatten_batch, _flatten_batch_with_keys),
+        (BatchList, _flatten_list, _unflatten_list, _flatten_list_with_keys),
+    ):
+        if cls not in pytree.SUPPORTED_NODES:  # registered once per process
+            pytree.register_pytree_node(
+                cls,
+                flatten,
+                unflatten,
+                serialized_type_name=f"pincollate.{cls.__name__}",
+                flatten_with_keys_fn=with_keys,
+            )
+
+
+_register_pytree()
 
 
 #: The carrier classes made so far, and who wants to hear of each new one (:mod:`pincollate._batch.crossing`
@@ -254,8 +305,40 @@ def _carrier_reduce(self: Any) -> Any:
         return (_rebuild, state)
     base = type(self).__mro__[1]
     if isinstance(self, tuple):
-        return (_rebuild_namedtuple, (base, tuple(self)))
-    return (_rebuild_dataclass, (base, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}))
+        return (_rebuild_namedtuple, (base, _pickled_contents(self)))
+    return (_rebuild_dataclass, (base, _pickled_contents(self)))
+
+
+def _pickled_contents(batch: Any) -> Any:
+    """A changed batch's contents as pickle writes them: leaf by leaf, each tensor as itself.
+
+    Where the batch's tensors are views of its buffer's one storage (pinned memory, a
+    device's), a view still there is written as a copy of its own: torch refuses to save
+    views of one storage in several dtypes ("Cannot save multiple tensors or storages that
+    view the same data as different types"), which every batch of two dtypes would be.
+    """
+    tree = contents(batch)
+    state = getattr(batch, "_pincollate", None)
+    if state is None or not one_storage(state[1]):
+        return tree  # pageable memory: each tensor has a storage of its own already
+    shared = state[1].untyped_storage()
+    return map_tensors(tree, functools.partial(_own_copy, shared.device, shared.data_ptr()))
+
+
+def _own_copy(device: torch.device, address: int, t: torch.Tensor) -> torch.Tensor:
+    """``t`` as pickle should write it: a copy of its own where it views the storage at ``address``."""
+    if not any(
+        part.device == device and part.untyped_storage().data_ptr() == address
+        for part in (nested_parts(t) if t.is_nested else (t,))
+    ):
+        return t
+    with torch.no_grad():
+        copy = t.clone()
+    if t.requires_grad:
+        copy.requires_grad_()
+    if t.__dict__:
+        copy.__dict__.update(t.__dict__)  # an attribute of the user's (a wrap's metadata is the clone's)
+    return copy
 
 
 def _rebuild_namedtuple(cls: Any, values: tuple[Any, ...]) -> Any:

@@ -55,8 +55,8 @@ class _Check:
     """Walks a layout beside a batch: is every tensor still the view the layout says?
 
     What makes two batches the same values is compared: the address in the buffer,
-    dtype, shape and strides, the conjugate and negative bits, and the exact class of
-    every tensor and container (a tuple put where a list was, or a tensor subclass
+    dtype, shape and strides, the conjugate and negative bits, no grad and no attribute of
+    the user's on a tensor, and the exact class of every tensor and container (a tuple put where a list was, or a tensor subclass
     view, would otherwise come back as the layout's type after pickling or moving).
     The batch's own class (``top``) is its carrier class, not the layout's.
 
@@ -83,6 +83,7 @@ class _Check:
                 and obj.stride() == spec._strides  # type: ignore[attr-defined]
                 and not obj.is_conj()
                 and not obj.is_neg()
+                and _bare(obj, wrap)
             )
         if kind is ValueSpec:
             return _same_value(obj, self.values[spec.index])  # type: ignore[attr-defined]
@@ -179,6 +180,7 @@ class _Check:
                 and tensor.is_contiguous()
                 and not tensor.is_conj()
                 and not tensor.is_neg()
+                and _bare(tensor, wrap)
             ):
                 return False
         return True
@@ -210,6 +212,19 @@ class _Check:
             elif not self.matches(child, obj[key]):
                 return False
         return next(keys, _END) is _END
+
+
+def _bare(tensor: torch.Tensor, wrap: Wrap | None) -> bool:
+    """Whether ``tensor`` holds nothing its layout does not rebuild: no grad, no attribute of the user's.
+
+    A tensor that requires grad (or has a graph) and one given an attribute (``t.source = ...``)
+    pickle and move as themselves, as ``Tensor.to`` and pickle keep both: the batch, leaf by leaf.
+    A wrap's own metadata (a box's format and canvas size) is what it rebuilds.
+    """
+    if tensor.requires_grad:
+        return False
+    attributes = tensor.__dict__
+    return not attributes or (wrap is not None and attributes.keys() <= wrap.names)
 
 
 def _same_key(key: Any, expected: Any) -> bool:

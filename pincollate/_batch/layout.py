@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .._types.wrap import Wrap
-from .views import Bulk, Views, align, carve, contiguous_strides, numpy_dtype
+from .views import START, Bulk, Views, align, carve, contiguous_strides, numpy_dtype
 
 __all__ = ["Layout", "Part", "PartSpec", "Spec", "TensorSpec", "ValueSpec", "bulk_of"]
 
@@ -212,7 +212,7 @@ class Layout:
         >>> collate = pincollate.MMCollate(pin_memory=False)
         >>> layout = collate.plan(samples)
         >>> layout.nbytes, [(t.dtype, t.shape, t.offset) for t in layout.tensors()]
-        (128, [(torch.float32, (2, 2, 3), 0), (torch.int64, (2,), 64)])
+        (192, [(torch.float32, (2, 2, 3), 64), (torch.int64, (2,), 128)])
         >>> batch = collate(samples)
         >>> batch.layout == layout
         True
@@ -306,7 +306,7 @@ class Layout:
         if not any(spec.dtype.is_floating_point and spec.dtype != dtype for spec in specs):
             return self
         placed: dict[int, TensorSpec] = {}
-        offset = 0
+        offset = START
         for spec in specs:
             new_dtype = dtype if spec.dtype.is_floating_point else spec.dtype
             placed[id(spec)] = TensorSpec(new_dtype, spec.shape, offset, spec.wrap)

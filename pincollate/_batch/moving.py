@@ -18,7 +18,7 @@ from .._memory.arena import copy_to_device, is_pinned, new_pinned
 from .._types.build import new_dataclass
 from .._types.kinds import is_dataclass
 from .check import carried
-from .spans import pin_spans, spans_to_device
+from .spans import moves_alone, pin_spans, spans_to_device
 from .trees import map_tensors, tensors
 
 __all__ = ["batch_pin_memory", "batch_to", "contents"]
@@ -46,8 +46,12 @@ def batch_to(self: T, *args: Any, **kwargs: Any) -> T:
     positional or keyword) with its defaults. A dtype casts the floating-point
     tensors only; integer and bool tensors keep theirs. The buffer moves in one copy.
     """
-    if len(args) == 4:  # Tensor.to(device, dtype, non_blocking, copy)
-        *args, kwargs["copy"] = args  # type: ignore[assignment]
+    # copy is Tensor.to's last positional argument: (dtype | tensor, non_blocking, copy) or
+    # (device, dtype, non_blocking, copy); torch's parser of the rest takes no copy.
+    at = 2 if args and isinstance(args[0], (torch.dtype, torch.Tensor)) else 3
+    if len(args) > at:
+        kwargs["copy"] = args[at]
+        args = args[:at] + args[at + 1 :]
     copy = bool(kwargs.pop("copy", False))
     device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
     if memory_format is not None and memory_format != torch.preserve_format:
@@ -87,13 +91,18 @@ def _move_changed(
     since in one of its own (a registered slot stays held until copied, as for a whole
     batch). A leaf that did not move is copied only where ``copy`` asks for it.
     """
-    before = {_storage_key(t) for t in tensors(tree)}
+    before = {_storage_key(t) for t in tensors(tree) if not moves_alone(t)}
+    # Tensors that move by their own to() (moves_alone): the same object is one that did not move.
+    unmoved = {id(t) for t in tensors(tree) if moves_alone(t)}
     if device is not None:
         tree = spans_to_device(tree, device, non_blocking)
 
     def finish(t: torch.Tensor) -> torch.Tensor:
         cast = dtype if dtype is not None and t.is_floating_point() else None
-        again = copy and _storage_key(t.values() if t.is_nested else t) in before
+        if moves_alone(t):
+            again = copy and id(t) in unmoved
+        else:
+            again = copy and _storage_key(t.values() if t.is_nested else t) in before
         return t.to(dtype=cast, non_blocking=non_blocking, copy=again)
 
     return map_tensors(tree, finish)

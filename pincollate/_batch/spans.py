@@ -21,7 +21,7 @@ from .specs import jagged
 from .trees import map_tensors, nested_parts
 from .views import ALIGN
 
-__all__ = ["pin_spans", "spans_to_device"]
+__all__ = ["moves_alone", "pin_spans", "spans_to_device"]
 
 T = TypeVar("T")
 
@@ -72,16 +72,34 @@ def _rebuild(t: torch.Tensor, at: int, storage: torch.UntypedStorage) -> torch.T
     return rewrap(out, t)
 
 
+def moves_alone(t: torch.Tensor) -> bool:
+    """Whether ``t`` moves by its own ``to()`` (or ``pin_memory()``), not as a span of its storage.
+
+    A tensor with no storage to copy a span of (sparse) or no parts to rebuild it from (a
+    strided nested tensor), and one that requires grad: its own move is part of its graph,
+    as ``Tensor.to`` is, and keeps ``requires_grad``.
+    """
+    if t.requires_grad:
+        return True
+    return t.layout is not torch.jagged if t.is_nested else t.layout is not torch.strided
+
+
 def _move(
     tree: T,
     copy_span: Callable[[torch.Tensor], torch.Tensor],
     per_leaf: Callable[[torch.Tensor], torch.Tensor],
     keep: Callable[[torch.UntypedStorage], bool],
+    alone: Callable[[torch.Tensor], torch.Tensor],
 ) -> T:
     parts: dict[int, list[torch.Tensor]] = {}
     groups: dict[int, tuple[torch.UntypedStorage, list[tuple[torch.Tensor, int]]]] = {}
+    moved: dict[int, torch.Tensor] = {}
 
     def collect(t: torch.Tensor) -> torch.Tensor:
+        if moves_alone(t):
+            parts[id(t)] = [t]
+            moved[id(t)] = alone(t)
+            return t
         leaves = parts.setdefault(id(t), nested_parts(t) if t.is_nested else [t])
         for leaf in leaves:
             storage, at = _home(leaf)
@@ -90,7 +108,6 @@ def _move(
         return t
 
     map_tensors(tree, collect)
-    moved: dict[int, torch.Tensor] = {}
     for storage, leaves in groups.values():
         if keep(storage):
             moved.update((id(t), t) for t, _ in leaves)
@@ -105,7 +122,7 @@ def _move(
 
     def swap(t: torch.Tensor) -> torch.Tensor:
         leaves = parts[id(t)]
-        if t.is_nested:
+        if t.is_nested and id(t) not in moved:
             # The sequence lengths the original carries, read without a device sync.
             lengths = (getattr(t, "_maybe_min_seqlen", None), getattr(t, "_maybe_max_seqlen", None))
             return jagged(moved[id(leaves[0])], moved[id(leaves[1])], *lengths)
@@ -132,7 +149,14 @@ def pin_spans(tree: T) -> T:
         out = new_pinned(t.numel() * t.dtype.itemsize).view(t.dtype).view(t.shape)
         return out.copy_(t)
 
-    return _move(tree, copy_span, per_leaf, keep)
+    def alone(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu" or t.is_pinned():
+            return t
+        if t.layout is torch.strided and not t.is_nested:
+            return per_leaf(t)  # copy_ keeps a graph, as pin_memory() does
+        return t.pin_memory()
+
+    return _move(tree, copy_span, per_leaf, keep, alone)
 
 
 def spans_to_device(tree: T, device: torch.device, non_blocking: bool) -> T:
@@ -145,4 +169,7 @@ def spans_to_device(tree: T, device: torch.device, non_blocking: bool) -> T:
     def same_device(s: torch.UntypedStorage) -> bool:
         return s.device.type == device.type and (device.index is None or s.device.index == device.index)
 
-    return _move(tree, copy_span, copy_span, same_device)
+    def alone(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device, non_blocking=non_blocking)
+
+    return _move(tree, copy_span, copy_span, same_device, alone)

@@ -81,4 +81,7 @@ def reachable_tensors(obj: Any, limit: int = 100) -> Iterator[torch.Tensor]:
 
 
 def nested_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a nested one lies in: a jagged one's values and offsets, a strided one's values."""
+    if t.layout is not torch.jagged:
+        return [t.values()]
     return [t.values(), t.offsets()]  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from .._memory.ownership import hold, hold_all
 
 __all__ = [
     "ALIGN",
+    "START",
     "Bulk",
     "Views",
     "align",
@@ -32,6 +33,7 @@ __all__ = [
     "contiguous_strides",
     "exposed",
     "numpy_dtype",
+    "one_storage",
     "pitch",
     "standin_dtype",
 ]
@@ -39,6 +41,12 @@ __all__ = [
 #: Every tensor starts on a 64-byte boundary: a cache line, and enough for any dtype's
 #: ``view`` to be legal.
 ALIGN = 64
+
+
+#: Where a layout's first tensor starts. Not at byte 0: a field's storage of its own would then start
+#: at the buffer's address, and torch refuses to save two storages of one address in two dtypes
+#: (``torch.save((batch, batch["image"]))``, which pickles the buffer beside the field).
+START = ALIGN
 
 
 def align(nbytes: int) -> int:
@@ -154,6 +162,14 @@ def exposed(buffer: torch.Tensor) -> torch.Tensor:
     if source is None or not buffer.numel():
         return buffer
     return hold(torch.from_numpy(source), source)
+
+
+def one_storage(buffer: torch.Tensor) -> bool:
+    """Whether the tensors over ``buffer`` are views of its one storage (pinned memory, an accelerator's).
+
+    In pageable host memory each has a storage of its own (:class:`Views`).
+    """
+    return _source(buffer) is None
 
 
 def _source(buffer: torch.Tensor) -> np.ndarray[Any, Any] | None:

@@ -90,7 +90,8 @@ class MMCollate:
             file descriptor or a new mapping). A ring only grows to the batches a
             worker has in flight at once, about ``prefetch_factor + 1``; with every
             slot in use a batch takes a fresh buffer. ``0`` gives every batch a
-            fresh buffer; the default is 8.
+            fresh buffer; the default is 8. A worker has one ring, sized by the
+            first collate that runs there.
         pin_slots: in the main process, register each worker slot with CUDA once,
             so worker batches arrive page-locked and ``pin_memory`` copies nothing.
             Needs CUDA in the main process; without it slots are left as they are.
@@ -108,7 +109,7 @@ class MMCollate:
         >>> batch["img"].shape, batch["label"].tolist()
         (torch.Size([2, 3, 2, 2]), [1, 0])
         >>> batch["label"].data_ptr() - batch.buffer.data_ptr()  # one buffer: "label" after "img"
-        128
+        192
     """
 
     def __init__(

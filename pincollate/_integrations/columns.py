@@ -29,6 +29,7 @@ import torch
 from .._batch.batch import carried, make_batch
 from .._batch.layout import Layout, Spec
 from .._batch.specs import MappingSpec
+from .._batch.views import START
 from .._collate.collate import MMCollate
 from .._errors import EXTRA_NAMES, CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
@@ -137,7 +138,7 @@ class ColumnCollate:
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
         samples = self._samples
-        fill = Fill(samples._planner, 0, 0)
+        fill = Fill(samples._planner, 0, START)
         keys: list[Hashable] = []
         specs: list[Spec] = []
         rows = None

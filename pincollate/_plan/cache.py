@@ -27,6 +27,7 @@ import torch
 
 from .._batch.batch import carries, make_batch
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
+from .._batch.views import START
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import LISTS, MAPPING, SEQUENCE, kind_of
@@ -158,7 +159,7 @@ class Plan:
         """The batch (``kind`` ``None``: its layout) as the careful walk makes it, whole."""
         if len(samples) != self.size:
             raise Mismatch()  # another batch size: another plan
-        fill = Fill(self.planner, 1, 0)  # type: ignore[arg-type]
+        fill = Fill(self.planner, 1, START)  # type: ignore[arg-type]
         self.op.run(samples, fill)  # type: ignore[attr-defined]
         layout = Layout(self.template, fill.offset, fill.parts)
         if kind is None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._batch.layout import PartSpec, Spec, TensorSpec, ValueSpec
-from .._batch.views import align, pitch
+from .._batch.views import START, align, pitch
 from .._errors import Attr, CollateError
 from .._types.builtin import (
     KEPT_VALUES,
@@ -66,7 +66,7 @@ class Template:
         self.missing = settings.missing
         self.items = settings.items
         self.compiled = settings.compiled
-        self.offset = 0
+        self.offset = START
         self.nvalues = 0
         self.nparts = 0
         #: Mappings two of whose parts may give an extra output of one name: planned again as parts.

@@ -52,7 +52,9 @@ __all__ = [
     "LoaderWrapper",
     "Metered",
     "Metering",
+    "Stoppable",
     "Timeline",
+    "close_source",
     "count_batch",
     "length_of",
     "pass_epoch",
@@ -687,7 +689,29 @@ class InputMeter(LoaderWrapper, Generic[T]):
         self._clock.renumber(epoch)
 
 
-class Metered(Iterator[T]):
+class Stoppable:
+    """An iterator over a loader whose ``close`` may wait for a thread still inside the loader."""
+
+    def close(self, wait: bool = True) -> None:
+        raise NotImplementedError
+
+
+def close_source(source: Any, wait: bool) -> None:
+    """Close ``source`` where it can be closed.
+
+    ``wait=False`` is the garbage collector's close: it runs on whatever thread dropped the
+    last reference (the training loop's, after a ``break``) and must never stall it on a
+    thread still inside a slow loader; that thread stops at its next check.
+    """
+    if isinstance(source, Stoppable):
+        source.close(wait=wait)
+        return
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()  # a generator's, say: it never waits
+
+
+class Metered(Stoppable, Iterator[T]):
     """An iterator that times each wait on ``source`` and counts each batch into ``sums``.
 
     The consumer's per-batch cost is what the meter costs a loop, so the common case is
@@ -740,14 +764,12 @@ class Metered(Iterator[T]):
             self._clock._tick(got)
         return batch
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Close the source (a Prefetcher's pin thread, a generator) where it can be closed."""
-        close = getattr(getattr(self, "_source", None), "close", None)
-        if close is not None:
-            close()
+        close_source(getattr(self, "_source", None), wait)
 
     def __del__(self) -> None:
-        self.close()
+        self.close(wait=False)
 
 
 # --- told by a framework's hooks --------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 
 from .._batch.trees import reachable_tensors
 from .._memory.arena import trim_pinned
-from .meter import CopyTimes, Metering, count_batch
+from .meter import CopyTimes, Metering, Stoppable, close_source, count_batch
 from .transfer import pin, to_device
 
 __all__ = ["Ahead", "CudaStaging", "MeteredPassthrough", "Owner", "Passthrough"]
@@ -121,7 +121,7 @@ class _Staging:
         return False
 
 
-class Ahead(Iterator[Any]):
+class Ahead(Stoppable, Iterator[Any]):
     """Batches from the loader, each passed through ``work`` on a background thread,
     ``depth`` ahead of the consumer; ``hand`` runs on the consumer's thread.
 
@@ -200,7 +200,7 @@ class Ahead(Iterator[Any]):
             self.close(wait=False)
 
 
-class Passthrough(Iterator[Any]):
+class Passthrough(Stoppable, Iterator[Any]):
     """No accelerator: move (a no-op on CPU) and transform, synchronously."""
 
     def __init__(self, source: Iterator[Any], owner: Owner):
@@ -216,13 +216,11 @@ class Passthrough(Iterator[Any]):
             batch = owner.transform(batch)
         return batch
 
-    def close(self) -> None:
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
+    def close(self, wait: bool = True) -> None:
+        close_source(self._source, wait)
 
     def __del__(self) -> None:
-        self.close()
+        self.close(wait=False)
 
 
 class MeteredPassthrough(Passthrough):

@@ -45,6 +45,11 @@ class Wrap:
         self.cls: type = cls
         self.meta: tuple[tuple[str, Any], ...] = meta
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The names of its metadata: the attributes a tensor it makes holds."""
+        return frozenset(name for name, _ in self.meta)
+
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
         if self.meta:
             return self.cls._wrap(view, **dict(self.meta))  # type: ignore[attr-defined,no-any-return]

@@ -71,7 +71,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     layout = k29
     if kind is None:  # checked only
         return layout
-    buffer = allocate(419072, kind, slots, pin_slots, pin) if into is None else into
+    buffer = allocate(419136, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, (), k30, kind == PAGEABLE)
     made = views.made
     region12 = made[k31] if k31 in made else k32.region(views)

@@ -83,7 +83,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     layout = k38
     if kind is None:  # checked only
         return layout
-    buffer = allocate(618752, kind, slots, pin_slots, pin) if into is None else into
+    buffer = allocate(618816, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, (), k39, kind == PAGEABLE)
     made = views.made
     region16 = made[k40] if k40 in made else k41.region(views)

@@ -43,7 +43,7 @@ def run(samples, kind, slots, pin_slots, pin, into=None):
     layout = k22
     if kind is None:  # checked only
         return layout
-    buffer = allocate(22937664, kind, slots, pin_slots, pin) if into is None else into
+    buffer = allocate(22937728, kind, slots, pin_slots, pin) if into is None else into
     views = Views(buffer, values, (), k23, kind == PAGEABLE)
     made = views.made
     region5 = made[k24] if k24 in made else k25.region(views)
