@@ -83,7 +83,8 @@ class _Check:
                 and obj.stride() == spec._strides  # type: ignore[attr-defined]
                 and not obj.is_conj()
                 and not obj.is_neg()
-                and _bare(obj, wrap)
+                and not obj.requires_grad
+                and (not obj.__dict__ or _own_attributes(obj, wrap))
             )
         if kind is ValueSpec:
             return _same_value(obj, self.values[spec.index])  # type: ignore[attr-defined]
@@ -180,7 +181,8 @@ class _Check:
                 and tensor.is_contiguous()
                 and not tensor.is_conj()
                 and not tensor.is_neg()
-                and _bare(tensor, wrap)
+                and not tensor.requires_grad
+                and (not tensor.__dict__ or _own_attributes(tensor, wrap))
             ):
                 return False
         return True
@@ -214,17 +216,13 @@ class _Check:
         return next(keys, _END) is _END
 
 
-def _bare(tensor: torch.Tensor, wrap: Wrap | None) -> bool:
-    """Whether ``tensor`` holds nothing its layout does not rebuild: no grad, no attribute of the user's.
+def _own_attributes(tensor: torch.Tensor, wrap: Wrap | None) -> bool:
+    """Whether the attributes ``tensor`` holds are its wrap's metadata (a box's format and canvas size).
 
-    A tensor that requires grad (or has a graph) and one given an attribute (``t.source = ...``)
-    pickle and move as themselves, as ``Tensor.to`` and pickle keep both: the batch, leaf by leaf.
-    A wrap's own metadata (a box's format and canvas size) is what it rebuilds.
+    Any other (``t.source = ...``, set by the user) is not the layout's to rebuild: the batch then
+    pickles and moves leaf by leaf, which keeps it, as it keeps ``requires_grad``.
     """
-    if tensor.requires_grad:
-        return False
-    attributes = tensor.__dict__
-    return not attributes or (wrap is not None and attributes.keys() <= wrap.names)
+    return wrap is not None and tensor.__dict__.keys() <= wrap.names
 
 
 def _same_key(key: Any, expected: Any) -> bool:
