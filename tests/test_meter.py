@@ -123,6 +123,39 @@ def test_each_iteration_starts_a_new_epoch_and_the_run_adds_them(clock):
     assert meter.total == InputStats() and meter.epoch == InputStats()
 
 
+@pytest.mark.parametrize("wrapper", ["meter", "prefetcher", "pinned prefetcher", "transformed prefetcher"])
+def test_iterations_that_overlap_each_count_every_batch_they_hand_out(fake_pinned, wrapper):
+    # Nested loops over one wrapper, and two iterators alive at once: each iteration starts an
+    # epoch, and the run's total counts every batch, including an earlier iteration's later ones.
+    batches = [{"x": torch.zeros(4, 2)} for _ in range(3)]
+    if wrapper == "meter":
+        loop: Any = InputMeter(batches)
+        stats = loop
+    else:
+        loop = Prefetcher(
+            batches,
+            device="cpu",
+            pin_memory=wrapper == "pinned prefetcher",
+            transform=(lambda b: b) if wrapper == "transformed prefetcher" else None,
+        )
+        stats = loop.stats
+    handed = 0
+    for _ in loop:
+        handed += 1
+        for inner in loop:
+            handed += 1
+            if handed == 6:
+                break  # an inner iterator dropped early: what it handed out still counts
+    assert handed == 10 and stats.total.batches == 10 and stats.total.samples == 40
+    stats.reset()
+    first, second = iter(loop), iter(loop)
+    for _ in range(2):
+        next(first), next(second)
+    assert stats.total.batches == 4 and stats.epoch.batches == 2
+    assert sum(1 for _ in first) + sum(1 for _ in second) == 2
+    assert stats.total.batches == 6
+
+
 def test_set_epoch_starts_new_figures_and_numbers_the_summary(clock):
     lines = []
     meter = InputMeter([{"x": torch.zeros(2)}] * 2, summary=lines.append)

@@ -331,6 +331,7 @@ class _Sums:
         "h2d_bytes",
         "last",
         "loader",
+        "open",
         "reads_loader",
         "samples",
         "seq",
@@ -348,6 +349,8 @@ class _Sums:
         self.seq = 0
         # The consumer reads the loader itself: its waits are the loader's time, not summed twice.
         self.reads_loader = reads_loader
+        #: Whether an iteration may still write these sums (Clock.begin's; finished or closed: not).
+        self.open = False
 
     def snapshot(self) -> _Sums:
         """A whole copy, taken while the consumer's thread may be writing a batch's figures."""
@@ -415,6 +418,10 @@ class Clock:
         self._next: int | None = None
         self._current = _Sums()
         self._past = _Sums()
+        #: Earlier iterations' sums, still open: an iteration begun while another ran (nested loops
+        #: over one wrapper, a validation pass inside an epoch). Counted in the run's total as they
+        #: grow, folded into ``_past`` once they finish or close.
+        self._running: list[_Sums] = []
         self._bar: Any = None
         self._shown = 0.0
 
@@ -428,20 +435,39 @@ class Clock:
         with self.lock:
             total = _Sums()
             total.fold(self._past)
+            for running in self._running:
+                total.fold(running.snapshot())
             total.fold(self._current.snapshot())
             return total.stats()
 
     def reset(self) -> None:
         with self.lock:
-            self._current, self._past = _Sums(), _Sums()
+            self._current, self._past, self._running = _Sums(), _Sums(), []
             self.number, self._next = -1, None
 
     def renumber(self, epoch: int) -> None:
         """``set_epoch(epoch)``: new epoch sums now, and the next iteration is epoch ``epoch``."""
         with self.lock:
-            self._past.fold(self._current)
+            self._retire(self._current)
             self._current = _Sums()
             self._next = epoch
+
+    def _retire(self, sums: _Sums) -> None:
+        """The current sums give way to a new epoch's (under the lock): folded, or kept while open."""
+        if sums.open:
+            self._running.append(sums)
+        else:
+            self._past.fold(sums)
+
+    def release(self, sums: _Sums) -> None:
+        """An iteration finished or closed: nothing writes ``sums`` any more."""
+        with self.lock:
+            sums.open = False
+            for i, running in enumerate(self._running):
+                if running is sums:
+                    del self._running[i]
+                    self._past.fold(sums)
+                    break
 
     def begin(self, length: int | None, reads_loader: bool = True) -> _Sums:
         """A new iteration, starting now: new epoch sums (the last epoch's join the run's), and its bar.
@@ -455,8 +481,9 @@ class Clock:
             self._bar = tqdm(total=length, desc=f"epoch {self.number + 1}", unit="batch", file=sys.stderr)
         start = perf_counter()
         with self.lock:
-            self._past.fold(self._current)
+            self._retire(self._current)
             sums = self._current = _Sums(start, reads_loader)
+            sums.open = True
             self.number = self._next if self._next is not None else self.number + 1
             self._next = None
         self._shown = start
@@ -537,6 +564,7 @@ class Clock:
         """The loop asked past the epoch's end at ``asked``: the last step's work counts, the bar
         closes, the summary is said."""
         self.mark(sums, asked)
+        self.release(sums)
         self._close_bar()
         if self.say is not None and sums is self._current:
             self.say(f"epoch {self.number}: {self.epoch.summary()}")
@@ -765,8 +793,11 @@ class Metered(Stoppable, Iterator[T]):
         return batch
 
     def close(self, wait: bool = True) -> None:
-        """Close the source (a Prefetcher's pin thread, a generator) where it can be closed."""
+        """Close the source (a Prefetcher's pin thread, a generator) where it can be closed; its figures are whole."""
         close_source(getattr(self, "_source", None), wait)
+        clock = getattr(self, "_clock", None)
+        if clock is not None:
+            clock.release(self._sums)
 
     def __del__(self) -> None:
         self.close(wait=False)

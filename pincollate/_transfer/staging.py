@@ -154,9 +154,9 @@ class Ahead(Stoppable, Iterator[Any]):
         asked = perf_counter()
         item = state.queue.get()
         if item is _END:
-            self.close()
-            if self._metering is not None:
+            if self._metering is not None:  # before close, which folds the sums of an earlier epoch
                 self._metering[0].finish(self._metering[1], asked)
+            self.close()
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
@@ -194,6 +194,8 @@ class Ahead(Stoppable, Iterator[Any]):
                 break
         if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        if self._metering is not None:
+            self._metering[0].release(self._metering[1])
 
     def __del__(self) -> None:
         if not self._done:
@@ -255,6 +257,12 @@ class MeteredPassthrough(Passthrough):
         h2d = counted[1] if owner.device.type != "cpu" else 0
         clock.step_staged(sums, asked, got, counted, read - asked, got - read, h2d)
         return batch
+
+    def close(self, wait: bool = True) -> None:
+        super().close(wait)
+        metering = getattr(self, "_metering", None)
+        if metering is not None:
+            metering[0].release(metering[1])
 
 
 class CudaStaging:
