@@ -142,7 +142,7 @@ def test_iterations_that_overlap_each_count_every_batch_they_hand_out(fake_pinne
     handed = 0
     for _ in loop:
         handed += 1
-        for inner in loop:
+        for _inner in loop:
             handed += 1
             if handed == 6:
                 break  # an inner iterator dropped early: what it handed out still counts
