@@ -155,10 +155,15 @@ def test_a_changed_pinned_batch_saves_and_pickles_leaf_by_leaf(fake_pinned, chan
     # Pinned fields are views of one storage in several dtypes, which torch refuses to save
     # together: each is written as a copy of its own, so the changed batch saves as a dict's would.
     samples = [
-        {"image": torch.full((3, 4, 4), i, dtype=torch.uint8), "score": i / 2, "ids": torch.arange(i + 1)}
+        {
+            "image": torch.full((3, 4, 4), i, dtype=torch.uint8),
+            "score": i / 2,
+            "ids": torch.arange(i + 1),
+            "feats": torch.full((i + 2,), i / 4),  # a second jagged field, of another dtype
+        }
         for i in range(3)
     ]
-    batch = MMCollate(fields={"ids": Jagged()})(samples).pin_memory()
+    batch = MMCollate(fields={"ids": Jagged(), "feats": Jagged()})(samples).pin_memory()
     assert len(fake_pinned) == 1 and batch.layout is not None
     if change == "added":
         batch["extra"] = torch.arange(3)
@@ -230,7 +235,34 @@ def test_a_batch_with_a_tensor_of_no_storage_span_added_still_moves(make):
         if not added.is_nested:
             assert torch.equal(moved["added"].to_dense(), dense)
     copied = batch.to("cpu", copy=True)
-    assert copied["x"].data_ptr() != batch["x"].data_ptr()
+    # copy=True copies the added tensor too, as Tensor.to(copy=True) does.
+    assert copied["x"].data_ptr() != batch["x"].data_ptr() and copied["added"] is not added
+    assert copied["added"].values().data_ptr() != added.values().data_ptr()
+
+
+@pytest.mark.filterwarnings("ignore:.*in prototype stage:UserWarning")
+def test_a_jagged_field_given_an_attribute_or_grad_keeps_them():
+    batch = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(i + 1.0)} for i in range(3)])
+    batch["ids"].source = "camera 0"
+    assert batch.layout is None
+    for again in (pickle.loads(pickle.dumps(batch)), copy.deepcopy(batch)):
+        assert again["ids"].source == "camera 0" and torch.equal(
+            again["ids"].values(), batch["ids"].values().to(again["ids"].dtype)
+        )
+    grad = MMCollate(fields={"ids": Jagged()})([{"ids": torch.arange(i + 1.0)} for i in range(3)])
+    grad["ids"].requires_grad_()
+    assert grad.layout is None and pickle.loads(pickle.dumps(grad))["ids"].requires_grad
+
+
+def test_conjugate_and_negative_views_pin_and_move_as_their_values(fake_pinned):
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    batch = mm_collate([{"x": torch.ones(2)}, {"x": torch.zeros(2)}])
+    batch["conj"] = z.conj()
+    batch["neg"] = z.conj().imag  # a view with the negative bit
+    for moved in (batch.pin_memory(), to_device(dict(batch), "cpu")):
+        assert torch.equal(moved["conj"].resolve_conj(), z.conj().resolve_conj())
+        assert torch.equal(moved["neg"].resolve_neg(), torch.tensor([-2.0, 1.0]))
+        assert torch.equal(moved["x"], batch["x"])
 
 
 def test_to_takes_copy_positionally_as_tensor_to_does():

@@ -156,6 +156,30 @@ def test_iterations_that_overlap_each_count_every_batch_they_hand_out(fake_pinne
     assert stats.total.batches == 6
 
 
+def test_an_iterator_collected_while_its_thread_holds_the_clocks_lock_does_not_wait_for_it():
+    # A garbage collection inside a locked call (reading total) may run an abandoned iterator's
+    # __del__ on the same thread: its release must not take the lock that thread holds.
+    meter = InputMeter([{"x": torch.zeros(2)}] * 3)
+    outer = iter(meter)
+    next(outer)
+    inner = iter(meter)  # the outer iteration is now an earlier one, still open
+    next(inner)
+    clock = meter._clock
+    done = threading.Event()
+
+    def collect_inside_the_lock() -> None:
+        with clock.lock:
+            outer.close(wait=False)  # what __del__ runs
+        done.set()
+
+    thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # a bound for a hang, not a timing
+    assert done.is_set()
+    assert meter.total.batches == 2  # the released iteration's batch stays counted, folded later
+    assert sum(1 for _ in inner) == 2 and meter.total.batches == 4
+
+
 def test_set_epoch_starts_new_figures_and_numbers_the_summary(clock):
     lines = []
     meter = InputMeter([{"x": torch.zeros(2)}] * 2, summary=lines.append)

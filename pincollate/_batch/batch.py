@@ -61,6 +61,7 @@ __all__ = [
     "carries",
     "is_batch",
     "make_batch",
+    "reduce_changed",
 ]
 
 T = TypeVar("T")
@@ -147,9 +148,7 @@ class _Carrier:
 
     def __reduce__(self) -> Any:
         state = carried(self)
-        if state is None:
-            return (type(self), (_pickled_contents(self),))
-        return (_rebuild, state)
+        return reduce_changed(self) if state is None else (_rebuild, state)
 
 
 class Batch(_Carrier, dict[Hashable, Any]):
@@ -301,12 +300,22 @@ def _carrier_class(cls: Any) -> Any:
 
 def _carrier_reduce(self: Any) -> Any:
     state = carried(self)
-    if state is not None:
-        return (_rebuild, state)
-    base = type(self).__mro__[1]
-    if isinstance(self, tuple):
-        return (_rebuild_namedtuple, (base, _pickled_contents(self)))
-    return (_rebuild_dataclass, (base, _pickled_contents(self)))
+    return reduce_changed(self) if state is None else (_rebuild, state)
+
+
+def reduce_changed(batch: Any, across: bool = False) -> Any:
+    """How a batch whose contents changed pickles: leaf by leaf, as its own type.
+
+    ``across``: to another process through multiprocessing's pickler, which shares each
+    storage as it is (views of one storage in several dtypes included): nothing is copied.
+    """
+    tree = contents(batch) if across else _pickled_contents(batch)
+    if isinstance(batch, (Batch, BatchList)):
+        return (type(batch), (tree,))
+    base = type(batch).__mro__[1]
+    if isinstance(batch, tuple):
+        return (_rebuild_namedtuple, (base, tree))
+    return (_rebuild_dataclass, (base, tree))
 
 
 def _pickled_contents(batch: Any) -> Any:
@@ -336,8 +345,9 @@ def _own_copy(device: torch.device, address: int, t: torch.Tensor) -> torch.Tens
         copy = t.clone()
     if t.requires_grad:
         copy.requires_grad_()
-    if t.__dict__:
-        copy.__dict__.update(t.__dict__)  # an attribute of the user's (a wrap's metadata is the clone's)
+    # An attribute of the user's; what the clone holds already (a wrap's metadata, a nested
+    # tensor's own values and offsets) is the clone's.
+    copy.__dict__.update((name, value) for name, value in t.__dict__.items() if name not in copy.__dict__)
     return copy
 
 

@@ -26,6 +26,7 @@ from .specs import (
     MappingSpec,
     RegisteredSpec,
     SequenceSpec,
+    jagged,
 )
 
 __all__ = ["Carried", "carried", "is_batch"]
@@ -48,7 +49,10 @@ def carried(batch: Any) -> Carried | None:
         return None
     layout, buffer, values = state
     views = _Check(buffer, values, layout.parts)
-    return state if views.matches(layout.root, batch, top=True) else None
+    # The tensors' own dtypes, shapes and flags, read without a subclass's __torch_function__
+    # (a tv_tensor's requires_grad through it costs 2 us): what the layout placed.
+    with torch._C.DisableTorchFunctionSubclass():
+        return state if views.matches(layout.root, batch, top=True) else None
 
 
 class _Check:
@@ -96,6 +100,8 @@ class _Check:
                 and obj.is_nested
                 # Lengths shorten each row over the same values: not the layout's field any more.
                 and obj.lengths() is None  # type: ignore[attr-defined]
+                and not obj.requires_grad
+                and obj.__dict__.keys() <= _jagged_own()
                 and self.matches(spec.values, obj.values())  # type: ignore[attr-defined]
                 and self.matches(spec.offsets, obj.offsets())  # type: ignore[attr-defined]
             )
@@ -223,6 +229,14 @@ def _own_attributes(tensor: torch.Tensor, wrap: Wrap | None) -> bool:
     pickles and moves leaf by leaf, which keeps it, as it keeps ``requires_grad``.
     """
     return wrap is not None and tensor.__dict__.keys() <= wrap.names
+
+
+@functools.cache
+def _jagged_own() -> frozenset[str]:
+    """The attributes a nested tensor holds as :func:`~pincollate._batch.specs.jagged` makes it (this torch's):
+    any other is the user's."""
+    made = jagged(torch.zeros(2, device="cpu"), torch.tensor([0, 1, 2], device="cpu"), 1, 1)
+    return frozenset(made.__dict__)
 
 
 def _same_key(key: Any, expected: Any) -> bool:

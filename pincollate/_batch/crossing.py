@@ -21,7 +21,7 @@ from .._memory import receiver as _receiver
 from .._memory import ring as _ring
 from .._memory import shm as _shm
 from .._memory.arena import Kind, PinMode, allocate, resolve_kind
-from .batch import _rebuild, make_batch, on_carrier
+from .batch import _rebuild, make_batch, on_carrier, reduce_changed
 from .check import carried
 from .layout import Layout
 
@@ -38,7 +38,7 @@ def reduce_across(batch: Any) -> Any:
     """
     state = carried(batch)
     if state is None:
-        return batch.__reduce__()
+        return reduce_changed(batch, across=True)
     layout, buffer, values = state
     crossing = _ring.send(buffer, layout)
     if crossing is not None:

@@ -19,7 +19,7 @@ from .._types.build import new_dataclass
 from .._types.kinds import is_dataclass
 from .check import carried
 from .spans import moves_alone, pin_spans, spans_to_device
-from .trees import map_tensors, tensors
+from .trees import map_tensors
 
 __all__ = ["batch_pin_memory", "batch_to", "contents"]
 
@@ -91,16 +91,25 @@ def _move_changed(
     since in one of its own (a registered slot stays held until copied, as for a whole
     batch). A leaf that did not move is copied only where ``copy`` asks for it.
     """
-    before = {_storage_key(t) for t in tensors(tree) if not moves_alone(t)}
-    # Tensors that move by their own to() (moves_alone): the same object is one that did not move.
-    unmoved = {id(t) for t in tensors(tree) if moves_alone(t)}
+    leaves: list[torch.Tensor] = []  # kept alive: their ids stay theirs while this runs
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        leaves.append(t)
+        return t
+
+    map_tensors(tree, keep)
+    # A leaf that moves by its own to() (moves_alone) did not move where it is still itself.
+    unmoved = {id(t) for t in leaves if moves_alone(t)}
+    before = {_storage_key(t.values() if t.is_nested else t) for t in leaves if id(t) not in unmoved}
     if device is not None:
         tree = spans_to_device(tree, device, non_blocking)
 
     def finish(t: torch.Tensor) -> torch.Tensor:
         cast = dtype if dtype is not None and t.is_floating_point() else None
-        if moves_alone(t):
-            again = copy and id(t) in unmoved
+        if id(t) in unmoved:
+            again = copy
+        elif moves_alone(t):  # moved by its own to(): a copy already
+            again = False
         else:
             again = copy and _storage_key(t.values() if t.is_nested else t) in before
         return t.to(dtype=cast, non_blocking=non_blocking, copy=again)

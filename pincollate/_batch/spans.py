@@ -76,10 +76,11 @@ def moves_alone(t: torch.Tensor) -> bool:
     """Whether ``t`` moves by its own ``to()`` (or ``pin_memory()``), not as a span of its storage.
 
     A tensor with no storage to copy a span of (sparse) or no parts to rebuild it from (a
-    strided nested tensor), and one that requires grad: its own move is part of its graph,
-    as ``Tensor.to`` is, and keeps ``requires_grad``.
+    strided nested tensor); one whose bytes are not its values as read (a conjugate or
+    negative view, a quantized tensor), which a span rebuilt as plain bytes would change;
+    and one that requires grad: its own move is part of its graph, as ``Tensor.to`` is.
     """
-    if t.requires_grad:
+    if t.requires_grad or t.is_conj() or t.is_neg() or t.is_quantized:
         return True
     return t.layout is not torch.jagged if t.is_nested else t.layout is not torch.strided
 
@@ -152,8 +153,8 @@ def pin_spans(tree: T) -> T:
     def alone(t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "cpu" or t.is_pinned():
             return t
-        if t.layout is torch.strided and not t.is_nested:
-            return per_leaf(t)  # copy_ keeps a graph, as pin_memory() does
+        if t.layout is torch.strided and not t.is_nested and not t.is_quantized:
+            return per_leaf(t)  # copy_ keeps a graph (and reads a conjugate view as its values)
         return t.pin_memory()
 
     return _move(tree, copy_span, per_leaf, keep, alone)

@@ -422,6 +422,8 @@ class Clock:
         #: over one wrapper, a validation pass inside an epoch). Counted in the run's total as they
         #: grow, folded into ``_past`` once they finish or close.
         self._running: list[_Sums] = []
+        #: Sums whose iteration finished or closed, to fold by the next call that holds the lock.
+        self._released: deque[_Sums] = deque()
         self._bar: Any = None
         self._shown = 0.0
 
@@ -433,6 +435,7 @@ class Clock:
     @property
     def total(self) -> InputStats:
         with self.lock:
+            self._settle()
             total = _Sums()
             total.fold(self._past)
             for running in self._running:
@@ -443,11 +446,13 @@ class Clock:
     def reset(self) -> None:
         with self.lock:
             self._current, self._past, self._running = _Sums(), _Sums(), []
+            self._released.clear()
             self.number, self._next = -1, None
 
     def renumber(self, epoch: int) -> None:
         """``set_epoch(epoch)``: new epoch sums now, and the next iteration is epoch ``epoch``."""
         with self.lock:
+            self._settle()
             self._retire(self._current)
             self._current = _Sums()
             self._next = epoch
@@ -460,9 +465,18 @@ class Clock:
             self._past.fold(sums)
 
     def release(self, sums: _Sums) -> None:
-        """An iteration finished or closed: nothing writes ``sums`` any more."""
-        with self.lock:
-            sums.open = False
+        """An iteration finished or closed: nothing writes ``sums`` any more.
+
+        Never takes the lock: a garbage collector's close (an iterator's ``__del__``) may run on
+        a thread that holds it, inside a locked call; the next locked call folds ``sums``.
+        """
+        sums.open = False
+        self._released.append(sums)
+
+    def _settle(self) -> None:
+        """Fold the released sums of earlier iterations into the run's (under the lock)."""
+        while self._released:
+            sums = self._released.popleft()
             for i, running in enumerate(self._running):
                 if running is sums:
                     del self._running[i]
@@ -481,6 +495,7 @@ class Clock:
             self._bar = tqdm(total=length, desc=f"epoch {self.number + 1}", unit="batch", file=sys.stderr)
         start = perf_counter()
         with self.lock:
+            self._settle()
             self._retire(self._current)
             sums = self._current = _Sums(start, reads_loader)
             sums.open = True

@@ -39,16 +39,13 @@ class Wrap:
     with metadata the class's ``_wrap`` builds the output, else ``as_subclass``.
     """
 
-    __slots__ = ("cls", "meta")
+    __slots__ = ("cls", "meta", "names")
 
     def __init__(self, cls: type, meta: tuple[tuple[str, Any], ...] = ()):
         self.cls: type = cls
         self.meta: tuple[tuple[str, Any], ...] = meta
-
-    @property
-    def names(self) -> frozenset[str]:
-        """The names of its metadata: the attributes a tensor it makes holds."""
-        return frozenset(name for name, _ in self.meta)
+        #: The names of its metadata: the attributes a tensor it makes holds.
+        self.names: frozenset[str] = frozenset(name for name, _ in meta)
 
     def __call__(self, view: torch.Tensor) -> torch.Tensor:
         if self.meta:
