@@ -457,6 +457,48 @@ def _with_policy_keys(structure: Any, rng: random.Random) -> Any:
     return structure
 
 
+def test_an_optional_key_only_later_samples_hold_never_makes_the_whole_batch_careful():
+    # missing="none": sample 0 lacks "wave", which later samples may hold. A batch with it and a
+    # batch without it are two structures (two plans), not a reason to walk every batch for good.
+    def batch(k: int, wave: bool) -> list[dict[str, Any]]:
+        return [
+            {"image": torch.full((3, 4, 4), float(i)), **({"wave": torch.arange(k + i + 1.0)} if wave and i else {})}
+            for i in range(4)
+        ]
+
+    collate = MMCollate(pin_memory=False, missing="none")
+    reference = MMCollate(pin_memory=False, missing="none", compile=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedFieldWarning)
+        for k, wave in [(0, True), (1, False), (2, True), (3, False), (4, True), (5, True), (6, False)]:
+            samples = batch(k, wave)
+            assert_identical(collate(samples), reference(samples))
+    assert () not in collate._plans.careful
+    assert collate._plans.planned >= 2 and not any(plan.walks for plan in collate._plans._plans.values())
+    steady = [{"image": torch.zeros(3, 4, 4), "n": i} for i in range(4)]
+    collate(steady), collate(steady)
+    assert not collate._plans.last.walks  # another structure after them: compiled, not walked
+
+
+def test_the_careful_paths_are_a_new_set_when_a_plan_commits():
+    # Another thread may be computing a signature over the set it read: a commit never changes it.
+    collate = MMCollate(pin_memory=False, ragged=Pad())
+    collate([{"ids": torch.arange(i + 1), "n": i} for i in range(4)])
+    read = collate._plans.careful
+    before = set(read)
+    collate([{"tokens": torch.arange(i + 1), "n": i} for i in range(4)])  # another structure: "tokens" learnt
+    assert ("tokens",) in collate._plans.careful and collate._plans.careful is not read and read == before
+
+
+def test_the_field_rules_keep_a_bounded_number_of_lookups():
+    from pincollate._plan import patterns
+
+    collate = MMCollate(pin_memory=False, fields={"meta.*": AsList()})
+    for i in range(patterns._LOOKUPS_KEPT // 2 + 10):  # two key paths a batch, each new: file names
+        collate([{"meta": {f"file{i}": torch.ones(2)}, "x": torch.ones(1)}] * 2)
+    assert len(collate._rules._cache) <= patterns._LOOKUPS_KEPT
+
+
 class LongLivedCollate(RuleBasedStateMachine):
     """One MMCollate, warm, fed random sequences of batches whose structure mutates."""
 

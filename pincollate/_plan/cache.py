@@ -231,7 +231,18 @@ class Plans:
         self._lock = threading.Lock()
 
     def signature(self, samples: Sequence[Any]) -> Hashable:
-        return (len(samples), _signature(samples[0], (), self.careful, self.items))
+        return (len(samples), _signature(samples[0], (), self.careful, self.items), self._keys(samples))
+
+    def _keys(self, samples: Sequence[Any]) -> frozenset[Hashable] | None:
+        """Under ``missing="none"``, every key the batch's samples hold (mappings at the top), else ``None``.
+
+        Sample 0 may lack a key other samples hold: batches with it and without it are two
+        structures, two plans. Without it in the key, the plan of one would miss on the other
+        at the top and make the whole batch careful, walked for good for every structure.
+        """
+        if not self.settings.missing or kind_of(samples[0]) is not MAPPING:
+            return None
+        return frozenset().union(*samples)
 
     def get(self, key: Hashable) -> Plan | None:
         """The cached plan for a signature, or ``None``."""
@@ -247,7 +258,7 @@ class Plans:
         """
         if not WALK_FIRST_SIGHT or not self.settings.compiled:
             return None
-        key = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False))
+        key = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False), self._keys(samples))
         with self._lock:
             return None if key in self._seen else key
 
@@ -299,7 +310,8 @@ class Plans:
 
         def commit() -> None:
             with self._lock:
-                self.careful.update(template.careful)
+                # A new set, not the old one changed: another thread may be reading it for a signature.
+                self.careful = self.careful | template.careful
                 self.planned += 1
                 # The key later batches compute, now that the careful paths are known.
                 plan.key = self.signature(samples)

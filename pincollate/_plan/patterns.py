@@ -20,6 +20,9 @@ Path = tuple[Hashable, ...]
 _SEGMENT = re.compile(r"^(\*|[^.*]+)$")
 
 
+#: The most key paths whose policy :class:`FieldRules` keeps looked up.
+_LOOKUPS_KEPT = 4096
+
 class FieldRules:
     """Field patterns compiled once; the most specific match wins.
 
@@ -78,6 +81,9 @@ class FieldRules:
                 self.matched.add(pattern)
                 if found is None:
                     found = policy
+        if len(self._cache) >= _LOOKUPS_KEPT:
+            # Key paths that change with the data (annotations keyed by file name) would grow it for good.
+            self._cache.clear()
         self._cache[path] = found
         return found
 
