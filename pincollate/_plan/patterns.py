@@ -23,6 +23,7 @@ _SEGMENT = re.compile(r"^(\*|[^.*]+)$")
 #: The most key paths whose policy :class:`FieldRules` keeps looked up.
 _LOOKUPS_KEPT = 4096
 
+
 class FieldRules:
     """Field patterns compiled once; the most specific match wins.
 
