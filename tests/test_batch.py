@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pincollate import AsList, Batch, BatchList, Jagged, MMCollate, mm_collate, to_device
-from pincollate._batch.batch import carried
+from pincollate._batch.batch import carried, reduce_changed
 from pincollate._batch.trees import tensors
 from pincollate._batch.views import ALIGN
 from samples import PARITY, RAGGED, Point, Record, assert_same, listing, storages
@@ -183,6 +183,17 @@ def test_a_changed_pinned_batch_saves_and_pickles_leaf_by_leaf(fake_pinned, chan
                 assert torch.equal(again[key].offsets(), value.offsets())
             else:
                 assert again[key].dtype == value.dtype and torch.equal(again[key], value)
+
+
+def test_a_changed_pinned_batch_crosses_processes_as_it_is_and_pickles_copies(fake_pinned):
+    # multiprocessing's pickler shares each storage as it is (no dtype rule): nothing to copy there.
+    batch = mm_collate([{"x": torch.full((2,), float(i)), "n": i} for i in range(2)]).pin_memory()
+    batch["extra"] = torch.arange(2)
+    _, (sent,) = reduce_changed(batch, across=True)
+    assert all(sent[key] is batch[key] for key in batch)
+    _, (pickled,) = reduce_changed(batch)
+    assert pickled["extra"] is batch["extra"]  # not a view of the pinned buffer: as it is
+    assert pickled["x"] is not batch["x"] and torch.equal(pickled["x"], batch["x"])
 
 
 def test_a_batch_saves_beside_one_of_its_own_fields():
