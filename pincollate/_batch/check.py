@@ -60,8 +60,9 @@ class _Check:
 
     What makes two batches the same values is compared: the address in the buffer,
     dtype, shape and strides, the conjugate and negative bits, no grad and no attribute of
-    the user's on a tensor, and the exact class of every tensor and container (a tuple put where a list was, or a tensor subclass
-    view, would otherwise come back as the layout's type after pickling or moving).
+    the user's on a tensor, and the exact class of every tensor and container (a tuple put
+    where a list was, or a tensor subclass view, would otherwise come back as the layout's
+    type after pickling or moving).
     The batch's own class (``top``) is its carrier class, not the layout's.
 
     By address: on the CPU each tensor has a storage of its own over its bytes of the

@@ -98,7 +98,6 @@ def _move(
 
     def collect(t: torch.Tensor) -> torch.Tensor:
         if moves_alone(t):
-            parts[id(t)] = [t]
             moved[id(t)] = alone(t)
             return t
         leaves = parts.setdefault(id(t), nested_parts(t) if t.is_nested else [t])
@@ -122,12 +121,14 @@ def _move(
         moved.update((id(t), _rebuild(t, at - start, target)) for t, at in leaves)
 
     def swap(t: torch.Tensor) -> torch.Tensor:
-        leaves = parts[id(t)]
-        if t.is_nested and id(t) not in moved:
-            # The sequence lengths the original carries, read without a device sync.
-            lengths = (getattr(t, "_maybe_min_seqlen", None), getattr(t, "_maybe_max_seqlen", None))
-            return jagged(moved[id(leaves[0])], moved[id(leaves[1])], *lengths)
-        return moved[id(t)]
+        found = moved.get(id(t))  # a leaf moved by its span, or alone
+        if found is not None:
+            return found
+        # A jagged tensor, rebuilt over its moved parts with the sequence lengths the original
+        # carries (read without a device sync).
+        values, offsets = parts[id(t)]
+        lengths = (getattr(t, "_maybe_min_seqlen", None), getattr(t, "_maybe_max_seqlen", None))
+        return jagged(moved[id(values)], moved[id(offsets)], *lengths)
 
     return map_tensors(tree, swap)
 
