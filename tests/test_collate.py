@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import pickle
 import re
 import warnings
@@ -63,6 +64,87 @@ def test_namedtuple_batches_keep_their_type_and_pickle():
     again = pickle.loads(pickle.dumps(out))
     assert isinstance(again, Point) and hasattr(again, "pin_memory")
     assert torch.equal(again.y, out.y)
+
+
+class _Doubled(collections.namedtuple("_Doubled", "a b")):
+    """A namedtuple whose ``__new__`` changes its values: it must run once per batch, as in default_collate."""
+
+    def __new__(cls, a, b):
+        return super().__new__(cls, a * 2, b)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_top_level_namedtuple_is_built_once_as_default_collate_builds_it(compile):
+    samples = [_Doubled(torch.tensor([1]), 0), _Doubled(torch.tensor([2]), 0)]
+    expected = default_collate(samples)
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):  # walked, planned, compiled
+        out = collate(samples)
+        assert isinstance(out, _Doubled) and torch.equal(out.a, expected.a) and torch.equal(out.b, expected.b)
+
+
+class _Tagged(dict):
+    """A dict whose constructor takes the dict as something else: ``cls(fields)`` holds none of them."""
+
+    def __init__(self, tag, **fields):
+        super().__init__(**fields)
+        self.tag = tag
+
+
+class _Keywords(dict):
+    """A dict built from keywords only: ``cls(fields)`` puts the whole dict under ``image``."""
+
+    def __init__(self, image=None, label=None):
+        super().__init__(image=image, label=label)
+
+
+class _Varargs(list):
+    """A list built from ``*items``: ``cls(items)`` nests them one level deeper."""
+
+    def __init__(self, *items):
+        super().__init__(items)
+
+
+class _Validating(list):
+    """A list whose constructor fails on a batch's values (with an error other than TypeError)."""
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        if any(isinstance(v, torch.Tensor) and v.dim() > 1 for v in self):
+            raise RuntimeError("only 1-D values")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: _Tagged("t", image=torch.full((2,), float(i)), label=i),
+        lambda i: _Keywords(torch.full((2,), float(i)), i),
+        lambda i: {"x": _Tagged("t", a=torch.tensor([i]))},
+        lambda i: _Varargs(torch.full((2,), float(i)), i),
+        lambda i: {"x": _Varargs(torch.tensor([i]), i)},
+        lambda i: _Validating([torch.full((2,), float(i)), i]),
+    ],
+    ids=["dict-tag-ctor", "dict-keyword-ctor", "nested-dict-tag-ctor", "list-varargs", "nested-list-varargs", "list-raising"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_container_class_that_cannot_be_built_from_its_fields_keeps_every_field(make, compile):
+    # default_collate copies sample 0's container and fills it; a class that cannot be built
+    # from a dict (or list) of the fields holding exactly them comes back as a dict (list),
+    # never empty, nested one level deeper or holding the fields under another key.
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value.tolist()
+
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for j in range(3):  # walked, planned, compiled
+        samples = [make(2 * j), make(2 * j + 1)]
+        expected = default_collate(samples)
+        out = collate(samples)
+        assert plain(out) == plain(expected)
+        assert type(out) in (type(expected), dict, list, Batch, BatchList)
 
 
 def test_slots_are_aligned_for_every_dtype():
@@ -438,6 +520,41 @@ def test_a_column_mixing_arrays_or_numbers_with_a_subclass_has_default_collates_
         out = collate(batch)
         assert_identical(out["x"], expected["x"])
         assert_one_buffer(out)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        [np.float64(1.0), np.complex64(2 + 5j)],
+        [np.float64(1.0), 2 + 5j],
+        [np.complex64(2 + 5j), np.float64(1.0)],
+        [np.float64(1.5), 2, True],
+    ],
+    ids=["np-float64-np-complex", "np-float64-complex", "np-complex-np-float64", "np-float64-int-bool"],
+)
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_number_column_that_starts_with_numpys_float64_is_numpys_as_in_default_collate(column, compile):
+    # numpy's float64 subclasses float, but default_collate takes it as a numpy scalar
+    # (torch.as_tensor of the column): a complex number after it keeps its imaginary part.
+    batch = [{"x": value} for value in column]
+    expected = default_collate(batch)
+    collate = MMCollate(pin_memory=False, compile=compile)
+    collate([{"x": np.float64(0.5)} for _ in column])
+    collate([{"x": np.float64(0.5)} for _ in column])  # planned and compiled for float64 scalars
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's ComplexWarning: an imaginary part dropped
+        for _ in range(2):
+            assert_identical(collate(batch)["x"], expected["x"])
+
+
+def test_a_python_float_column_with_a_complex_number_later_is_complex_where_default_collate_loses_it():
+    batch = [{"x": 1.0}, {"x": np.complex128(2 + 5j)}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy's ComplexWarning
+        assert default_collate(batch)["x"].tolist() == [1.0, 2.0]  # the imaginary part dropped
+    for compile in (True, False):
+        out = MMCollate(pin_memory=False, compile=compile)(batch)["x"]
+        assert out.dtype == torch.complex128 and out.tolist() == [1 + 0j, 2 + 5j]
 
 
 @pytest.mark.parametrize(

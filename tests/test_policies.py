@@ -361,12 +361,31 @@ def test_aslist_and_stack_on_lists_of_items():
     assert isinstance(listed["img"], list) and [tuple(t.shape) for t in listed["img"]] == [(2, 2, 2), (2, 2, 2)]
     stacked = MMCollate(fields={"img": Stack()})(samples)
     assert stacked["img"].shape == (2, 2, 2, 2)
-    with pytest.raises(CollateError, match=r"at \['img'\]: Stack\(\) needs every sample's items to stack"):
+    with pytest.raises(CollateError, match=r"at \['img'\]: Stack\(\) needs every sample's items to stack") as info:
         MMCollate(fields={"img": Stack()})([{"img": [a, b]}, {"img": [c]}])
+    assert info.value.sample == 1
+    assert "this sample has items that stack to (1, 2, 2), where sample 0 has items that stack to (2, 2, 2)" in str(
+        info.value
+    )
     with pytest.raises(
         CollateError, match=r"at \['img'\]: Pad\(\) takes tensors; for lists of items use Concat\(\) or Jagged\(\)"
     ):
         MMCollate(fields={"img": Pad()})(samples)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_stack_on_items_names_the_sample_whose_items_do_not_stack(compiled):
+    z = torch.zeros
+    collate = MMCollate(fields={"p": Stack()}, compile=compiled)
+    collate([{"p": [z(2), z(2)]}, {"p": [z(2), z(2)]}])
+    collate([{"p": [z(2), z(2)]}, {"p": [z(2), z(2)]}])  # planned and compiled: the next batch misses the plan
+    with pytest.raises(CollateError) as info:
+        collate([{"p": [z(2), z(2)]}, {"p": [z(2), z(3)]}])
+    assert info.value.sample == 1 and info.value.path == ("p",)
+    assert str(info.value) == (
+        "sample 1 at ['p']: Stack() needs every sample's items to stack to one shape: "
+        "this sample has items of several shapes, where sample 0 has items that stack to (2, 2)"
+    )
 
 
 def test_policy_on_a_mapping_is_an_error_not_ignored():

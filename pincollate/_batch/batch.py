@@ -80,7 +80,8 @@ def make_batch(layout: Layout, buffer: torch.Tensor, values: list[Any], views: V
     elif kind is SequenceSpec:
         batch = BatchList(out)
     elif kind is NamedTupleSpec:
-        batch = carrier_class(type(out))(*out)
+        # The values are built already: the user's __new__ (which may change them) runs once.
+        batch = tuple.__new__(carrier_class(type(out)), out)
     else:
         batch = new_dataclass(carrier_class(type(out)), {f.name: getattr(out, f.name) for f in dataclasses.fields(out)})
     object.__setattr__(batch, "_pincollate", (layout, buffer, values))

@@ -244,13 +244,30 @@ class ItemWalk:
         if isinstance(policy, Stack):
             merged = merge(children, self._refused(path, origins))
             if not isinstance(merged, TensorNode):
-                shapes = [tuple(c.shape) if isinstance(c, TensorNode) else type(c).__name__ for c in children]
-                raise self._error(
-                    f"Stack() needs every sample's items to stack to one shape, got {shapes}", None, path, origins
-                )
+                raise self._unstacked(children, path, origins)
             return merged
         raise self._error(
             f"{type(policy).__name__}() takes tensors; for lists of items use Concat() or Jagged()", None, path, origins
+        )
+
+    def _unstacked(self, children: list[Node], path: Path, origins: Origins) -> CollateError:
+        """``Stack()``'s error for items that do not stack: the first sample that differs from sample 0, named."""
+
+        def items(node: Node) -> str:
+            if isinstance(node, TensorNode) and node.stackable:
+                return f"items that stack to {tuple(node.shape)}"
+            if isinstance(node, Value) and node.value is None:
+                return "no items (None)"
+            return "items of several shapes"
+
+        said = [items(c) for c in children]
+        i = next((i for i, what in enumerate(said) if what != said[0] or not what.startswith("items that")), 0)
+        first = "" if i == 0 else f", where sample {self._blame(0, path, origins)[0]} has {said[0]}"
+        return self._error(
+            f"Stack() needs every sample's items to stack to one shape: this sample has {said[i]}{first}",
+            i,
+            path,
+            origins,
         )
 
     def _item_nodes(self, values: Sequence[Any], path: Path, origins: Origins, depth: int) -> list[Node]:

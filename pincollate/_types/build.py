@@ -7,7 +7,7 @@ dataclass always. Used by the layout's specs and by :mod:`pincollate._types.kind
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 __all__ = ["container_cls", "make_mapping", "make_sequence", "new_dataclass"]
@@ -27,30 +27,56 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
     """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
 
     As ``default_collate``: the type is kept where it can be built from a dict or
-    built empty and updated; otherwise the result is a ``dict``.
+    built empty and updated; otherwise the result is a ``dict``. A build counts only
+    where the result holds exactly ``pairs``: a class whose constructor takes the dict
+    as some other argument (``__init__(self, tag, **fields)``) would hold none of them.
     """
     if cls is None:
         return pairs
     try:
-        return cls(pairs)
-    except TypeError:
+        out = cls(pairs)
+        if _holds_pairs(out, pairs):
+            return out
+    except Exception:  # the class's own constructor refused: try it empty, then a dict
         pass
     try:
         out = cls()
         out.update(pairs)
-        return out
-    except (TypeError, AttributeError):  # a read-only Mapping has no update
-        return pairs
+        if _holds_pairs(out, pairs):
+            return out
+    except Exception:  # no empty constructor; a read-only Mapping has no update
+        pass
+    return pairs
 
 
 def make_sequence(cls: type | None, items: list[Any]) -> Any:
-    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``)."""
+    """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``).
+
+    The type is kept where ``cls(items)`` holds exactly ``items`` (a class whose
+    constructor takes ``*items``, or other arguments, comes back as a ``list``).
+    """
     if cls is None:
         return items
     try:
-        return cls(items)
-    except TypeError:
-        return items
+        out = cls(items)
+        if len(out) == len(items) and all(map(_same, out, items)):
+            return out
+    except Exception:  # the class's own constructor refused: a list
+        pass
+    return items
+
+
+def _holds_pairs(out: Any, pairs: dict[Hashable, Any]) -> bool:
+    return len(out) == len(pairs) and all(key in out and _same(out[key], value) for key, value in pairs.items())
+
+
+def _same(got: Any, given: Any) -> bool:
+    """Whether a built container holds ``given`` where it holds ``got``.
+
+    The value itself, or a container the class converted to its own kind (an
+    attribute-access dict makes the dicts inside it of its class).
+    """
+    return got is given or isinstance(given, (Mapping, list, tuple))
 
 
 def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:

@@ -284,9 +284,11 @@ KEPT_VALUES = frozenset((str, bytes, type(None)))
 def number_dtype(values: Sequence[Any]) -> torch.dtype:
     """The dtype ``default_collate`` gives a column of numbers: one rule, used everywhere.
 
-    A column that starts with a Python float (or a subclass) is ``float64``; one that
-    starts with an int or bool, or a numpy scalar, takes the dtype torch infers for the
-    whole column, as ``torch.tensor`` / ``torch.as_tensor`` do there.
+    A column that starts with a Python float (or a subclass other than numpy's ``float64``)
+    is ``float64`` (``complex128`` where a complex number follows: ``default_collate`` would
+    drop its imaginary part or raise); one that starts with an int or bool, or a numpy
+    scalar, takes the dtype torch infers for the whole column, as ``torch.tensor`` /
+    ``torch.as_tensor`` do there.
     """
     first = next(v for v in values if v is not None)
     present = [v for v in values if v is not None]
@@ -306,7 +308,9 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
         if not ints_fit_float64(present):
             raise OverflowError("int too large to convert to float")
         return torch.get_default_dtype()
-    if isinstance(first, float):
+    if isinstance(first, float) and not isinstance(first, np.generic):
+        # numpy's float64 is a float too, but default_collate takes a column that starts with
+        # a numpy scalar as numpy's: torch.as_tensor of them all (complex beside it stays complex).
         return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
     if isinstance(first, complex):
         return torch.complex128
