@@ -124,7 +124,14 @@ class _Validating(list):
         lambda i: {"x": _Varargs(torch.tensor([i]), i)},
         lambda i: _Validating([torch.full((2,), float(i)), i]),
     ],
-    ids=["dict-tag-ctor", "dict-keyword-ctor", "nested-dict-tag-ctor", "list-varargs", "nested-list-varargs", "list-raising"],
+    ids=[
+        "dict-tag-ctor",
+        "dict-keyword-ctor",
+        "nested-dict-tag-ctor",
+        "list-varargs",
+        "nested-list-varargs",
+        "list-raising",
+    ],
 )
 @pytest.mark.parametrize("compile", [True, False])
 def test_a_container_class_that_cannot_be_built_from_its_fields_keeps_every_field(make, compile):

@@ -402,3 +402,113 @@ def test_rows_read_from_arrow_are_walked_whole(policy, monkeypatch):
         theirs = ColumnCollate(ragged=settings)(numpy)
     assert_same(ours, theirs)
     assert_one_buffer(ours)
+
+
+# --- columns as Ray, datasets and Arrow hand them over (found by an adversarial round) -----
+
+
+RAGGED_POLICIES = {
+    "pad": Pad(),
+    "pad-truncate": Pad(max_length=4, truncate=True),
+    "pad-multiple": Pad(multiple_of=8, lengths_key=None),
+    "concat": Concat(),
+    "jagged": Jagged(),
+    "aslist": AsList(),
+    "per-sample": PerSample(),
+}
+
+
+def _same_output(got, want) -> None:
+    assert list(got) == list(want)
+    for key in want:
+        assert type(got[key]) is type(want[key]), key
+        if isinstance(want[key], torch.Tensor) and want[key].is_nested:
+            assert [t.tolist() for t in got[key].unbind()] == [t.tolist() for t in want[key].unbind()]
+        elif isinstance(want[key], list):
+            assert [t.tolist() for t in got[key]] == [t.tolist() for t in want[key]]
+        else:
+            assert_same(got[key], want[key])
+
+
+@pytest.mark.parametrize("name", sorted(RAGGED_POLICIES))
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_ragged_takes_a_dense_column_whose_rows_share_a_length_as_it_takes_ragged_rows(name, as_tensor):
+    # datasets' numpy and torch formats and Ray's conversion hand rows that share a length in one
+    # batch as one dense array: ragged= applies to them as to the samples of the rows, so one
+    # long-lived collate gives every batch the same keys and the policy's shapes.
+    policy = RAGGED_POLICIES[name]
+    batches = [
+        {"ids": _objects(np.arange(6), np.arange(2)), "label": np.arange(2)},
+        {"ids": np.arange(12).reshape(2, 6), "label": np.arange(2)},
+        {"ids": np.arange(4).reshape(2, 2), "label": np.arange(2)},
+    ]
+    collate = ColumnCollate(pin_memory=False, ragged=policy)
+    samples = MMCollate(pin_memory=False, ragged=policy, compile=False)
+    for batch in batches:
+        rows = [
+            {"ids": torch.as_tensor(ids), "label": label}
+            for ids, label in zip(batch["ids"], batch["label"], strict=True)
+        ]
+        given = {k: torch.as_tensor(v) if as_tensor and v.dtype != object else v for k, v in batch.items()}
+        _same_output(collate(given), samples(rows))
+
+
+def test_a_dense_column_of_numbers_under_ragged_stays_one_tensor():
+    batch = ColumnCollate(pin_memory=False, ragged=Pad())({"label": np.arange(3), "ids": np.ones((3, 2))})
+    assert list(batch) == ["label", "ids", "ids_lengths", "ids_mask"] and batch["label"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("column", ["abc", b"abc", {"a": 1, "b": 2}, {1, 2}], ids=["str", "bytes", "dict", "set"])
+def test_a_string_mapping_or_set_is_no_column(column):
+    with pytest.raises(CollateError, match=r"expected a column \(an array, tensor or sequence of rows\)") as info:
+        ColumnCollate(pin_memory=False)({"x": np.arange(3), "y": column})
+    assert info.value.path == ("y",)
+
+
+@pytest.mark.parametrize("policy", [Pad(), Stack(), Concat()], ids=["pad", "stack", "concat"])
+@pytest.mark.parametrize("dtype", ["<U2", "S2", object], ids=["unicode", "bytes", "object"])
+def test_a_policy_named_for_a_string_column_refuses_it_as_for_samples(policy, dtype):
+    column = np.array(["ab", "c"], dtype=dtype)
+    with pytest.raises(CollateError, match=r"applies to tensors and lists of items, not to (str|bytes) values"):
+        ColumnCollate(pin_memory=False, fields={"s": policy})({"s": column})
+    assert ColumnCollate(pin_memory=False, fields={"s": AsList()})({"s": column})["s"] == column.tolist()
+
+
+def test_a_quantized_or_meta_column_is_refused_naming_it():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notice for quantized tensors
+        quantized = torch.quantize_per_tensor(torch.zeros(2, 3), 0.1, 0, torch.qint8)
+    with pytest.raises(CollateError, match=r"at \['q'\]: quantized tensors are not supported"):
+        ColumnCollate(pin_memory=False)({"q": quantized})
+    with pytest.raises(CollateError, match=r"at \['m'\]: expected a CPU tensor, got one on meta"):
+        ColumnCollate(pin_memory=False)({"m": torch.empty(2, 3, device="meta")})
+
+
+def test_a_strided_nested_column_is_taken_row_by_row():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype note on strided nested tensors
+        column = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(1.0)])
+    batch = ColumnCollate(pin_memory=False, fields={"x": Pad()})({"x": column})
+    assert batch["x"].tolist() == [[0.0, 1.0, 2.0], [0.0, 0.0, 0.0]] and batch["x_lengths"].tolist() == [3, 1]
+
+
+def test_an_arrow_table_with_two_columns_of_one_name_is_refused():
+    pa = pytest.importorskip("pyarrow")
+    table = pa.Table.from_arrays([pa.array([[1, 2], [3]]), pa.array([7, None])], names=["x", "x"])
+    with pytest.raises(CollateError, match="the table has several columns named 'x'"):
+        ColumnCollate(pin_memory=False)(table)
+
+
+def test_an_arrow_record_batch_is_read_as_its_table():
+    pa = pytest.importorskip("pyarrow")
+    record = pa.record_batch({"ids": pa.array([[1, 2, 3], [4]]), "label": pa.array([0, 1])})
+    collate = ColumnCollate(pin_memory=False, fields={"ids": Pad()})
+    _same_output(collate(record), collate(pa.Table.from_batches([record])))
+
+
+@pytest.mark.parametrize("layout", [b"\x80\x04garbage", "not bytes"], ids=["truncated", "str"])
+def test_unpack_of_a_damaged_row_names_what_is_wrong(layout):
+    row = ColumnCollate(pin_memory=False).pack({"x": np.arange(3)})
+    row[pincollate._integrations.columns.LAYOUT][0] = layout
+    with pytest.raises(CollateError, match="the packed batch's layout cannot be read"):
+        ColumnCollate(pin_memory=False).unpack(row)

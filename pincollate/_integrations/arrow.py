@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.utils.dlpack
 
+from .._errors import CollateError
 from .._plan.padding import Joined
 
 __all__ = ["arrow_columns", "is_arrow_table"]
@@ -37,8 +38,8 @@ _FIXED = ("ray.data.arrow_tensor", "ray.data.arrow_tensor_v2")
 
 
 def is_arrow_table(batch: Any) -> bool:
-    """Whether ``batch`` is a ``pyarrow.Table`` (read without importing pyarrow where it is not loaded)."""
-    return type(batch).__name__ == "Table" and type(batch).__module__.startswith("pyarrow")
+    """Whether ``batch`` is a ``pyarrow.Table`` or ``RecordBatch`` (read without importing pyarrow where it is not loaded)."""
+    return type(batch).__name__ in ("Table", "RecordBatch") and type(batch).__module__.startswith("pyarrow")
 
 
 def arrow_columns(table: Any) -> dict[str, Any]:
@@ -50,6 +51,12 @@ def arrow_columns(table: Any) -> dict[str, Any]:
         >>> columns["label"].tolist(), columns["name"]
         ([1, 2], ['a', 'b'])
     """
+    if type(table).__name__ == "RecordBatch":
+        table = _table_of(table)
+    names = table.schema.names
+    if len(set(names)) != len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise CollateError(f"the table has several columns named {', '.join(map(repr, twice))}: rename them first")
     readers = _readers(table.schema)
     columns: dict[str, Any] = {}
     left: list[int] = []
@@ -62,6 +69,12 @@ def arrow_columns(table: Any) -> dict[str, Any]:
     if left:  # in one conversion; the columns keep the table's order
         columns.update(_as_ray_converts(table.select(left)))
     return columns
+
+
+def _table_of(batch: Any) -> Any:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    return pa.Table.from_batches([batch])
 
 
 Reader = Callable[[Any], Any]
@@ -83,7 +96,7 @@ def _readers(schema: Any) -> list[tuple[str, Reader | None]]:
 
 def _reader(kind: Any) -> Reader | None:
     """How a column of Arrow type ``kind`` is read from its buffers; ``None``: as Ray converts it."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
 
     extension = getattr(kind, "extension_name", None)
     if extension == _VARIABLE:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 import numpy as np
@@ -51,20 +52,26 @@ class ColumnCollate:
     """Collate a columnar batch (a mapping of column name to array) into one buffer.
 
     A dense numeric column (``bool``, ints, floats, complex; a tensor of a dtype numpy
-    lacks, ``bfloat16`` say) is one tensor of the column's shape, whatever its policy
-    but ``Pad``/``Concat``/``Jagged``/``AsList``, which take its rows. A 0-d array is
-    not a column of rows: it is refused, naming the column. String columns are lists of ``str``. ``datetime64`` and
-    ``timedelta64`` columns are refused: convert them first.
+    lacks, ``bfloat16`` say) is one tensor of the column's shape, under no policy or
+    ``Stack``; the other policies (``Pad``, ``Concat``, ``Jagged``, ``AsList``,
+    ``PerSample``) take its rows, and so does ``ragged=`` where each row is a tensor
+    (the column has two or more dimensions): rows that share one length in a batch give
+    the same keys as rows that do not. A 0-d array, a string, a mapping or a set is not
+    a column of rows: it is refused, naming the column. String columns are lists of
+    ``str`` (a policy named for one refuses them, as for samples). ``datetime64`` and
+    ``timedelta64`` columns are refused: convert them first. A ``pyarrow.Table`` or
+    ``RecordBatch`` is read column by column; two columns of one name are refused.
 
     Args:
         pin_memory: as for [MMCollate][pincollate.MMCollate]: ``"auto"`` pins where this
             process has started an accelerator.
         fields: policies by column name (or key-path pattern inside a column's
             values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
-        ragged: the policy for columns of rows no pattern names (object arrays and
-            Arrow lists: their tensors, arrays and token-id lists, in every batch, as
-            ``MMCollate(ragged=...)`` takes them of the rows as samples; ``None``: a
-            per-row list where rows differ, each row in the buffer).
+        ragged: the policy for columns of rows no pattern names (object arrays, Arrow
+            lists and dense columns of two or more dimensions: their tensors, arrays and
+            token-id lists, in every batch, as ``MMCollate(ragged=...)`` takes them of the
+            rows as samples; ``None``: a per-row list where rows differ, each row in the
+            buffer).
         rename: output names for columns, e.g. ``{"label": "labels"}``.
         missing: ``"none"`` takes ``None`` rows in ragged columns (empty for
             ``Pad``/``Concat``/``Jagged``).
@@ -185,13 +192,13 @@ class ColumnCollate:
         samples = self._samples
         policy = samples._rules.lookup(path) if samples._rules else None
         if isinstance(column, torch.Tensor):
-            column = _on_host(column)
+            column = _on_host(column, path)
+        # A dense column whose rows are tensors takes ragged= as MMCollate's rows would: rows that
+        # happen to share a length in this batch give the same keys as rows that do not.
+        reads = policy if policy is not None or getattr(column, "ndim", 0) < 2 else samples.ragged
+        dense = reads is None or isinstance(reads, Stack)
         if isinstance(column, torch.Tensor):  # a dtype numpy lacks (bfloat16, float8)
-            if (
-                column.layout == torch.strided
-                and not column.is_nested
-                and (policy is None or isinstance(policy, Stack))
-            ):
+            if column.layout == torch.strided and not column.is_nested and dense:
                 shape = tuple(column.shape)
                 return TensorNode(column.dtype, shape, [Segment(0, shape, _copy_into, column)]), {}
         elif isinstance(column, np.ndarray) and column.dtype != object:
@@ -203,18 +210,27 @@ class ColumnCollate:
                     path=path,
                 )
             if kind in "USV":
-                return Value([str(v) if kind == "U" else v for v in column.tolist()]), {}
+                strings = [str(v) if kind == "U" else v for v in column.tolist()]
+                if policy is None:
+                    return Value(strings), {}
+                # The field's own policy takes (or refuses) them, as MMCollate's would.
+                return self._plan_rows(strings, path)
             dtype = torch_dtype(column.dtype)
-            if kind in _NUMERIC and dtype is not None and (policy is None or isinstance(policy, Stack)):
+            if kind in _NUMERIC and dtype is not None and dense:
                 shape = tuple(column.shape)
                 # One numpy assignment: it reads an object store's read-only arrays without torch's warning.
                 return TensorNode(dtype, shape, [Segment(0, shape, fill_numbers, column)]), {}
         # Rows as samples: variable shapes (object arrays), policies, strings, None. Rows read
         # from Arrow come joined already (one flat tensor): the policies copy from it whole.
-        values = column if type(column) is Joined else list(column)
-        if not values:
+        if type(column) is Joined:
+            return self._plan_rows(column, path)
+        # A nested tensor has no len(): its rows are its components.
+        return self._plan_rows(column.unbind() if isinstance(column, torch.Tensor) else list(column), path)
+
+    def _plan_rows(self, values: Any, path: tuple[Hashable, ...]) -> tuple[Node, dict[str, Node]]:
+        if not len(values):
             raise CollateError("empty column: there are no rows to collate", path=path)
-        planned: tuple[Node, dict[str, Node]] = samples._planner.plan(values, path, True)  # a mapping of columns
+        planned: tuple[Node, dict[str, Node]] = self._samples._planner.plan(values, path, True)  # a mapping of columns
         return planned
 
     def iter_torch_batches(
@@ -298,7 +314,12 @@ class ColumnCollate:
             raise CollateError(f"expected a packed batch with columns {BUFFER!r} and {LAYOUT!r}, got {sorted(row)}")
         if len(row[LAYOUT]) != 1:
             raise CollateError(f"unpack takes one packed batch at a time (batch_size=1), got {len(row[LAYOUT])}")
-        layout, values = pickle.loads(row[LAYOUT][0])
+        try:
+            layout, values = pickle.loads(row[LAYOUT][0])
+        except Exception as exc:  # truncated bytes, another object: not what pack wrote
+            raise CollateError(f"the packed batch's layout cannot be read ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(layout, Layout):
+            raise CollateError(f"the packed batch's layout is a {type_name(layout)}, not what pack writes")
         data = np.asarray(row[BUFFER][0], dtype=np.uint8).reshape(-1)
         if data.size < layout.nbytes:
             raise CollateError(f"the packed buffer has {data.size} bytes, its layout needs {layout.nbytes}")
@@ -311,6 +332,13 @@ def _rows(column: Any, path: tuple[Hashable, ...]) -> int:
     """How many rows ``column`` has; a 0-d array or tensor, or a value without rows, is refused naming the column."""
     if getattr(column, "ndim", None) == 0:
         raise CollateError(f"a column must have one row per sample, got a 0-d {type_name(column)}", path=path)
+    if isinstance(column, (str, bytes, bytearray, Mapping, AbstractSet)):
+        # Each would give rows (characters, bytes, keys) that no columnar batch means.
+        raise CollateError(
+            f"expected a column (an array, tensor or sequence of rows), got {type_name(column)}", path=path
+        )
+    if isinstance(column, torch.Tensor):
+        return column.size(0)  # a strided nested tensor has no len()
     try:
         return len(column)
     except TypeError:
@@ -319,12 +347,17 @@ def _rows(column: Any, path: tuple[Hashable, ...]) -> int:
         ) from None
 
 
-def _on_host(column: torch.Tensor) -> np.ndarray | torch.Tensor:
+def _on_host(column: torch.Tensor, path: tuple[Hashable, ...]) -> np.ndarray | torch.Tensor:
     """A tensor column as a host array, or as a host tensor where numpy cannot hold it.
 
     numpy has no ``bfloat16`` or ``float8`` dtype, and takes no nested or sparse tensor:
     those stay tensors, dense ones copied as they are, the others taken row by row.
+    A quantized or meta column is refused, as a sample's tensor is.
     """
+    if column.is_quantized:
+        raise CollateError("quantized tensors are not supported; pass their dequantize() or int_repr()", path=path)
+    if column.is_meta:
+        raise CollateError("expected a CPU tensor, got one on meta (a meta tensor has no data)", path=path)
     try:
         return column.numpy(force=True)
     except (TypeError, RuntimeError):  # "Got unsupported ScalarType BFloat16", a nested tensor

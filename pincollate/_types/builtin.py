@@ -55,6 +55,10 @@ Path = tuple[Hashable, ...]
 # --- tensors -------------------------------------------------------------------------
 
 
+#: What a tensor on an accelerator is told: batches are collated on the CPU and moved whole.
+_ON_DEVICE = " (return CPU tensors from the dataset; move the batch with batch.to(device) or the Prefetcher)"
+
+
 def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if value.is_nested:
         raise CollateError(
@@ -66,10 +70,13 @@ def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch
         )
     if value.layout != torch.strided:
         raise CollateError(
-            f"sparse or non-strided tensors ({value.layout}) are not supported", sample=sample, path=path
+            f"sparse or non-strided tensors ({value.layout}) are not supported; pass their to_dense()",
+            sample=sample,
+            path=path,
         )
     if value.device.type != "cpu":
-        raise CollateError(f"expected a CPU tensor, got one on {value.device}", sample=sample, path=path)
+        why = " (a meta tensor has no data)" if value.device.type == "meta" else _ON_DEVICE
+        raise CollateError(f"expected a CPU tensor, got one on {value.device}{why}", sample=sample, path=path)
     return value.dtype, tuple(value.shape)
 
 
