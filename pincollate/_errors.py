@@ -50,7 +50,10 @@ class CollateError(TypeError, ValueError):
     It is both a ``TypeError`` and a ``ValueError`` so that code written against
     ``default_collate``'s exceptions keeps catching it. The message starts with
     ``sample N at PATH``: ``N`` is the sample's position in the batch the collate
-    function received, not its index in the dataset.
+    function received, not its index in the dataset. Where the problem is the batch
+    as a whole it starts with ``at PATH`` (or names no place). Settings that cannot
+    work (a policy's arguments, a ``Prefetcher``'s, a container registration) raise
+    it too, when they are made.
 
     Attributes:
         sample: the offending sample's position in the batch (from 0), or ``None``

@@ -128,6 +128,7 @@ def test_lists_of_items_that_do_not_stack_name_each_samples_stack_or_items():
         in counts[0]
     )
     assert "Concat() packs lists of items into one tensor" in counts[0]
+    assert "Pad() pads lists of numbers (token ids) into one" in counts[0]
     _, inside = _warned(MMCollate(pin_memory=False, sequences="items"), [{"images": [a]}, {"images": [a, a[:, :2]]}])
     assert "sample 1's items have shapes (3, 4, 4) and (3, 2, 4)" in inside[0]
     # A rule for the items, or for the field, is the user's choice.

@@ -65,9 +65,11 @@ class MMCollate:
     pinned memory in the main process when ``pin_memory`` asks for it.
 
     Args:
-        pin_memory: ``"auto"`` pins in the main process when an accelerator with
-            pinned memory is present; ``True`` requires it; ``False`` never pins.
-            Workers never pin and never touch CUDA.
+        pin_memory: ``"auto"`` pins in a process that has started an accelerator
+            with pinned memory (a process that has not, such as a data-loading pool,
+            keeps plain memory); ``True`` pins wherever such an accelerator is
+            present and raises where none is; ``False`` never pins. Workers never
+            pin and never touch CUDA.
         sequences: ``"transpose"`` treats lists like ``default_collate`` (position by
             position), falling back to item semantics when lengths differ;
             ``"items"`` treats every list as that sample's items (several images of

@@ -144,7 +144,8 @@ def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items:
     # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
     setting = f"fields={{{'.'.join(map(str, path))!r}: AsList()}}" if path else "ragged=AsList()"
     packing = (
-        "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images)"
+        "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images), "
+        "Pad() pads lists of numbers (token ids) into one"
         if items
         else "Pad() or Concat() make sequences one tensor"
     )

@@ -220,7 +220,15 @@ class Jagged(Concat):
     """A ``torch.nested`` jagged tensor over the concatenated values, no extra copy.
 
     The values and ``int64`` offsets both live in the batch buffer; the nested
-    tensor is built on them with ``torch.nested.nested_tensor_from_jagged``.
+    tensor is built on them with ``torch.nested.nested_tensor_from_jagged``. On a
+    field whose values are lists of items, the items' rows join one sample's rows
+    (as ``Concat()``'s ``items="cat"``).
+
+    Args:
+        counts_key: name of the per-sample item counts (``int64``, lists of items
+            only), or ``None``.
+        item_offsets_key: name of the per-item offsets (lists of items only), or
+            ``None``.
 
     Examples:
         >>> import torch

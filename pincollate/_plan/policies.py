@@ -56,6 +56,7 @@ class Policy:
         """Every name an extra output beside field ``name`` can take, whatever the batch holds.
 
         Examples:
+            >>> from pincollate import Pad
             >>> sorted(Pad(mask_key="attention_mask").extra_names("ids"))
             ['attention_mask', 'ids_lengths']
         """
@@ -117,6 +118,10 @@ class Stack(Policy):
 
 class AsList(Policy):
     """Always a list of per-sample tensors, each in the batch buffer.
+
+    On a field whose values are lists of items, each sample's entry is its items stacked
+    into one tensor where they share a shape, else its list of them: one batch may hold
+    both kinds.
 
     Examples:
         >>> import torch
@@ -318,6 +323,7 @@ class Pad(Policy):
                 does not pad whose sizes differ (with the position of the first such value).
 
         Examples:
+            >>> from pincollate import Pad
             >>> Pad().measure([(3, 2), (5, 2)])
             ((0,), [5, 2], [])
             >>> Pad(max_length=4, truncate=True).measure([(3,), (5,)])

@@ -92,6 +92,7 @@ class InputStats:
             16th batch (the second, the 18th, ...) timed with CUDA events (0 without CUDA).
 
     Example:
+        >>> from pincollate import InputStats
         >>> stats = InputStats(batches=10, samples=320, waited_s=3.0, busy_s=1.0)
         >>> stats.input_bound, stats.batches_per_s, stats.samples_per_s
         (0.75, 2.5, 80.0)
@@ -160,6 +161,7 @@ class InputStats:
         """The figures by name, for a logger; the Prefetcher's and CUDA's only where measured.
 
         Example:
+            >>> from pincollate import InputStats
             >>> sorted(InputStats(batches=2, waited_s=1.0, busy_s=1.0).as_dict("data/"))
             ['data/batches', 'data/batches_per_s', 'data/busy_s', 'data/input_bound', 'data/waited_s']
         """
@@ -187,6 +189,7 @@ class InputStats:
         """One line: the rates, and the share of the time spent waiting for data.
 
         Example:
+            >>> from pincollate import InputStats
             >>> print(InputStats(batches=40, samples=1280, batch_bytes=4_000_000, waited_s=0.5, busy_s=1.5).summary())
             40 batches, 1,280 samples in 2.00 s: 20.0 batches/s, 640 samples/s, 2.0 MB/s; input-bound 25% (waited 0.50 s)
         """
@@ -682,6 +685,8 @@ class InputMeter(LoaderWrapper, Generic[T]):
 
     Example:
         >>> import time
+        >>> import torch
+        >>> from pincollate import InputMeter
         >>> def slow_batches():
         ...     for i in range(3):
         ...         time.sleep(0.02)

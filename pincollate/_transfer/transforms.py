@@ -36,6 +36,7 @@ class Normalize:
 
     Examples:
         >>> import torch
+        >>> from pincollate import Normalize
         >>> norm = Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
         >>> out = norm({"image": torch.full((1, 3, 2, 2), 255, dtype=torch.uint8), "label": 3})
         >>> out["image"].unique().tolist(), out["label"]
