@@ -512,3 +512,10 @@ def test_unpack_of_a_damaged_row_names_what_is_wrong(layout):
     row[pincollate._integrations.columns.LAYOUT][0] = layout
     with pytest.raises(CollateError, match="the packed batch's layout cannot be read"):
         ColumnCollate(pin_memory=False).unpack(row)
+
+
+def test_nested_arrow_lists_are_refused_with_what_to_pass_instead():
+    pa = pytest.importorskip("pyarrow")
+    table = pa.table({"x": pa.array([[[1, 2], [3]], [[4]]])})
+    with pytest.raises(CollateError, match=r"at \['x'\].*for nested lists, pass each row's items as a list of arrays"):
+        ColumnCollate(pin_memory=False, fields={"x": Pad()})(table)

@@ -215,8 +215,12 @@ def torch_dtype(np_dtype: np.dtype) -> torch.dtype | None:
 
 def _describe_array(value: np.ndarray, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
     if _NP_REJECTED.search(value.dtype.str) is not None:
+        # An object array is most often rows of nested lists (Arrow's list<list<...>>, say).
+        hint = "; for nested lists, pass each row's items as a list of arrays" if value.dtype == object else ""
         raise CollateError(
-            f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated", sample=sample, path=path
+            f"numpy arrays of dtype {value.dtype} (strings or objects) cannot be collated{hint}",
+            sample=sample,
+            path=path,
         )
     dtype = torch_dtype(value.dtype)
     if dtype is None:
