@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -988,7 +989,7 @@ def test_many_short_rows_past_scatter_bytes_are_padded_by_one_masked_assignment(
 @pytest.mark.parametrize(
     "policy, odd, says",
     [
-        (Pad(), "oops", "Pad() applies to tensors and lists of items, not to str values"),
+        (Pad(), "oops", "expected a list of numbers (token ids), as sample 0 has, got str"),
         (Stack(), None, "Stack() applies to tensors and lists of items, not to None values"),
         (AsList(), Point(1, 2), "AsList() applies to tensors and lists of items, not to a namedtuple"),
     ],
@@ -1000,3 +1001,34 @@ def test_a_value_a_policy_does_not_take_among_lists_is_named_with_its_sample(pol
     with pytest.raises(CollateError, match=re.escape(says)) as info:
         MMCollate(pin_memory=False, compile=compile, fields={"v": policy})(samples)
     assert (info.value.sample, info.value.path) == (2, ("v",))
+
+
+# --- found by a differential round against the docs ---------------------------------------
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_stack_refuses_a_batch_whose_every_value_is_missing_as_it_refuses_one(compiled):
+    collate = MMCollate(pin_memory=False, missing="none", fields={"x": Stack()}, compile=compiled)
+    for _ in range(2):  # planned (and compiled) on present values first
+        collate([{"x": torch.ones(2), "l": 1}, {"x": torch.zeros(2), "l": 2}])
+    for batch in ([{"x": None, "l": 1}, {"l": 2}], [{"x": None, "l": 1}]):
+        with pytest.raises(CollateError, match=r"sample 0 at \['x'\]: Stack\(\) got a missing value"):
+            collate(batch)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("policy", [Pad(), Concat(), Jagged()], ids=["pad", "concat", "jagged"])
+def test_a_token_list_past_int64_is_named_by_its_sample(policy, compiled):
+    collate = MMCollate(pin_memory=False, fields={"x": policy}, compile=compiled)
+    with pytest.raises(CollateError) as info:
+        collate([{"x": [1, 2]}, {"x": [3, 2**70]}, {"x": [4]}])
+    assert info.value.sample == 1
+    assert str(info.value).endswith(f"these numbers do not fit one tensor: int {2**70} does not fit int64")
+
+
+@pytest.mark.parametrize("other", [torch.tensor([3]), np.array([3]), 5], ids=["tensor", "array", "int"])
+def test_pad_on_token_ids_names_the_sample_that_holds_no_list(other):
+    with pytest.raises(CollateError) as info:
+        MMCollate(pin_memory=False, fields={"x": Pad()})([{"x": [1, 2]}, {"x": other}])
+    assert info.value.sample == 1
+    assert f"expected a list of numbers (token ids), as sample 0 has, got {type(other).__name__}" in str(info.value)

@@ -78,9 +78,10 @@ class MMCollate:
             joined by dots, list positions as digits, ``*`` for any one key or
             position. The most specific pattern wins; one that matches nothing is
             reported once.
-        ragged: the policy for fields no pattern names: their tensors, arrays and
-            token-id lists, in every batch (``None``: stack when the values agree, else
-            a list). See docs/policies.md.
+        ragged: the policy for fields no pattern names: their tensors and arrays, in
+            every batch, and their token-id lists where it is ``Pad``, ``Concat`` or
+            ``Jagged`` (``None``: stack when the values agree, else a list). See
+            docs/policies.md.
         missing: ``"error"`` (keys must agree across samples) or ``"none"`` (absent
             keys become ``None``; empty for ``Pad``/``Concat``/``Jagged``).
         rename: output names for keys, by dot-separated key path, e.g.

@@ -45,7 +45,7 @@ from .fill import Node, Segment, TensorNode, Value
 from .items import Extras, Origins, Path, container_name, is_scalar
 from .padding import Joined
 from .patterns import Renames, Settings
-from .policies import AsList, PerSample, Policy
+from .policies import AsList, PerSample, Policy, Stack
 from .recipe import array_column
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ class _Walk(ContainerWalk):
         if policy is None and keyed and origins is None:  # a mapping's field of the batch's samples
             reads = self.default
         numbers = _numbers_read(values, reads, policy is not None)
+        if numbers is None and policy is not None and policy.numbers_as_sequence and not policy.takes_items:
+            # The field's own Pad on token ids (ragged= leaves other columns as default_collate takes them).
+            self._refuse_other_than_number_lists(values, first, path, origins)
         if numbers is not None:
             # Token ids as Python lists (datasets, tokenizers, webdataset's json): each
             # sample's list is one 1-D sequence, of the dtype torch.tensor gives the lot.
@@ -362,6 +365,8 @@ class _Walk(ContainerWalk):
             # Every value is None (missing="none"): a packing or padding policy gives its empty result.
             if policy is not None and policy.empty_when_absent:
                 return policy.plan(Column.empty(len(values), path), self.renames.key(path))
+            if isinstance(policy, Stack):  # as where one value of the batch is missing
+                raise self._error("Stack() got a missing value", 0, path, origins)
             return Value([None] * len(values)), {}
         if builtin(np.ndarray, handler):
             # Numpy arrays of one dtype that torch takes are tensors over their own memory (read-only
@@ -391,6 +396,20 @@ class _Walk(ContainerWalk):
             return node, {}
         return policy.plan(column, self.renames.key(path))
 
+    def _refuse_other_than_number_lists(self, values: Sequence[Any], first: Any, path: Path, origins: Origins) -> None:
+        """Where the column's first value is token ids (a list of numbers), name the first value that is no list."""
+        if not (isinstance(first, (list, tuple)) and not is_namedtuple(first) and _number_lists([first]) is not None):
+            return
+        for i, value in enumerate(values):
+            if value is not None and not (isinstance(value, (list, tuple)) and not is_namedtuple(value)):
+                j = self._blame(_position(values, first), path, origins)[0]
+                raise self._error(
+                    f"expected a list of numbers (token ids), as sample {j} has, got {type_name(value)}",
+                    i,
+                    path,
+                    origins,
+                )
+
     def _number_sequences(
         self, values: Sequence[Any], numbers: tuple[list[Any], set[type]], path: Path, origins: Origins
     ) -> list[Any]:
@@ -399,7 +418,12 @@ class _Walk(ContainerWalk):
             # One tensor of all the numbers: the dtype torch.tensor gives the lot, each sample a view.
             flat = numbers_tensor(*numbers)
         except (OverflowError, RuntimeError, TypeError, ValueError) as exc:
-            raise self._error(f"these numbers do not fit one tensor: {exc}", None, path, origins) from exc
+            refused = (OverflowError, RuntimeError, TypeError, ValueError)
+            i = _first_refused(values, _numbers_of_lists, refused)
+            # torch says "Overflow when unpacking long long" of an int past int64: say which.
+            bad = [] if i is None else [x for x in values[i] if type(x) is int and not fits_int64(x)]
+            reason = f"int {bad[0]} does not fit int64" if bad else str(exc)
+            raise self._error(f"these numbers do not fit one tensor: {reason}", i, path, origins) from exc
         rows = iter(torch.split(flat, [len(v) for v in values if v is not None]))
         return [None if v is None else next(rows) for v in values]
 
@@ -536,6 +560,11 @@ def _as_default_collate(values: Sequence[Any]) -> torch.Tensor:
 
 #: What converting a column of numbers raises where they do not fit one tensor.
 _NUMBER_ERRORS = (OverflowError, RuntimeError, TypeError, ValueError)
+
+
+def _numbers_of_lists(values: Sequence[Any]) -> torch.Tensor:
+    """One tensor of every number in ``values`` (lists of numbers, or ``None``), as the walk makes it."""
+    return numbers_tensor(list(itertools.chain.from_iterable(v for v in values if v is not None)))
 
 
 def _first_refused(
