@@ -713,3 +713,19 @@ def test_a_field_of_tensors_beside_arrays_collates_in_a_worker_as_in_the_main_pr
     worker = MMCollate(pin_memory=False, compile=compile)(samples)
     assert_identical(worker, main)
     assert worker["odd"].tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+@pytest.mark.parametrize(
+    "odd, says",
+    [
+        (torch.zeros(2, device="meta"), "expected a CPU tensor, got one on meta (a meta tensor has no data)"),
+        (torch.zeros(2).to_sparse(), "sparse or non-strided tensors (torch.sparse_coo) are not supported"),
+    ],
+    ids=["meta", "sparse"],
+)
+def test_a_refused_tensor_among_numbers_is_named_by_its_own_sample(odd, says, compile):
+    samples = [{"z": [0.5, odd]}, {"z": [0.5, 7]}, {"z": [0.5, 7]}]
+    with pytest.raises(CollateError) as info:
+        MMCollate(pin_memory=False, compile=compile)(samples)
+    assert (info.value.sample, info.value.path) == (0, ("z", 1)) and says in str(info.value)

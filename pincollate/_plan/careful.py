@@ -35,6 +35,7 @@ from .._types.builtin import (
     ints_fit_float64,
     number_dtype,
     numbers_tensor,
+    tensor_refusal,
 )
 from .._types.kinds import DATACLASS, MAPPING, NAMEDTUPLE, SEQUENCE, is_namedtuple, is_sequence, kind_of
 from .._types.leaves import LeafHandler, lookup, type_name
@@ -435,6 +436,10 @@ class _Walk(ContainerWalk):
         it, then copying its result into the batch's buffer: one extra copy, for these
         columns only.
         """
+        for at, v in enumerate(values):
+            refusal = tensor_refusal(v) if isinstance(v, torch.Tensor) else None
+            if refusal is not None:  # a meta tensor stacks: its refusal would fall on the value after it
+                raise self._error(refusal, at, path, origins)
         try:
             value = _as_default_collate(values)
         except (RuntimeError, TypeError, ValueError) as exc:

@@ -46,6 +46,7 @@ __all__ = [
     "numbers_tensor",
     "plain_memory",
     "stack_tensors",
+    "tensor_refusal",
     "torch_dtype",
 ]
 
@@ -59,24 +60,24 @@ Path = tuple[Hashable, ...]
 _ON_DEVICE = " (return CPU tensors from the dataset; move the batch with batch.to(device) or the Prefetcher)"
 
 
-def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+def tensor_refusal(value: torch.Tensor) -> str | None:
+    """Why a tensor cannot be collated (nested, quantized, sparse, off the CPU); ``None`` where it can."""
     if value.is_nested:
-        raise CollateError(
-            "nested tensors are not supported; pass their components as a list", sample=sample, path=path
-        )
+        return "nested tensors are not supported; pass their components as a list"
     if value.is_quantized:
-        raise CollateError(
-            "quantized tensors are not supported; pass their dequantize() or int_repr()", sample=sample, path=path
-        )
+        return "quantized tensors are not supported; pass their dequantize() or int_repr()"
     if value.layout != torch.strided:
-        raise CollateError(
-            f"sparse or non-strided tensors ({value.layout}) are not supported; pass their to_dense()",
-            sample=sample,
-            path=path,
-        )
+        return f"sparse or non-strided tensors ({value.layout}) are not supported; pass their to_dense()"
     if value.device.type != "cpu":
         why = " (a meta tensor has no data)" if value.device.type == "meta" else _ON_DEVICE
-        raise CollateError(f"expected a CPU tensor, got one on {value.device}{why}", sample=sample, path=path)
+        return f"expected a CPU tensor, got one on {value.device}{why}"
+    return None
+
+
+def describe_tensor(value: torch.Tensor, sample: int, path: Path) -> tuple[torch.dtype, tuple[int, ...]]:
+    refusal = tensor_refusal(value)
+    if refusal is not None:
+        raise CollateError(refusal, sample=sample, path=path)
     return value.dtype, tuple(value.shape)
 
 
