@@ -360,6 +360,8 @@ def test_collate_error_is_both_type_and_value_error():
     "kwargs,pattern",
     [
         ({"pin_memory": "yes"}, "pin_memory must be"),
+        ({"pin_memory": 0}, "pin_memory must be"),  # 0 == False passed a membership test, then read as "auto"
+        ({"pin_memory": 1}, "pin_memory must be"),
         ({"sequences": "zip"}, "sequences must be"),
         ({"missing": "drop"}, "missing must be"),
         ({"ragged": "pad"}, "ragged must be a policy"),

@@ -7,6 +7,8 @@ compared with 0.3 and 0.7), never a duration.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import sys
 import threading
 import time
@@ -260,19 +262,21 @@ def test_samples_can_be_counted_by_the_user():
 
 
 def test_a_layout_is_counted_once(monkeypatch):
+    # A pincollate batch's bytes are its layout's: its tensors are never walked for them
+    # (its samples are read from the batch: a first value).
     calls = []
-    original = meter_module.count_batch
-    monkeypatch.setattr(meter_module, "count_batch", lambda batch: calls.append(1) or original(batch))
+    original = meter_module._tensor_bytes
+    monkeypatch.setattr(meter_module, "_tensor_bytes", lambda *args: calls.append(1) or original(*args))
     count = Counter()
     # A collate of its own: the shared mm_collate may have learnt to place "x" anew for each batch.
     collate = MMCollate(pin_memory=False)
     same = [collate([{"x": torch.zeros(2)}] * 4) for _ in range(3)]
     other = collate([{"x": torch.zeros(50)}] * 4)
     size = same[0].layout.nbytes
-    assert [count(b) for b in same] == [(4, size)] * 3 and len(calls) == 1
-    assert count(other) == (4, other.layout.nbytes) and len(calls) == 2
-    assert count(same[0]) == (4, size) and len(calls) == 2
-    assert count({"x": torch.zeros(3)}) == (3, 12) and len(calls) == 3  # not a pincollate batch: counted each time
+    assert [count(b) for b in same] == [(4, size)] * 3
+    assert count(other) == (4, other.layout.nbytes)
+    assert count(same[0]) == (4, size) and not calls
+    assert count({"x": torch.zeros(3)}) == (3, 12) and calls  # not a pincollate batch: its tensors walked
 
 
 # --- real loops, real sleeps -------------------------------------------------------------
@@ -641,3 +645,69 @@ def test_cuda_copies_are_counted_and_timed():
     per_batch = mm_collate(data[:2]).layout.nbytes
     assert stats.batches == 32 and stats.h2d_bytes == 32 * per_batch == stats.batch_bytes
     assert stats.copy_s > 0 and stats.copy_bytes_per_s > 0 and stats.staging_s > 0
+
+
+# --- found by a round on the transfer layer as users run it -------------------------------
+
+
+def _sliced(loader):
+    """A wrapper that changes each collated batch before the loop sees it: batch i has 2 * (i + 1) rows."""
+    for i, batch in enumerate(loader):
+        batch["x"] = batch["x"].repeat(i + 1, 1)
+        yield batch
+
+
+@pytest.mark.parametrize("wrap", ["meter", "prefetcher"])
+def test_a_batch_changed_after_collating_counts_its_own_samples(wrap):
+    loader = DataLoader([{"x": torch.zeros(4)}] * 8, batch_size=2, collate_fn=mm_collate)
+    if wrap == "meter":
+        meter = InputMeter(_sliced(loader))
+        rows = sum(batch["x"].shape[0] for batch in meter)
+        epoch = meter.epoch
+    else:
+        prefetcher = Prefetcher(_sliced(loader), device="cpu")
+        rows = sum(batch["x"].shape[0] for batch in prefetcher)
+        epoch = prefetcher.stats.epoch
+    assert rows == 20 and epoch.samples == 20  # the layout (2 rows) counted every batch as 2 before
+
+
+class _Encoding(dict):
+    pass
+
+
+@dataclasses.dataclass
+class _Inputs:
+    name: str
+    pixels: torch.Tensor
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: collections.UserDict({"input_ids": torch.zeros(8, 3)}),  # a Mapping that is no dict (BatchEncoding)
+        lambda: {"split": "train", "x": torch.zeros(8, 3)},
+        lambda: _Inputs("train", torch.zeros(8, 3)),
+        lambda: ("train", torch.zeros(8, 3)),
+    ],
+    ids=["mapping", "string-first", "dataclass", "tuple-string-first"],
+)
+def test_samples_are_the_first_tensors_length_past_values_that_give_none(make):
+    meter = InputMeter([make(), make()])
+    list(meter)
+    assert meter.epoch.samples == 16
+
+
+@pytest.mark.parametrize("wrap", ["meter", "prefetcher"])
+def test_an_iteration_whose_loader_fails_to_start_leaves_no_epoch_open(wrap):
+    class Unmounted:
+        def __iter__(self):
+            raise OSError("dataset not mounted yet")
+
+    wrapper = InputMeter(Unmounted()) if wrap == "meter" else Prefetcher(Unmounted(), device="cpu")
+    clock = (wrapper if wrap == "meter" else wrapper.stats)._clock
+    for _ in range(3):
+        with pytest.raises(OSError):
+            iter(wrapper)
+    with clock.lock:
+        clock._settle()
+        assert clock._running == []

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import random
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ from pincollate import CollateError, MMCollate, Normalize, Prefetcher, mm_collat
 from pincollate._batch.trees import tensors
 from samples import TreeDataset, storages
 from stand_ins import Stream
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def _loader(n=8, **kwargs):
@@ -69,14 +74,66 @@ def test_transform_runs_on_each_batch():
 
 @pytest.mark.parametrize(
     "kwargs,error",
-    [({"depth": 0}, CollateError), ({"pin_memory": "x"}, CollateError), ({"transform": 3}, CollateError)],
+    [
+        ({"depth": 0}, CollateError),
+        ({"depth": True}, CollateError),
+        ({"pin_memory": "x"}, CollateError),
+        ({"pin_memory": 1}, CollateError),  # 1 == True passed a membership test, then read as not True
+        ({"pin_memory": 0}, CollateError),
+        ({"stats": "no"}, CollateError),
+        ({"pinned_limit": -5}, CollateError),
+        ({"pinned_limit": "x"}, CollateError),
+        ({"transform": 3}, CollateError),
+    ],
 )
 def test_bad_arguments(kwargs, error):
     with pytest.raises(error):
         Prefetcher(_loader(), device="cpu", **kwargs)
 
 
+def _stops_early(batch):
+    if batch["label"][0] == 4:
+        raise StopIteration  # a transform's bug: it must not read as the loader's end
+    return batch
+
+
+@pytest.mark.parametrize("stats", [True, False])
+def test_a_transform_that_raises_stop_iteration_is_an_error_not_the_epochs_end(stats):
+    loader = DataLoader([{"label": i} for i in range(8)], batch_size=2)
+    seen = []
+    with pytest.raises(RuntimeError, match="the Prefetcher's transform raised StopIteration"):
+        for batch in Prefetcher(loader, device="cpu", transform=_stops_early, stats=stats):
+            seen.append(batch["label"].tolist())
+    assert seen == [[0, 1], [2, 3]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["held", "break"])
+@pytest.mark.parametrize("stats", ["stats", "nostats"])
+def test_exiting_while_the_staging_thread_is_inside_torch_exits_cleanly(stats, how):
+    # A daemon thread still inside torch when the interpreter finalizes aborted the process
+    # ("terminate called without an active exception", exit 134).
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "exit_unfinished.py"), stats, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=SCRIPTS,
+    )
+    assert result.returncode == 0 and result.stderr == "", (result.returncode, result.stderr[-2000:])
+    assert result.stdout == "exiting with the staging thread inside torch\n"
+
+
 # --- the pin thread, driven on CPU through the injected pinned allocator ---------------
+
+
+def test_a_transform_that_raises_stop_iteration_on_the_staging_thread_is_an_error(fake_pinned):
+    loader = DataLoader([{"label": i} for i in range(8)], batch_size=2)
+    seen = []
+    with pytest.raises(RuntimeError, match="the Prefetcher's transform raised StopIteration"):
+        for batch in Prefetcher(loader, device="cpu", pin_memory=True, transform=_stops_early):
+            seen.append(batch["label"].tolist())
+    assert seen == [[0, 1], [2, 3]]
 
 
 def test_pin_thread_pins_each_batch_once(fake_pinned):

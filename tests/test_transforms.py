@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -29,7 +32,7 @@ def test_normalize_nested_keys_lists_and_channels_last():
     "kwargs,pattern",
     [
         ({"mean": [0.5], "std": [0.5, 0.5]}, "one value per channel"),
-        ({"mean": [0.5], "std": [0.0]}, "zeros"),
+        ({"mean": [0.5], "std": [0.0]}, "std must be positive"),
         ({"mean": [0.5], "std": [1.0], "dtype": torch.int64}, "floating"),
     ],
 )
@@ -88,3 +91,29 @@ def test_normalize_reaches_into_namedtuples_dataclasses_and_registered_container
     assert type(point) is Point and torch.equal(point.xy, torch.ones(2, 3, 2, 2))
     with pytest.raises(CollateError, match="its keys"):
         Normalize([0.5] * 3, [0.5] * 3, keys=["x.inputs.image"])(batch)
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"mean": [], "std": []}, "mean must be finite numbers, one per channel"),
+        ({"mean": [0.5], "std": [float("nan")]}, "std must be finite numbers"),
+        ({"mean": [0.5], "std": [-1.0]}, "std must be positive"),
+        ({"mean": 0.5, "std": 0.5}, "mean must be numbers, one per channel"),
+        ({"mean": [0.5], "std": [0.5], "keys": None}, "keys must be a key path or a sequence of them"),
+    ],
+)
+def test_normalize_refuses_settings_that_cannot_normalize(kwargs, says):
+    with pytest.raises(CollateError, match=re.escape(says)):
+        Normalize(**kwargs)
+
+
+def test_normalize_takes_means_and_stds_as_arrays_or_tensors():
+    norm = Normalize(mean=np.array([0.5, 0.5, 0.5]), std=torch.tensor([0.5, 0.5, 0.5]))
+    assert norm.mean == (0.5, 0.5, 0.5) and norm.std == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.parametrize("value", ["x", None, (torch.zeros(3, 2, 2),)], ids=["str", "none", "tuple"])
+def test_normalize_names_the_key_of_a_value_that_is_no_image_tensor(value):
+    with pytest.raises(CollateError, match=r"Normalize: expected image tensors, got \w+ at 'image'"):
+        Normalize([0.5] * 3, [0.5] * 3)({"image": value})

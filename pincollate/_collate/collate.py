@@ -128,7 +128,8 @@ class MMCollate:
         pin_slots: bool = False,
         compile: bool = True,
     ):
-        if pin_memory not in (True, False, "auto"):
+        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
+            # 1 == True and 0 == False pass a membership test, then read as neither.
             raise CollateError(f"pin_memory must be True, False or 'auto', got {pin_memory!r}")
         if sequences not in ("transpose", "items"):
             raise CollateError(f"sequences must be 'transpose' or 'items', got {sequences!r}")

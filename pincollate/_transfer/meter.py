@@ -34,7 +34,7 @@ import operator
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import perf_counter, sleep
 from typing import Any, Generic, TypeVar
 
@@ -72,11 +72,12 @@ class InputStats:
 
     Attributes:
         batches: batches the loop received.
-        samples: samples in them: each batch's first tensor's length (the first value of
-            a mapping, the first element of a tuple or list; a list inside a mapping
-            counts its items), or what ``samples=`` says; 0 where none is found.
+        samples: samples in them: each batch's first tensor's length, depth first (the
+            values of a mapping, a tuple, a list or a dataclass in order, passing over
+            those that give none, such as a string; a list inside a mapping counts its
+            items), or what ``samples=`` says; 0 where none is found.
         batch_bytes: bytes of the batches' tensors as the loop received them (a
-            pincollate batch: its buffer's used bytes).
+            pincollate batch: its buffer's used bytes, as collated, alignment included).
         waited_s: seconds the loop spent waiting for a batch, from asking for it
             (``next()``) to having it; the first includes starting the iteration (a
             ``DataLoader`` starting its workers).
@@ -223,18 +224,30 @@ def _size(n: float) -> str:
 
 
 def _first_length(tree: Any, top: bool, depth: int) -> int:
+    """The batch's samples: the first tensor's (or per-sample list's) length, depth first.
+
+    Values that give none (a string, a 0-d tensor, an empty list) are passed over: a
+    mapping whose first value is a split name, a ``BatchEncoding``, a dataclass count
+    by the tensor after it.
+    """
     if isinstance(tree, torch.Tensor):
         return int(tree.shape[0]) if tree.dim() else 0
     if depth > 8:
         return 0
-    if isinstance(tree, dict):
-        for value in tree.values():
-            return _first_length(value, False, depth + 1)
-        return 0
-    if isinstance(tree, (list, tuple)):
+    if isinstance(tree, Mapping):
+        values: Iterable[Any] = tree.values()
+    elif isinstance(tree, (list, tuple)):
         if not top and not hasattr(tree, "_fields"):
             return len(tree)  # a per-sample list inside the batch
-        return _first_length(tree[0], False, depth + 1) if tree else 0
+        values = tree
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        values = (getattr(tree, field.name, None) for field in dataclasses.fields(tree))
+    else:
+        return 0
+    for value in values:
+        found = _first_length(value, False, depth + 1)
+        if found:
+            return found
     return 0
 
 
@@ -288,7 +301,7 @@ class Counter:
     def __init__(self, samples: Callable[[Any], int] | None = None):
         self.samples = samples
         self.by_layout = samples is None
-        self.known: dict[int, tuple[Any, tuple[int, int]]] = {}
+        self.known: dict[int, tuple[Any, int]] = {}
 
     def __call__(self, batch: Any) -> tuple[int, int]:
         carried = getattr(batch, "_pincollate", None)
@@ -305,13 +318,13 @@ class Counter:
         layout = carried[0]
         known = self.known
         found = known.get(id(layout))
-        if found is not None and found[0] is layout:
-            return found[1]
-        counted = count_batch(batch)
-        if len(known) >= _LAYOUTS_KEPT:
-            known.clear()
-        known[id(layout)] = (layout, counted)  # the layout kept alive: its id is not reused
-        return counted
+        if found is None or found[0] is not layout:
+            if len(known) >= _LAYOUTS_KEPT:
+                known.clear()
+            found = known[id(layout)] = (layout, layout.nbytes)  # the layout kept alive: its id is not reused
+        # The samples read from the batch itself (a first value is one read): a batch changed
+        # after collating (a wrapper that slices it) counts its own rows.
+        return _first_length(batch, True, 0), found[1]
 
 
 # --- the sums and the clock -----------------------------------------------------------
@@ -729,7 +742,11 @@ class InputMeter(LoaderWrapper, Generic[T]):
     def __iter__(self) -> Iterator[T]:
         clock = self._clock
         sums = clock.begin(length_of(self.loader))
-        source = iter(self.loader)
+        try:
+            source = iter(self.loader)
+        except BaseException:
+            clock.release(sums)  # no epoch began: none is left open
+            raise
         clock.started(sums)
         return Metered(source, clock, sums, self._count)
 
@@ -793,7 +810,8 @@ class Metered(Stoppable, Iterator[T]):
         got = perf_counter()
         carried = getattr(batch, "_pincollate", None)
         if carried is not None and carried[0] is self._layout:
-            samples, nbytes = self._counted
+            # The bytes are the layout's; the samples the batch's own (it may have changed).
+            samples, nbytes = _first_length(batch, True, 0), self._counted[1]
         else:
             samples, nbytes = self._counted = self._count(batch)
             if carried is not None and self._by_layout:

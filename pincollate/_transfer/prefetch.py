@@ -102,10 +102,17 @@ class Prefetcher(LoaderWrapper, Generic[T]):
         progress: bool = False,
         summary: bool | Callable[[str], None] = False,
     ):
-        if not isinstance(depth, int) or depth < 1:
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise CollateError(f"Prefetcher(depth=...) must be a positive int, got {depth!r}")
-        if pin_memory not in (True, False, "auto"):
+        if not (isinstance(pin_memory, bool) or pin_memory == "auto"):
+            # 1 == True: taken by a membership test, then read as not True.
             raise CollateError(f"Prefetcher(pin_memory=...) must be True, False or 'auto', got {pin_memory!r}")
+        if not isinstance(stats, bool):
+            raise CollateError(f"Prefetcher(stats=...) must be True or False, got {stats!r}")
+        if pinned_limit is not None and (
+            not isinstance(pinned_limit, int) or isinstance(pinned_limit, bool) or pinned_limit < 0
+        ):
+            raise CollateError(f"Prefetcher(pinned_limit=...) must be a number of bytes or None, got {pinned_limit!r}")
         if transform is not None and not callable(transform):
             raise CollateError(f"Prefetcher(transform=...) must be callable, got {type(transform).__name__}")
         if not stats and (progress or summary):
@@ -153,7 +160,12 @@ class Prefetcher(LoaderWrapper, Generic[T]):
             # A passthrough with nothing to stage (CPU, no transform): the loop's waits are its reads.
             direct = self.device.type == "cpu" and self.transform is None
             metering = (clock, clock.begin(length_of(self.loader), direct), meter._count)
-        source: Iterator[Any] = iter(self.loader)
+        try:
+            source: Iterator[Any] = iter(self.loader)
+        except BaseException:
+            if metering is not None:
+                metering[0].release(metering[1])  # no epoch began: none is left open
+            raise
         if metering is not None:
             metering[0].started(metering[1])
         if self.device.type == "cuda":

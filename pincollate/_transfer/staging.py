@@ -13,6 +13,7 @@ consumer's thread, which adds them to the epoch's sums when it takes the batch. 
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -113,12 +114,25 @@ class _Staging:
             # Drop the loader's iterator here, on this thread: a DataLoader
             # iterator shuts its workers down when it is released.
             self.source = None
+            _RUNNING.pop(threading.current_thread(), None)
 
     def _permit(self) -> bool:
         while not self.stop.is_set():
             if self.permits.acquire(timeout=0.1):
                 return True
         return False
+
+
+def transformed(transform: Callable[[Any], Any], batch: Any) -> Any:
+    """``transform(batch)``; a ``StopIteration`` it raises is an error, not the end of the epoch.
+
+    Raised from ``__next__`` it would end the loop as if the loader were exhausted, with
+    no error (a generator turns it into ``RuntimeError`` for the same reason).
+    """
+    try:
+        return transform(batch)
+    except StopIteration as exc:
+        raise RuntimeError("the Prefetcher's transform raised StopIteration") from exc
 
 
 class Ahead(Stoppable, Iterator[Any]):
@@ -145,6 +159,7 @@ class Ahead(Stoppable, Iterator[Any]):
         self._metering = metering
         self._done = False
         self._thread = threading.Thread(target=self._state.run, name="pincollate-prefetch", daemon=True)
+        _RUNNING[self._thread] = self._state
         self._thread.start()
 
     def __next__(self) -> Any:
@@ -190,7 +205,7 @@ class Ahead(Stoppable, Iterator[Any]):
         while True:
             try:
                 state.queue.get_nowait()
-            except queue.Empty:
+            except Exception:  # queue.Empty; at interpreter exit, the module's names may be gone
                 break
         if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
@@ -200,6 +215,28 @@ class Ahead(Stoppable, Iterator[Any]):
     def __del__(self) -> None:
         if not self._done:
             self.close(wait=False)
+
+
+#: Staging threads that may still run, with their state: stopped before the interpreter exits.
+#: Each thread's own entry, since the iterator that started it may be gone (a loop's break).
+_RUNNING: dict[threading.Thread, _Staging] = {}
+
+
+@atexit.register
+def _stop_running() -> None:
+    """Stop every staging thread still running, before the interpreter tears down.
+
+    A daemon thread still inside torch when the interpreter finalizes is stopped where
+    it stands, which aborts the process ("terminate called without an active
+    exception"): a loop left early (``break``, or ``next(iter(prefetcher))`` in a
+    script) just before exit would end the run with a crash. Each gets two seconds to
+    let go.
+    """
+    running = list(_RUNNING.items())
+    for _, state in running:
+        state.stop.set()
+    for thread, _ in running:
+        thread.join(timeout=2)
 
 
 class Passthrough(Stoppable, Iterator[Any]):
@@ -215,7 +252,7 @@ class Passthrough(Stoppable, Iterator[Any]):
         if owner.device.type != "cpu":
             batch = to_device(batch, owner.device)
         if owner.transform is not None:
-            batch = owner.transform(batch)
+            batch = transformed(owner.transform, batch)
         return batch
 
     def close(self, wait: bool = True) -> None:
@@ -251,7 +288,7 @@ class MeteredPassthrough(Passthrough):
         if owner.device.type != "cpu":
             batch = to_device(batch, owner.device)
         if owner.transform is not None:
-            batch = owner.transform(batch)
+            batch = transformed(owner.transform, batch)
         got = perf_counter()
         counted = count(host)
         h2d = counted[1] if owner.device.type != "cpu" else 0
@@ -300,7 +337,7 @@ class CudaStaging:
                 copied.record(stream)
                 copies.timed(begun, copied, count_batch(host)[1])  # type: ignore[union-attr]
             if owner.transform is not None:
-                batch = owner.transform(batch)
+                batch = transformed(owner.transform, batch)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         _record_stream(batch, self.consumer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc as abc
 import copy
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,10 +52,21 @@ class Normalize:
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
     ):
+        for name, given in (("mean", mean), ("std", std)):
+            try:
+                values = [float(v) for v in given]  # a list, tuple, array or tensor of numbers
+            except (TypeError, ValueError):
+                raise CollateError(f"Normalize: {name} must be numbers, one per channel, got {given!r}") from None
+            if isinstance(given, (str, bytes)) or not values or not all(map(math.isfinite, values)):
+                raise CollateError(f"Normalize: {name} must be finite numbers, one per channel, got {given!r}")
         if len(mean) != len(std):
             raise CollateError(f"Normalize: mean and std need one value per channel, got {len(mean)} and {len(std)}")
-        if any(s == 0 for s in std):
-            raise CollateError("Normalize: std must not contain zeros")
+        if any(s <= 0 for s in std):
+            raise CollateError(f"Normalize: std must be positive, got {list(std)}")
+        if not isinstance(keys, (str, int)) and (
+            not isinstance(keys, abc.Sequence) or not all(isinstance(k, (str, int)) for k in keys)
+        ):
+            raise CollateError(f"Normalize: keys must be a key path or a sequence of them, got {keys!r}")
         if not dtype.is_floating_point:
             raise CollateError(f"Normalize: dtype must be floating point, got {dtype}")
         if isinstance(keys, (str, int)):
@@ -81,6 +93,8 @@ class Normalize:
 
     def normalize(self, image: torch.Tensor) -> torch.Tensor:
         """Normalise one image tensor ``(..., C, H, W)``."""
+        if not isinstance(image, torch.Tensor):
+            raise CollateError(f"Normalize: expected image tensors, got {type(image).__name__}")
         if image.dim() < 3 or image.shape[-3] != len(self.mean):
             raise CollateError(
                 f"Normalize: expected images (..., {len(self.mean)}, H, W), got shape {tuple(image.shape)}"
@@ -121,7 +135,10 @@ def _replace(tree: Any, path: tuple[str, ...], fn: Any, full: tuple[str, ...] | 
         raise CollateError(f"Normalize: no key {'.'.join(full)!r} in the batch (its keys: {keys})")
     value = children[index]
     if len(path) == 1:
-        children[index] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+        try:
+            children[index] = [fn(v) for v in value] if isinstance(value, list) else fn(value)
+        except CollateError as exc:
+            raise CollateError(f"{exc} at {'.'.join(full)!r}") from None
     else:
         children[index] = _replace(value, path[1:], fn, full)
     if kind is MAPPING and isinstance(tree, abc.MutableMapping):
