@@ -170,3 +170,19 @@ def test_a_key_put_back_as_an_equal_key_of_another_class_loses_the_layout():
     assert batch.layout is None
     for again in (pickle.loads(pickle.dumps(batch)), batch.to("cpu", copy=True), _saved_and_loaded(batch)):
         assert [type(key) for key in again] == [str, bool]
+
+
+class _KeywordFields(dict):
+    """A dict built from keyword fields: built empty and updated, whatever its keys."""
+
+    def __init__(self, image=None, label=None):
+        super().__init__(image=image, label=label)
+
+
+def test_a_container_class_built_by_its_keys_keeps_its_batchs_layout():
+    # Whether the class is built depends on the batch's keys: the check asks with those keys.
+    samples = [{"k": _KeywordFields(torch.zeros(2), i)} for i in range(2)]
+    batch = MMCollate(pin_memory=False)(samples)
+    assert type(batch["k"]) is _KeywordFields and batch.layout is not None
+    batch["k"] = dict(batch["k"])  # replaced by another class: no longer the layout's
+    assert batch.layout is None

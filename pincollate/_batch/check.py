@@ -9,7 +9,7 @@ by leaf instead, correctly, and carries no layout.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -129,7 +129,7 @@ class _Check:
         return is_sequence(obj) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
     def _rows(self, spec: RowsSpec, obj: Any) -> bool:
-        cls = _built_class(spec.cls, dict, make_mapping)
+        cls = _built_class(spec.cls, spec.keys)
         if type(obj) is not list or any(type(row) is not cls or tuple(row) != spec.keys for row in obj):  # type: ignore[arg-type]
             return False
         return all(
@@ -264,9 +264,9 @@ def _built_as(spec: Spec, cls: type) -> bool:
     """Whether a container of class ``cls`` is what ``spec`` builds."""
     kind = type(spec)
     if kind is MappingSpec:
-        return cls is _built_class(spec.cls, dict, make_mapping)  # type: ignore[attr-defined]
+        return cls is _built_class(spec.cls, spec.keys)  # type: ignore[attr-defined]
     if kind is SequenceSpec:
-        return cls is _built_class(spec.cls, list, make_sequence)  # type: ignore[attr-defined]
+        return cls is _built_class(spec.cls, len(spec.children))  # type: ignore[attr-defined]
     if kind is ListSpec:
         return cls is list
     return cls is spec.cls  # type: ignore[attr-defined]
@@ -276,7 +276,13 @@ _PROBE = object()
 
 
 @functools.lru_cache(maxsize=256)
-def _built_class(cls: type | None, plain: type, make: Callable[[type | None, Any], Any]) -> type:
-    """The class ``make`` gives for ``cls``: ``cls`` itself, or ``plain`` where it cannot be built."""
-    # Built with one field, as a batch's container is (an empty one passes any constructor).
-    return type(make(cls, {"pincollate_probe": _PROBE} if plain is dict else [_PROBE]))
+def _built_class(cls: type | None, fields: tuple[Hashable, ...] | int) -> type:
+    """The class a batch's container of ``cls`` is built as: ``cls``, or ``dict``/``list`` where it cannot be.
+
+    ``fields``: a mapping's keys, or a sequence's length. Built as the batch's is, with
+    stand-in values: whether a class holds exactly what it is given can depend on the keys
+    (a constructor of keyword fields).
+    """
+    if isinstance(fields, int):
+        return type(make_sequence(cls, [_PROBE] * fields))
+    return type(make_mapping(cls, dict.fromkeys(fields, _PROBE)))
