@@ -711,3 +711,22 @@ def test_an_iteration_whose_loader_fails_to_start_leaves_no_epoch_open(wrap):
     with clock.lock:
         clock._settle()
         assert clock._running == []
+
+
+def test_a_pinning_prefetcher_on_the_cpu_times_its_staging_threads_reads(fake_pinned):
+    # Pinned for a CPU consumer (or an accelerator without CUDA streams): the loader is read on
+    # the staging thread, so its time is that thread's reads, not the loop's waits.
+    def slow():
+        for i in range(8):
+            time.sleep(0.02)
+            yield {"x": torch.full((2, 3), float(i))}
+
+    prefetcher = Prefetcher(slow(), device="cpu", pin_memory=True)
+    got = []
+    for batch in prefetcher:
+        got.append(batch["x"][0, 0].item())
+        time.sleep(0.04)  # a slower step: the reads overlap it, and the loop hardly waits
+    epoch = prefetcher.stats.epoch
+    assert got == [float(i) for i in range(8)] and len(fake_pinned) == 8
+    assert epoch.loader_s >= 8 * 0.02 * 0.9, epoch  # each read sleeps 20 ms at least
+    assert epoch.staging_s > 0 and epoch.h2d_bytes_per_s == 0, epoch

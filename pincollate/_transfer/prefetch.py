@@ -29,6 +29,7 @@ Design choices, in short:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar
 
@@ -37,7 +38,7 @@ import torch
 from .._errors import CollateError
 from .._memory.arena import accelerator_can_pin
 from .meter import CopyTimes, InputMeter, LoaderWrapper, Metered, Metering, length_of
-from .staging import Ahead, CudaStaging, MeteredPassthrough, Passthrough
+from .staging import Ahead, CudaStaging, MeteredPassthrough, Passthrough, moved
 from .transfer import pin
 
 __all__ = ["Prefetcher"]
@@ -157,8 +158,8 @@ class Prefetcher(LoaderWrapper, Generic[T]):
         metering: Metering | None = None
         if meter is not None:
             clock = meter._clock
-            # A passthrough with nothing to stage (CPU, no transform): the loop's waits are its reads.
-            direct = self.device.type == "cpu" and self.transform is None
+            # A passthrough with nothing to stage (CPU, no transform, no pin): the loop's waits are its reads.
+            direct = self.device.type == "cpu" and self.transform is None and not self.pin
             metering = (clock, clock.begin(length_of(self.loader), direct), meter._count)
         try:
             source: Iterator[Any] = iter(self.loader)
@@ -174,7 +175,10 @@ class Prefetcher(LoaderWrapper, Generic[T]):
             staging = CudaStaging(self, None if metering is None else CopyTimes(metering[0], metering[1]))
             return Ahead(source, self.depth, staging.stage, self.device, staging.hand, metering, staging.flush)
         if self.pin:
-            source = Ahead(source, self.depth, pin, self.device)
+            # Pinned on the staging thread, which the meter times as the CUDA path's; moved and
+            # transformed on the consumer's.
+            hand = None if self.device.type == "cpu" and self.transform is None else functools.partial(moved, self)
+            return Ahead(source, self.depth, pin, self.device, hand, metering, copies=self.device.type != "cpu")
         if metering is None:
             return Passthrough(source, self)
         if direct:

@@ -27,7 +27,7 @@ from .._memory.arena import trim_pinned
 from .meter import CopyTimes, Metering, Stoppable, close_source, count_batch
 from .transfer import pin, to_device
 
-__all__ = ["Ahead", "CudaStaging", "MeteredPassthrough", "Owner", "Passthrough"]
+__all__ = ["Ahead", "CudaStaging", "MeteredPassthrough", "Owner", "Passthrough", "moved"]
 
 
 class Owner(Protocol):
@@ -152,10 +152,13 @@ class Ahead(Stoppable, Iterator[Any]):
         hand: Callable[[Any], Any] | None = None,
         metering: Metering | None = None,
         at_end: Callable[[], None] | None = None,
+        copies: bool = True,
     ):
         count = None if metering is None else metering[2]
         self._state = _Staging(source, depth, work, device, count, at_end)
         self._hand = hand
+        # Whether a batch's bytes go to the device (the CUDA path's copy; a hand's move).
+        self._copies = copies and hand is not None
         self._metering = metering
         self._done = False
         self._thread = threading.Thread(target=self._state.run, name="pincollate-prefetch", daemon=True)
@@ -186,7 +189,7 @@ class Ahead(Stoppable, Iterator[Any]):
         item, (count, read, staged) = item
         batch = item if self._hand is None else self._hand(item)
         got = perf_counter()
-        h2d = count[1] if self._hand is not None else 0  # the CUDA path copied the batch
+        h2d = count[1] if self._copies else 0
         metering[0].step_staged(metering[1], asked, got, count, read, staged, h2d)
         return batch
 
@@ -237,6 +240,15 @@ def _stop_running() -> None:
         state.stop.set()
     for thread, _ in running:
         thread.join(timeout=2)
+
+
+def moved(owner: Owner, batch: Any) -> Any:
+    """A batch pinned on the staging thread, moved (off the CPU) and transformed on the consumer's."""
+    if owner.device.type != "cpu":
+        batch = to_device(batch, owner.device)
+    if owner.transform is not None:
+        batch = transformed(owner.transform, batch)
+    return batch
 
 
 class Passthrough(Stoppable, Iterator[Any]):
