@@ -571,3 +571,19 @@ def test_pinned_limit_bounds_a_2_11_host_cache(stand_in_cuda, host_allocator, un
         assert reserved >= 125 * unit and host_allocator.emptied == 0
     else:
         assert reserved <= limit and host_allocator.emptied >= 1
+
+
+def test_a_transform_error_ends_the_staging_thread_while_the_error_is_held(fake_pinned):
+    def broken(batch):
+        raise ValueError("a transform's bug")
+
+    kept = None
+    try:
+        for _ in Prefetcher(_loader(), device="cpu", pin_memory=True, transform=broken):
+            pass
+    except ValueError as error:
+        kept = error  # the traceback holds the iterator
+    deadline = time.monotonic() + 10
+    while any(t.name == "pincollate-prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kept is not None and not any(t.name == "pincollate-prefetch" for t in threading.enumerate())

@@ -184,10 +184,17 @@ class Ahead(Stoppable, Iterator[Any]):
             raise error
         state.permits.release()  # the next batch is staged while this one is used
         metering = self._metering
+        if metering is not None:
+            item, (count, read, staged) = item
+        try:
+            batch = item if self._hand is None else self._hand(item)
+        except BaseException:
+            # As a failure on the staging thread does: the iteration ends, its thread with it
+            # (not left polling while the caller keeps the error).
+            self.close(wait=False)
+            raise
         if metering is None:
-            return item if self._hand is None else self._hand(item)
-        item, (count, read, staged) = item
-        batch = item if self._hand is None else self._hand(item)
+            return batch
         got = perf_counter()
         h2d = count[1] if self._copies else 0
         metering[0].step_staged(metering[1], asked, got, count, read, staged, h2d)
