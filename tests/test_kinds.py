@@ -253,3 +253,77 @@ def test_a_warm_registered_container_keeps_key_types_as_the_careful_walk():
         ours, theirs = collate(batch), reference(batch)
         assert list(map(type, ours.keys)) == list(map(type, theirs.keys)) == [type(key)]
         assert_identical(ours.values, theirs.values)
+
+
+# --- registrations that reach collates that already ran (found by a round on the registry) ----
+
+
+class _Later:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+class _Rewrapped:
+    def __init__(self, keys, children):
+        self.keys, self.children = list(keys), list(children)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_registering_again_reaches_a_collate_that_already_planned(compile):
+    register_container(_Later, lambda p: (["a", "b"], [p.a, p.b]), lambda keys, children: _Later(*children))
+    collate = MMCollate(pin_memory=False, compile=compile)
+    samples = [_Later(torch.tensor([float(i)]), i) for i in (1, 2)]
+    for _ in range(3):  # walked, planned, compiled
+        assert collate(samples).a.flatten().tolist() == [1.0, 2.0]
+    # The same keys, another flatten: the cached plan read the children by the old one.
+    register_container(_Later, lambda p: (["a", "b"], [p.a * 2, p.b]), lambda keys, children: _Later(*children))
+    for _ in range(3):
+        assert collate(samples).a.flatten().tolist() == [2.0, 4.0]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_registering_a_class_collated_as_a_dict_reaches_a_collate_that_already_planned(compile):
+    class LaterDict(dict):  # a class of this run's own: the registration is for good
+        pass
+
+    collate = MMCollate(pin_memory=False, compile=compile)
+    samples = [{"d": LaterDict(x=torch.zeros(2))}, {"d": LaterDict(x=torch.ones(2))}]
+    for _ in range(3):
+        assert type(collate(samples)["d"]) is LaterDict
+    register_container(LaterDict, lambda d: (list(d), list(d.values())), _Rewrapped)
+    for _ in range(3):
+        out = collate(samples)["d"]
+        assert type(out) is _Rewrapped and out.keys == ["x"] and out.children[0].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+class _Failing:
+    def __init__(self, a):
+        self.a = a
+
+
+def _refuse(keys, children):
+    raise ValueError("unflatten: a must be float32")
+
+
+register_container(_Failing, lambda f: (["a"], [f.a]), _refuse)
+
+
+class _BadKeys:
+    def __init__(self, a, keys):
+        self.a, self.keys = a, keys
+
+
+register_container(_BadKeys, lambda b: (b.keys, [b.a]), lambda keys, children: _BadKeys(children[0], keys))
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_registered_containers_own_errors_are_collate_errors(compile):
+    collate = MMCollate(pin_memory=False, compile=compile)
+    with pytest.raises(
+        CollateError, match=r"unflatten of _Failing failed: ValueError\('unflatten: a must be float32'\)"
+    ):
+        collate([_Failing(torch.zeros(1)), _Failing(torch.ones(1))])
+    with pytest.raises(CollateError, match=r"sample 0 at \['v'\]: flatten of _BadKeys gave a key that is not hashable"):
+        collate([{"v": _BadKeys(torch.zeros(1), [["a"]])}] * 2)
+    with pytest.raises(CollateError, match=r"sample 0 at \['v'\]: flatten of _BadKeys gave 2 keys for 1 children"):
+        collate([{"v": _BadKeys(torch.zeros(1), ["a", "b"])}] * 2)

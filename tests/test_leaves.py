@@ -262,3 +262,54 @@ def test_a_users_handler_for_tensors_fills_padded_values_its_own_way(own_handler
     for _ in range(3):
         out = collate([{"x": torch.ones(1)}, {"x": torch.ones(2)}])
         assert out["x"].tolist() == [[101, 0], [101, 101]]
+
+
+class _Rated(torch.Tensor):
+    """A tensor subclass carrying a sample rate, which must agree for values to stack."""
+
+    rate: int
+
+    @classmethod
+    def _wrap(cls, view, rate):
+        out = view.as_subclass(cls)
+        out.rate = rate
+        return out
+
+
+def _rated(values, rate):
+    out = torch.tensor(values, dtype=torch.float32).as_subclass(_Rated)
+    out.rate = rate
+    return out
+
+
+def _register_rated():
+    from pincollate._types.builtin import TENSOR_DTYPE
+    from pincollate._types.wrap import Wrap
+
+    base = lookup(torch.Tensor)
+    register(
+        _Rated,
+        LeafHandler(
+            "Rated",
+            "tensor",
+            base.describe,
+            base.fill,
+            wrap=lambda v: Wrap(_Rated, (("rate", v.rate),)),
+            key=TENSOR_DTYPE,
+            meta=lambda v: v.rate,
+            signature=base.signature,
+        ),
+    )
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_leafs_meta_and_wrap_metadata_are_checked_by_the_compiled_plan(compile):
+    _register_rated()
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):  # walked, planned, compiled at 16 kHz
+        out = collate([{"a": _rated([1, 2], 16000)}, {"a": _rated([3, 4], 16000)}])["a"]
+        assert type(out) is _Rated and out.rate == 16000
+    out = collate([{"a": _rated([1, 2], 22050)}, {"a": _rated([3, 4], 22050)}])["a"]
+    assert type(out) is _Rated and out.rate == 22050  # the plan's rate was kept before
+    mixed = collate([{"a": _rated([1, 2], 8000)}, {"a": _rated([3, 4], 16000)}])["a"]
+    assert isinstance(mixed, list) and [v.rate for v in mixed] == [8000, 16000]  # meta differs: not stacked

@@ -164,7 +164,7 @@ class RegisteredSpec(Spec):
         return self.children
 
     def build(self, views: Views) -> Any:
-        return registered(self.cls).unflatten(list(self.keys), [child.build(views) for child in self.children])
+        return registered(self.cls).build(list(self.keys), [child.build(views) for child in self.children])
 
 
 class DataclassSpec(Spec):

@@ -23,7 +23,7 @@ from .._plan.fill import Mismatch
 from .._plan.patterns import FieldRules, Renames, Settings
 from .._plan.policies import Policy
 from .._types.kinds import is_sequence
-from .._types.leaves import type_name
+from .._types.leaves import generation, type_name
 
 __all__ = ["MMCollate", "mm_collate"]
 
@@ -167,8 +167,25 @@ class MMCollate:
             items=sequences == "items",
             compiled=compile,
         )
+        self._settings = settings
         self._planner = Planner(settings)
         self._plans = Plans(settings, self._planner)
+        self._generation = generation()
+
+    def _replan_if_registered(self) -> None:
+        """Drop every plan made before a leaf or container type was registered (or registered again).
+
+        A plan holds what the registrations said when it was made (a container's flatten, a
+        leaf's handler, the built-in kind of a class now registered): the walk reads the
+        registrations anew, so the plans are made anew from it.
+        """
+        now = generation()
+        if now != self._generation:
+            with self._lock:
+                if now != self._generation:
+                    self._planner = Planner(self._settings)
+                    self._plans = Plans(self._settings, self._planner)
+                    self._generation = now
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _SETTINGS}
@@ -192,6 +209,7 @@ class MMCollate:
         memory and copying for a moment). A new structure's first batch is walked and its
         layout is the walk's; a later batch's is the compiled plan's.
         """
+        self._replan_if_registered()
         try:
             layout: Layout = self._through_plans(_samples(batch), None)
         except BaseException as error:
@@ -203,6 +221,8 @@ class MMCollate:
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
+        if self._generation != generation():
+            self._replan_if_registered()
         try:
             kind = resolve_kind(self.pin_memory)
             if type(batch) is not list or not batch:

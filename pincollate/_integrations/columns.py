@@ -145,6 +145,7 @@ class ColumnCollate:
         if not isinstance(batch, Mapping) or not batch:
             raise CollateError(f"expected a non-empty mapping of column name to array, got {type_name(batch)}")
         samples = self._samples
+        samples._replan_if_registered()
         fill = Fill(samples._planner, 0, START)
         keys: list[Hashable] = []
         specs: list[Spec] = []

@@ -368,7 +368,8 @@ def _signature(value: Any, path: Path, careful: set[Path], items: bool, depth: i
         )
     try:
         keys, children = kind.flatten(value)
-    except Exception:  # a registered container's flatten failed: the careful planner says why
+        hash(tuple(keys))
+    except Exception:  # a registered container's flatten failed, or gave unhashable keys: the careful planner says why
         return _CAREFUL
     return (
         cls,

@@ -187,13 +187,25 @@ class ContainerWalk(ItemWalk):
                 names, children = kind.flatten(value)
             except Exception as exc:
                 raise self._error(f"flatten of {cls.__qualname__} failed: {exc!r}", i, path, origins) from exc
+            if len(names) != len(children):
+                raise self._error(
+                    f"flatten of {cls.__qualname__} gave {len(names)} keys for {len(children)} children",
+                    i,
+                    path,
+                    origins,
+                )
+            unhashable = next((key for key in names if not isinstance(key, Hashable)), None)
+            if unhashable is not None:
+                raise self._error(
+                    f"flatten of {cls.__qualname__} gave a key that is not hashable: {unhashable!r}", i, path, origins
+                )
             flat.append((list(names), list(children)))
         keys = next(entry for entry in flat if entry is not None)[0]
         for i, entry in enumerate(flat):
-            if entry is not None and (entry[0] != keys or len(entry[1]) != len(keys)):
+            if entry is not None and entry[0] != keys:
                 raise self._error(
                     f"{cls.__qualname__} keys differ from sample {self._blame(0, path, origins)[0]}: "
-                    f"{entry[0]} against {keys} ({len(entry[1])} children)",
+                    f"{entry[0]} against {keys}",
                     i,
                     path,
                     origins,

@@ -17,6 +17,7 @@ each batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -181,7 +182,8 @@ class Template:
         """A registered container class: one key set across the batch, each child planned by its key."""
         try:
             flat = [kind.flatten(value) for value in column]
-        except Exception:  # the careful planner names the sample
+            hash(tuple(flat[0][0]))
+        except Exception:  # a flatten that fails or gives unhashable keys: the careful planner names the sample
             return self.part(path, siblings, column)
         keys = list(flat[0][0])
         if any(list(names) != keys or len(children) != len(keys) for names, children in flat):
@@ -202,14 +204,21 @@ class Template:
         if handler.family == "tensor" and _shapes_differ(column):
             return self.part(path, siblings, column)  # ragged: no need to describe each value
         stacked = self.stacked(column, path)
-        keys = set(map(handler.key, column))
-        if stacked is None or len(keys) != 1:
+        if stacked is None:
+            return self.part(path, siblings, column)
+        key = handler.key
+        if handler.meta is not None or (stacked.wrap is not None and stacked.wrap.meta):
+            # What must agree for values to stack (meta), and what the stack keeps of them (a
+            # wrap's metadata, an audio rate say), are the plan's too: checked beside the key.
+            key = functools.partial(_key_and_meta, handler)
+        keys = set(map(key, column))
+        if len(keys) != 1:
             return self.part(path, siblings, column)
         spec = TensorSpec(stacked.dtype, stacked.shape, self.take(stacked.nbytes), stacked.wrap)
         # The exact class is checked for every value: a subclass (an Image, a user's
         # tensor type) passes the dtype getter but must keep its own class.
         first_shape = getattr(first, "shape", None) if handler.family in ("tensor", "ndarray") else None
-        return spec, StackOp(path, spec, type(first), handler.fill, handler.key, keys.pop(), first_shape)
+        return spec, StackOp(path, spec, type(first), handler.fill, key, keys.pop(), first_shape)
 
     def stacked(self, column: Sequence[Any], path: Path) -> TensorNode | None:
         """The careful walk's stack of ``column`` where its values agree in dtype too, else ``None``.
@@ -348,3 +357,9 @@ def _shapes_differ(column: Sequence[Any]) -> bool:
         return len(set(map(TENSOR_SHAPE, column))) > 1
     except (TypeError, RuntimeError):  # not all tensors, or a nested one: described one by one
         return False
+
+
+def _key_and_meta(handler: Any, value: Any) -> tuple[Any, Any, Any]:
+    """A handler's key, meta and wrap of ``value``: what a plan of a leaf with metadata checks."""
+    meta = handler.meta(value) if handler.meta is not None else None
+    return handler.key(value), meta, handler.wrap(value) if handler.wrap is not None else None

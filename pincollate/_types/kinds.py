@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import Attr, CollateError
 from .build import make_mapping, new_dataclass
-from .leaves import lookup, type_name
+from .leaves import lookup, note_registration, type_name
 
 __all__ = [
     "DATACLASS",
@@ -133,7 +133,16 @@ class Registered(Kind):
         return list(keys), list(children)
 
     def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
-        return self.unflatten(keys, children)
+        return self.build(keys, children)
+
+    def build(self, keys: list[Hashable], children: list[Any]) -> Any:
+        """``unflatten(keys, children)``; what it raises is a ``CollateError`` naming the class."""
+        try:
+            return self.unflatten(keys, children)
+        except CollateError:
+            raise
+        except Exception as exc:
+            raise CollateError(f"unflatten of {self.cls.__qualname__} failed: {exc!r}") from exc
 
 
 MAPPING: Kind = _Mapping("mapping")
@@ -255,6 +264,10 @@ def register_container(cls: type, flatten: Flatten, unflatten: Unflatten) -> Non
     collated batch of ``cls`` is ``unflatten(keys, collated children)``; every sample of
     a batch must be exactly of ``cls`` with the same keys. Register in the module that
     defines ``cls``, so every process that unpickles a batch of it has it registered.
+    ``unflatten`` should only build: it runs again whenever a batch is rebuilt (moved,
+    pinned, unpickled), so a change it makes to the children is made again each time;
+    what it raises is a ``CollateError``. A registration (or a new one for the same class)
+    reaches collates that already ran: they drop their plans and plan again.
 
     Examples:
         >>> import torch
@@ -279,3 +292,4 @@ def register_container(cls: type, flatten: Flatten, unflatten: Unflatten) -> Non
         raise CollateError("register_container needs flatten(value) -> (keys, children) and unflatten(keys, children)")
     _registered[cls] = Registered(cls, flatten, unflatten)
     _by_class.clear()  # the cache may hold this class under a built-in kind
+    note_registration()  # and every collate's plans: they read its children by the old flatten

@@ -28,7 +28,7 @@ from .wrap import Wrap
 #: them where one copy writes several tensors (a padded field and its mask).
 Filler = Callable[[Any, Any], None]
 
-__all__ = ["LeafHandler", "lookup", "on_first_sight", "register_leaf", "type_name"]
+__all__ = ["LeafHandler", "generation", "lookup", "note_registration", "on_first_sight", "register_leaf", "type_name"]
 
 Path = tuple[Hashable, ...]
 
@@ -53,7 +53,10 @@ class LeafHandler:
             handlers use it for torchvision's ``tv_tensors``), or ``None`` for a plain
             tensor.
         key: what must agree across a column for a cached plan to stack it, beside
-            the type (a tensor's dtype); read at C speed, so a plain function.
+            the type (a tensor's dtype); read at C speed, so a plain function. A later
+            batch of a planned structure is checked by ``key`` (and ``meta``, and what
+            ``wrap`` keeps) alone, without ``describe``: put into it whatever
+            ``describe`` validates, or leave it ``None`` to have every batch described.
         signature: what of a value decides its place in the buffer (dtype and shape).
         meta: ``meta(value)`` gives what must agree for values to stack beyond dtype
             and shape (a mask's type, say).
@@ -119,13 +122,31 @@ def _fill_one_by_stack(fill: Filler | None, region: torch.Tensor, values: list[A
 
 _exact: dict[type, LeafHandler] = {}
 
+#: How many times the user has registered a leaf or a container type: a collate's cached plans
+#: (made under the earlier registrations) are dropped when it changes. PIL's and torchvision's
+#: handlers, registered on first sight, change no answer a plan holds and count not.
+_generation = [0]
+_on_first_sight = [False]
+
+
+def generation() -> int:
+    """The registrations' count, read by each collate call (see ``_generation``)."""
+    return _generation[0]
+
+
+def note_registration() -> None:
+    """A user's registration happened: every collate plans anew."""
+    if not _on_first_sight[0]:
+        _generation[0] += 1
+
 
 def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None:
     """Register ``handler`` for values of ``cls`` and its subclasses (one type or a tuple).
 
     The nearest registered class in a value's method resolution order wins, so a
     handler for a subclass overrides its base's. As torch's ``default_collate_fn_map``
-    does for ``default_collate``.
+    does for ``default_collate``. A registration reaches collates that already ran:
+    they drop their plans and plan again.
 
     Examples:
         >>> import torch
@@ -147,6 +168,7 @@ def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None
             raise TypeError(f"cls must be a type or a tuple of types, got {each!r}")
         _exact[each] = handler
     _cached_lookup.cache_clear()
+    note_registration()
 
 
 def _find(cls: Any) -> LeafHandler | None:
@@ -182,10 +204,13 @@ def _load_optional(cls: type) -> None:
     if root in _loaded or root not in _OPTIONAL:
         return
     _loaded.add(root)
+    _on_first_sight[0] = True
     try:
         _OPTIONAL[root]()
     except Exception as exc:  # a broken install disables its own types only
         warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
+    finally:
+        _on_first_sight[0] = False
 
 
 def on_first_sight(root: str, register: Callable[[], None]) -> None:
