@@ -40,6 +40,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from .._batch.batch import Batch
 from .._errors import CollateError
 from .._types.kinds import kind_of
 
@@ -233,6 +234,14 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
     if isinstance(tree, torch.Tensor):
         return int(tree.shape[0]) if tree.dim() else 0
     if depth > 8:
+        return 0
+    if isinstance(tree, dict):  # a Batch: read on every batch, so without the Mapping ABC's check
+        for value in tree.values():
+            if type(value) is torch.Tensor and value.dim():
+                return int(value.shape[0])
+            found = _first_length(value, False, depth + 1)
+            if found:
+                return found
         return 0
     if isinstance(tree, Mapping):
         values: Iterable[Any] = tree.values()
@@ -810,8 +819,11 @@ class Metered(Stoppable, Iterator[T]):
         got = perf_counter()
         carried = getattr(batch, "_pincollate", None)
         if carried is not None and carried[0] is self._layout:
-            # The bytes are the layout's; the samples the batch's own (it may have changed).
-            samples, nbytes = _first_length(batch, True, 0), self._counted[1]
+            # The bytes are the layout's; the samples the batch's own (it may have changed after
+            # collating): a Batch's first tensor read inline, the rest by the walk.
+            nbytes = self._counted[1]
+            first = next(iter(batch.values()), None) if type(batch) is Batch else None  # type: ignore[attr-defined]
+            samples = first.shape[0] if type(first) is torch.Tensor and first.ndim else _first_length(batch, True, 0)
         else:
             samples, nbytes = self._counted = self._count(batch)
             if carried is not None and self._by_layout:
