@@ -169,3 +169,14 @@ def test_threads_sharing_a_collate_warn_once():
         for thread in threads:
             thread.join(timeout=60)
     assert [w.category for w in caught] == [RaggedFieldWarning]
+
+
+@pytest.mark.parametrize("key", ["a.b", 3.5], ids=["dotted", "float"])
+def test_the_warnings_suggested_pattern_names_a_key_with_a_dot_by_a_star(key):
+    # A dot-separated pattern cannot spell a key whose text holds a dot: the suggestion must work.
+    samples = [{"inp": {key: torch.zeros(2)}}, {"inp": {key: torch.zeros(3)}}]
+    _, said = _warned(MMCollate(pin_memory=False), samples)
+    assert "fields={'inp.*': AsList()} keeps the list without this warning" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither the ragged warning nor an unmatched pattern's
+        MMCollate(pin_memory=False, fields={"inp.*": AsList()})(samples)

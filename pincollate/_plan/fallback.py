@@ -129,6 +129,17 @@ class Fallbacks:
             _warn(path, found, items)
 
 
+def pattern_for(path: Path) -> str:
+    """A field pattern that names ``path``: a key whose text holds a dot (``"a.b"``, ``3.5``, an
+    enum member) cannot be written in a dot-separated pattern, so ``*`` stands for it.
+
+    Examples:
+        >>> pattern_for(("inp", "a.b", 0))
+        'inp.*.0'
+    """
+    return ".".join("*" if "." in str(key) else str(key) for key in path)
+
+
 def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items: bool) -> None:
     """The warning for one field, at the line that called the collate."""
     (a, first), (b, second) = found
@@ -142,7 +153,7 @@ def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items:
             f"{where} holds lists of items that do not stack: sample {a}'s stack to {first}, sample {b}'s to {second}"
         )
     # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
-    setting = f"fields={{{'.'.join(map(str, path))!r}: AsList()}}" if path else "ragged=AsList()"
+    setting = f"fields={{{pattern_for(path)!r}: AsList()}}" if path else "ragged=AsList()"
     packing = (
         "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images), "
         "Pad() pads lists of numbers (token ids) into one"
