@@ -191,7 +191,7 @@ class Ahead(Stoppable, Iterator[Any]):
         except BaseException:
             # As a failure on the staging thread does: the iteration ends, its thread with it
             # (not left polling while the caller keeps the error).
-            self.close(wait=False)
+            self.close()
             raise
         if metering is None:
             return batch
