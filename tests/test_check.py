@@ -186,3 +186,30 @@ def test_a_container_class_built_by_its_keys_keeps_its_batchs_layout():
     assert type(batch["k"]) is _KeywordFields and batch.layout is not None
     batch["k"] = dict(batch["k"])  # replaced by another class: no longer the layout's
     assert batch.layout is None
+
+
+class _TensorsOnly(collections.abc.Mapping):
+    """A read-only mapping that refuses values other than tensors (and so the check's stand-ins)."""
+
+    def __init__(self, data):
+        if not all(isinstance(v, torch.Tensor) for v in data.values()):
+            raise TypeError("values must be tensors")
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_container_class_that_refuses_stand_in_values_keeps_its_batchs_layout(compile):
+    samples = [{"a": _TensorsOnly({"x": torch.randn(3)}), "y": torch.randn(2)} for _ in range(4)]
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):
+        batch = collate(samples)
+        assert type(batch["a"]) is _TensorsOnly and batch.layout is not None

@@ -556,8 +556,9 @@ def test_a_number_column_that_starts_with_numpys_float64_is_numpys_as_in_default
             assert_identical(collate(batch)["x"], expected["x"])
 
 
-def test_a_python_float_column_with_a_complex_number_later_is_complex_where_default_collate_loses_it():
-    batch = [{"x": 1.0}, {"x": np.complex128(2 + 5j)}]
+@pytest.mark.parametrize("later", [np.complex128(2 + 5j), np.complex64(2 + 5j)], ids=["complex128", "complex64"])
+def test_a_python_float_column_with_a_complex_number_later_is_complex_where_default_collate_loses_it(later):
+    batch = [{"x": 1.0}, {"x": later}]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # numpy's ComplexWarning
         assert default_collate(batch)["x"].tolist() == [1.0, 2.0]  # the imaginary part dropped

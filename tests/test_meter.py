@@ -730,3 +730,19 @@ def test_a_pinning_prefetcher_on_the_cpu_times_its_staging_threads_reads(fake_pi
     assert got == [float(i) for i in range(8)] and len(fake_pinned) == 8
     assert epoch.loader_s >= 8 * 0.02 * 0.9, epoch  # each read sleeps 20 ms at least
     assert epoch.staging_s > 0 and epoch.h2d_bytes_per_s == 0, epoch
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: {"boxes": torch.zeros(0, 4), "image": torch.ones(9, 3)},
+        lambda: collections.UserDict({"boxes": torch.zeros(0, 4), "image": torch.ones(9, 3)}),
+        lambda: (torch.zeros(0, 4), torch.ones(9, 3)),
+        lambda: mm_collate([{"boxes": torch.zeros(0, 4), "image": torch.ones(3)}] * 9),
+    ],
+    ids=["dict", "mapping", "tuple", "batch"],
+)
+def test_a_first_tensor_of_no_rows_is_passed_over_in_every_container(make):
+    meter = InputMeter([make(), make()])
+    list(meter)
+    assert meter.epoch.samples == 18

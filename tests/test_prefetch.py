@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -587,3 +588,9 @@ def test_a_transform_error_ends_the_staging_thread_while_the_error_is_held(fake_
     while any(t.name == "pincollate-prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert kept is not None and not any(t.name == "pincollate-prefetch" for t in threading.enumerate())
+
+
+def test_pinned_limit_takes_any_int_and_refuses_a_float():
+    assert Prefetcher(_loader(), device="cpu", pinned_limit=np.int64(1 << 30)).pinned_limit == 1 << 30
+    with pytest.raises(CollateError, match="a whole number of bytes"):
+        Prefetcher(_loader(), device="cpu", pinned_limit=2e9)

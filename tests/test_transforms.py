@@ -117,3 +117,10 @@ def test_normalize_takes_means_and_stds_as_arrays_or_tensors():
 def test_normalize_names_the_key_of_a_value_that_is_no_image_tensor(value):
     with pytest.raises(CollateError, match=r"Normalize: expected image tensors, got \w+ at 'image'"):
         Normalize([0.5] * 3, [0.5] * 3)({"image": value})
+
+
+def test_normalize_takes_a_numpy_int_as_a_position():
+    norm = Normalize([0.0] * 3, [1.0] * 3, keys=np.int64(0))
+    image = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
+    out = norm((image, 3))
+    assert out[0].dtype == torch.float32 and out[1] == 3

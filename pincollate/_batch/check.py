@@ -129,8 +129,9 @@ class _Check:
         return is_sequence(obj) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
     def _rows(self, spec: RowsSpec, obj: Any) -> bool:
-        cls = _built_class(spec.cls, spec.keys)
-        if type(obj) is not list or any(type(row) is not cls or tuple(row) != spec.keys for row in obj):  # type: ignore[arg-type]
+        built = _built_class(spec.cls, spec.keys)
+        classes = {spec.cls or dict, built}
+        if type(obj) is not list or any(type(row) not in classes or tuple(row) != spec.keys for row in obj):
             return False
         return all(
             self._column(column, [row[key] for row in obj]) for key, column in zip(spec.keys, spec.columns, strict=True)
@@ -263,10 +264,12 @@ def _same_value(obj: Any, value: Any) -> bool:
 def _built_as(spec: Spec, cls: type) -> bool:
     """Whether a container of class ``cls`` is what ``spec`` builds."""
     kind = type(spec)
+    # The class itself, or what it falls back to where it cannot be built (the probe's stand-in
+    # values may be refused by a class that took the batch's own).
     if kind is MappingSpec:
-        return cls is _built_class(spec.cls, spec.keys)  # type: ignore[attr-defined]
+        return cls is (spec.cls or dict) or cls is _built_class(spec.cls, spec.keys)  # type: ignore[attr-defined]
     if kind is SequenceSpec:
-        return cls is _built_class(spec.cls, len(spec.children))  # type: ignore[attr-defined]
+        return cls is (spec.cls or list) or cls is _built_class(spec.cls, len(spec.children))  # type: ignore[attr-defined]
     if kind is ListSpec:
         return cls is list
     return cls is spec.cls  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from .._plan.fill import Mismatch
 from .._plan.patterns import FieldRules, Renames, Settings
 from .._plan.policies import Policy
 from .._types.kinds import is_sequence
-from .._types.leaves import generation, type_name
+from .._types.leaves import REGISTRATIONS, type_name
 
 __all__ = ["MMCollate", "mm_collate"]
 
@@ -170,7 +170,7 @@ class MMCollate:
         self._settings = settings
         self._planner = Planner(settings)
         self._plans = Plans(settings, self._planner)
-        self._generation = generation()
+        self._generation = REGISTRATIONS[0]
 
     def _replan_if_registered(self) -> None:
         """Drop every plan made before a leaf or container type was registered (or registered again).
@@ -179,7 +179,7 @@ class MMCollate:
         leaf's handler, the built-in kind of a class now registered): the walk reads the
         registrations anew, so the plans are made anew from it.
         """
-        now = generation()
+        now = REGISTRATIONS[0]
         if now != self._generation:
             with self._lock:
                 if now != self._generation:
@@ -221,7 +221,7 @@ class MMCollate:
 
     def __call__(self, batch: Sequence[Any]) -> Any:
         """Collate ``batch`` (a sequence of samples) into one buffer."""
-        if self._generation != generation():
+        if self._generation != REGISTRATIONS[0]:  # read inline: once per batch
             self._replan_if_registered()
         try:
             kind = resolve_kind(self.pin_memory)

@@ -20,6 +20,7 @@ process pins.
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
@@ -225,6 +226,9 @@ class ColumnCollate:
         # from Arrow come joined already (one flat tensor): the policies copy from it whole.
         if type(column) is Joined:
             return self._plan_rows(column, path)
+        joined = _dense_rows(column)
+        if joined is not None:  # a dense column under a policy: its rows joined, as Arrow's are
+            return self._plan_rows(joined, path)
         # A nested tensor has no len(): its rows are its components.
         return self._plan_rows(column.unbind() if isinstance(column, torch.Tensor) else list(column), path)
 
@@ -363,6 +367,31 @@ def _on_host(column: torch.Tensor, path: tuple[Hashable, ...]) -> np.ndarray | t
         return column.numpy(force=True)
     except (TypeError, RuntimeError):  # "Got unsupported ScalarType BFloat16", a nested tensor
         return column.detach().cpu().resolve_conj().resolve_neg()
+
+
+def _dense_rows(column: Any) -> Joined | None:
+    """A dense numeric column of two or more dimensions as its rows joined (``None``: another column).
+
+    Its rows are the samples of a policy (``Pad``, ``Concat``, ``ragged=``): one flat tensor
+    of them and their lengths, as Arrow's list columns are read, not an array per row.
+    """
+    if isinstance(column, torch.Tensor) and (column.is_nested or column.layout != torch.strided):
+        return None
+    if getattr(column, "ndim", 0) < 2 or 0 in column.shape[1:]:
+        return None
+    if isinstance(column, np.ndarray):
+        if column.dtype.kind not in _NUMERIC or torch_dtype(column.dtype) is None:
+            return None
+        with warnings.catch_warnings():
+            # An object store's read-only array: the tensor is only read (copied into the batch).
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(np.ascontiguousarray(column))
+    elif isinstance(column, torch.Tensor):
+        tensor = column
+    else:
+        return None
+    rows, length = tensor.shape[0], tensor.shape[1]
+    return Joined(tensor.reshape(rows * length, *tensor.shape[2:]), [length] * rows)
 
 
 def _copy_into(region: torch.Tensor, column: torch.Tensor) -> None:

@@ -237,7 +237,7 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
         return 0
     if isinstance(tree, dict):  # a Batch: read on every batch, so without the Mapping ABC's check
         for value in tree.values():
-            if type(value) is torch.Tensor and value.dim():
+            if type(value) is torch.Tensor and value.dim() and value.shape[0]:
                 return int(value.shape[0])
             found = _first_length(value, False, depth + 1)
             if found:
@@ -823,7 +823,9 @@ class Metered(Stoppable, Iterator[T]):
             # collating): a Batch's first tensor read inline, the rest by the walk.
             nbytes = self._counted[1]
             first = next(iter(batch.values()), None) if type(batch) is Batch else None  # type: ignore[attr-defined]
-            samples = first.shape[0] if type(first) is torch.Tensor and first.ndim else _first_length(batch, True, 0)
+            samples = first.shape[0] if type(first) is torch.Tensor and first.ndim else 0
+            if not samples:  # not a tensor first, or one of no rows (a Concat of nothing): the walk passes over it
+                samples = _first_length(batch, True, 0)
         else:
             samples, nbytes = self._counted = self._count(batch)
             if carried is not None and self._by_layout:

@@ -30,6 +30,7 @@ Design choices, in short:
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar
 
@@ -110,10 +111,15 @@ class Prefetcher(LoaderWrapper, Generic[T]):
             raise CollateError(f"Prefetcher(pin_memory=...) must be True, False or 'auto', got {pin_memory!r}")
         if not isinstance(stats, bool):
             raise CollateError(f"Prefetcher(stats=...) must be True or False, got {stats!r}")
-        if pinned_limit is not None and (
-            not isinstance(pinned_limit, int) or isinstance(pinned_limit, bool) or pinned_limit < 0
-        ):
-            raise CollateError(f"Prefetcher(pinned_limit=...) must be a number of bytes or None, got {pinned_limit!r}")
+        if pinned_limit is not None:
+            try:  # an int of any kind (numpy's too); a float is refused, as a byte count is whole
+                pinned_limit = operator.index(pinned_limit)
+            except TypeError:
+                pinned_limit = -1
+            if isinstance(pinned_limit, bool) or pinned_limit < 0:
+                raise CollateError(
+                    f"Prefetcher(pinned_limit=...) must be a whole number of bytes (an int >= 0) or None, got {pinned_limit!r}"
+                )
         if transform is not None and not callable(transform):
             raise CollateError(f"Prefetcher(transform=...) must be callable, got {type(transform).__name__}")
         if not stats and (progress or summary):

@@ -239,14 +239,15 @@ def _stop_running() -> None:
     A daemon thread still inside torch when the interpreter finalizes is stopped where
     it stands, which aborts the process ("terminate called without an active
     exception"): a loop left early (``break``, or ``next(iter(prefetcher))`` in a
-    script) just before exit would end the run with a crash. Each gets two seconds to
-    let go.
+    script) just before exit would end the run with a crash. They get two seconds,
+    together, to let go.
     """
     running = list(_RUNNING.items())
     for _, state in running:
         state.stop.set()
+    deadline = perf_counter() + 2  # two seconds for them all, not each
     for thread, _ in running:
-        thread.join(timeout=2)
+        thread.join(timeout=max(0.0, deadline - perf_counter()))
 
 
 def moved(owner: Owner, batch: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections.abc as abc
 import copy
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,8 +64,10 @@ class Normalize:
             raise CollateError(f"Normalize: mean and std need one value per channel, got {len(mean)} and {len(std)}")
         if any(s <= 0 for s in std):
             raise CollateError(f"Normalize: std must be positive, got {list(std)}")
+        if isinstance(keys, numbers.Integral):
+            keys = int(keys)  # numpy's ints too
         if not isinstance(keys, (str, int)) and (
-            not isinstance(keys, abc.Sequence) or not all(isinstance(k, (str, int)) for k in keys)
+            not isinstance(keys, abc.Sequence) or not all(isinstance(k, (str, numbers.Integral)) for k in keys)
         ):
             raise CollateError(f"Normalize: keys must be a key path or a sequence of them, got {keys!r}")
         if not dtype.is_floating_point:

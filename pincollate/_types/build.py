@@ -7,6 +7,7 @@ dataclass always. Used by the layout's specs and by :mod:`pincollate._types.kind
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -23,6 +24,25 @@ def container_cls(cls: type, plain: type) -> type | None:
     return cls
 
 
+#: How each container class was built, by its keys (a mapping's) or length (a sequence's): the
+#: first build checks that the class holds exactly what it was given; later ones of the same
+#: keys take the way that worked, without the check (a per-batch cost). Bounded.
+_WAYS: dict[tuple[type, Any], str] = {}
+_WAYS_KEPT = 1024
+
+
+#: Mapping classes whose constructor is a dict's own (read once per class), and those constructors.
+_PLAIN_INIT: dict[type, bool] = {}
+_DICT_INITS = frozenset((dict.__init__, collections.OrderedDict.__init__, collections.UserDict.__init__))
+
+
+def _way(cls: type, fields: Any, found: str) -> str:
+    if len(_WAYS) >= _WAYS_KEPT:
+        _WAYS.clear()
+    _WAYS[(cls, fields)] = found
+    return found
+
+
 def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
     """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
 
@@ -33,9 +53,28 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
     """
     if cls is None:
         return pairs
+    plain_init = _PLAIN_INIT.get(cls)
+    if plain_init is None:
+        plain_init = _PLAIN_INIT[cls] = getattr(cls, "__init__", None) in _DICT_INITS
+    if plain_init:  # a dict's (or OrderedDict's, UserDict's) own constructor holds what it is given
+        return cls(pairs)
+    fields = tuple(pairs)
+    way = _WAYS.get((cls, fields))
+    try:
+        if way == "init":
+            return cls(pairs)
+        if way == "update":
+            out = cls()
+            out.update(pairs)
+            return out
+    except Exception:  # these values refused where others were taken: judged anew
+        way = None
+    if way == "plain":
+        return pairs
     try:
         out = cls(pairs)
         if _holds_pairs(out, pairs):
+            _way(cls, fields, "init")
             return out
     except Exception:  # the class's own constructor refused: try it empty, then a dict
         pass
@@ -43,9 +82,11 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
         out = cls()
         out.update(pairs)
         if _holds_pairs(out, pairs):
+            _way(cls, fields, "update")
             return out
     except Exception:  # no empty constructor; a read-only Mapping has no update
         pass
+    _way(cls, fields, "plain")
     return pairs
 
 
@@ -57,12 +98,19 @@ def make_sequence(cls: type | None, items: list[Any]) -> Any:
     """
     if cls is None:
         return items
+    way = _WAYS.get((cls, len(items)))
+    if way == "plain":
+        return items
     try:
         out = cls(items)
-        if len(out) == len(items) and all(map(_same, out, items)):
+        if way == "init" or (len(out) == len(items) and all(map(_same, out, items))):
+            if way is None:
+                _way(cls, len(items), "init")
             return out
     except Exception:  # the class's own constructor refused: a list
         pass
+    if way is None:
+        _way(cls, len(items), "plain")
     return items
 
 

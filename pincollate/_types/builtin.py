@@ -323,7 +323,7 @@ def number_dtype(values: Sequence[Any]) -> torch.dtype:
     if isinstance(first, float) and not isinstance(first, np.generic):
         # numpy's float64 is a float too, but default_collate takes a column that starts with
         # a numpy scalar as numpy's: torch.as_tensor of them all (complex beside it stays complex).
-        return torch.complex128 if any(isinstance(v, complex) for v in present) else torch.float64
+        return torch.complex128 if any(isinstance(v, (complex, np.complexfloating)) for v in present) else torch.float64
     if isinstance(first, complex):
         return torch.complex128
     if isinstance(first, int):

@@ -16,6 +16,7 @@ scalars, Python numbers, str, bytes, None) register in :mod:`pincollate._types.b
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -28,7 +29,15 @@ from .wrap import Wrap
 #: them where one copy writes several tensors (a padded field and its mask).
 Filler = Callable[[Any, Any], None]
 
-__all__ = ["LeafHandler", "generation", "lookup", "note_registration", "on_first_sight", "register_leaf", "type_name"]
+__all__ = [
+    "REGISTRATIONS",
+    "LeafHandler",
+    "lookup",
+    "note_registration",
+    "on_first_sight",
+    "register_leaf",
+    "type_name",
+]
 
 Path = tuple[Hashable, ...]
 
@@ -125,19 +134,16 @@ _exact: dict[type, LeafHandler] = {}
 #: How many times the user has registered a leaf or a container type: a collate's cached plans
 #: (made under the earlier registrations) are dropped when it changes. PIL's and torchvision's
 #: handlers, registered on first sight, change no answer a plan holds and count not.
-_generation = [0]
-_on_first_sight = [False]
-
-
-def generation() -> int:
-    """The registrations' count, read by each collate call (see ``_generation``)."""
-    return _generation[0]
+REGISTRATIONS = [0]
+#: Set on the thread that registers PIL's or torchvision's types on first sight (another
+#: thread's registration meanwhile is the user's, and counts).
+_on_first_sight = threading.local()
 
 
 def note_registration() -> None:
     """A user's registration happened: every collate plans anew."""
-    if not _on_first_sight[0]:
-        _generation[0] += 1
+    if not getattr(_on_first_sight, "active", False):
+        REGISTRATIONS[0] += 1
 
 
 def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None:
@@ -204,13 +210,13 @@ def _load_optional(cls: type) -> None:
     if root in _loaded or root not in _OPTIONAL:
         return
     _loaded.add(root)
-    _on_first_sight[0] = True
+    _on_first_sight.active = True
     try:
         _OPTIONAL[root]()
     except Exception as exc:  # a broken install disables its own types only
         warnings.warn(f"pincollate: {root} support is disabled, its import failed: {exc}", RuntimeWarning, stacklevel=4)
     finally:
-        _on_first_sight[0] = False
+        _on_first_sight.active = False
 
 
 def on_first_sight(root: str, register: Callable[[], None]) -> None:
