@@ -519,3 +519,24 @@ def test_nested_arrow_lists_are_refused_with_what_to_pass_instead():
     table = pa.table({"x": pa.array([[[1, 2], [3]], [[4]]])})
     with pytest.raises(CollateError, match=r"at \['x'\].*for nested lists, pass each row's items as a list of arrays"):
         ColumnCollate(pin_memory=False, fields={"x": Pad()})(table)
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_a_dense_column_under_a_policy_is_planned_from_its_rows_joined(as_tensor, monkeypatch):
+    # Not an array per row: one flat tensor of them and their lengths, as Arrow's list columns.
+    from pincollate._integrations import columns as columns_module
+    from pincollate._plan.padding import Joined
+
+    given = []
+    planned = columns_module.ColumnCollate._plan_rows
+    monkeypatch.setattr(
+        columns_module.ColumnCollate,
+        "_plan_rows",
+        lambda self, values, path: given.append(values) or planned(self, values, path),
+    )
+    ids = np.arange(12).reshape(3, 4)
+    batch = ColumnCollate(pin_memory=False, fields={"ids": Pad(max_length=6)})(
+        {"ids": torch.as_tensor(ids) if as_tensor else _read_only(ids)}
+    )
+    assert [type(v) for v in given] == [Joined]
+    assert batch["ids"].tolist() == [row + [0, 0] for row in ids.tolist()] and batch["ids_lengths"].tolist() == [4] * 3
