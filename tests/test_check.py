@@ -213,3 +213,15 @@ def test_a_container_class_that_refuses_stand_in_values_keeps_its_batchs_layout(
     for _ in range(3):
         batch = collate(samples)
         assert type(batch["a"]) is _TensorsOnly and batch.layout is not None
+
+
+def test_the_checks_stand_in_build_teaches_the_builds_nothing():
+    # The check builds a class with stand-in values, which a validating class refuses: that trial
+    # must not make later batches' builds fall back to a plain dict.
+    samples = [{"a": _TensorsOnly({"x": torch.randn(3)}), "y": torch.randn(2)} for _ in range(4)]
+    collate = MMCollate(pin_memory=False)
+    batch = collate(samples)
+    batch["a"] = dict(batch["a"])  # another class: the check asks what the class is built as
+    batch.layout  # noqa: B018 (the check, with its stand-in build)
+    for _ in range(3):
+        assert type(collate(samples)["a"]) is _TensorsOnly

@@ -539,4 +539,4 @@ def test_a_dense_column_under_a_policy_is_planned_from_its_rows_joined(as_tensor
         {"ids": torch.as_tensor(ids) if as_tensor else _read_only(ids)}
     )
     assert [type(v) for v in given] == [Joined]
-    assert batch["ids"].tolist() == [row + [0, 0] for row in ids.tolist()] and batch["ids_lengths"].tolist() == [4] * 3
+    assert batch["ids"].tolist() == [[*row, 0, 0] for row in ids.tolist()] and batch["ids_lengths"].tolist() == [4] * 3

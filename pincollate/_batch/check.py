@@ -129,9 +129,11 @@ class _Check:
         return is_sequence(obj) and len(obj) == len(children) and all(map(self.matches, children, obj))
 
     def _rows(self, spec: RowsSpec, obj: Any) -> bool:
-        built = _built_class(spec.cls, spec.keys)
-        classes = {spec.cls or dict, built}
-        if type(obj) is not list or any(type(row) not in classes or tuple(row) != spec.keys for row in obj):
+        own = spec.cls or dict
+        if type(obj) is not list or any(
+            (type(row) is not own and type(row) is not _built_class(spec.cls, spec.keys)) or tuple(row) != spec.keys  # type: ignore[arg-type]
+            for row in obj
+        ):
             return False
         return all(
             self._column(column, [row[key] for row in obj]) for key, column in zip(spec.keys, spec.columns, strict=True)
@@ -287,5 +289,5 @@ def _built_class(cls: type | None, fields: tuple[Hashable, ...] | int) -> type:
     (a constructor of keyword fields).
     """
     if isinstance(fields, int):
-        return type(make_sequence(cls, [_PROBE] * fields))
-    return type(make_mapping(cls, dict.fromkeys(fields, _PROBE)))
+        return type(make_sequence(cls, [_PROBE] * fields, record=False))
+    return type(make_mapping(cls, dict.fromkeys(fields, _PROBE), record=False))

@@ -36,20 +36,23 @@ _PLAIN_INIT: dict[type, bool] = {}
 _DICT_INITS = frozenset((dict.__init__, collections.OrderedDict.__init__, collections.UserDict.__init__))
 
 
-def _way(cls: type, fields: Any, found: str) -> str:
-    if len(_WAYS) >= _WAYS_KEPT:
-        _WAYS.clear()
-    _WAYS[(cls, fields)] = found
+def _way(cls: type, fields: Any, found: str, record: bool) -> str:
+    if record:
+        if len(_WAYS) >= _WAYS_KEPT:
+            _WAYS.clear()
+        _WAYS[(cls, fields)] = found
     return found
 
 
-def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
+def make_mapping(cls: type | None, pairs: dict[Hashable, Any], record: bool = True) -> Any:
     """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
 
     As ``default_collate``: the type is kept where it can be built from a dict or
     built empty and updated; otherwise the result is a ``dict``. A build counts only
     where the result holds exactly ``pairs``: a class whose constructor takes the dict
     as some other argument (``__init__(self, tag, **fields)``) would hold none of them.
+    ``record=False``: a trial with stand-in values, which teaches nothing of how the
+    class takes a batch's.
     """
     if cls is None:
         return pairs
@@ -74,7 +77,7 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
     try:
         out = cls(pairs)
         if _holds_pairs(out, pairs):
-            _way(cls, fields, "init")
+            _way(cls, fields, "init", record)
             return out
     except Exception:  # the class's own constructor refused: try it empty, then a dict
         pass
@@ -82,15 +85,15 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
         out = cls()
         out.update(pairs)
         if _holds_pairs(out, pairs):
-            _way(cls, fields, "update")
+            _way(cls, fields, "update", record)
             return out
     except Exception:  # no empty constructor; a read-only Mapping has no update
         pass
-    _way(cls, fields, "plain")
+    _way(cls, fields, "plain", record)
     return pairs
 
 
-def make_sequence(cls: type | None, items: list[Any]) -> Any:
+def make_sequence(cls: type | None, items: list[Any], record: bool = True) -> Any:
     """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``).
 
     The type is kept where ``cls(items)`` holds exactly ``items`` (a class whose
@@ -105,12 +108,12 @@ def make_sequence(cls: type | None, items: list[Any]) -> Any:
         out = cls(items)
         if way == "init" or (len(out) == len(items) and all(map(_same, out, items))):
             if way is None:
-                _way(cls, len(items), "init")
+                _way(cls, len(items), "init", record)
             return out
     except Exception:  # the class's own constructor refused: a list
         pass
     if way is None:
-        _way(cls, len(items), "plain")
+        _way(cls, len(items), "plain", record)
     return items
 
 
