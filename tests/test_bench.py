@@ -299,3 +299,22 @@ def test_the_plot_keeps_its_labels_inside_and_apart_and_cuts_one_outlier():
         assert len(quiet.axes[0].texts) == 0 and "BUSY" not in quiet._suptitle.get_text()
     finally:
         plt.close(quiet)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--json", "/nonexistent/folder/x.json"],
+            "--json /nonexistent/folder/x.json: not a file in an existing folder",
+        ),
+        (["--plot", "bench.txt"], "--plot bench.txt: give a .png"),
+        (["--calls", "--workers", "-1"], "--workers must be >= 0"),
+    ],
+)
+def test_an_output_path_or_setting_that_cannot_work_is_refused_before_the_run(args, says, capsys):
+    from pincollate.bench import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--quick", "--no-progress", *args])
+    assert info.value.code == 2 and says in capsys.readouterr().err

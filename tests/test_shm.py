@@ -281,3 +281,15 @@ def test_a_batch_from_outside_shm_lands_pinned_where_its_collate_pins(full_shm, 
         assert arena.is_pinned(back.buffer) is mode
         assert_same(back, batch)
     assert len(fake_pinned) == 1  # the one pinned buffer it landed in, no copy after
+
+
+def test_a_dev_shm_without_a_limit_has_room_for_any_batch(monkeypatch):
+    # A tmpfs mounted with size=0 has no limit; statvfs reports no blocks and none free.
+    class Unlimited:
+        f_blocks = f_bavail = 0
+        f_frsize = 4096
+
+    monkeypatch.setattr(_shm.os.path, "isdir", lambda path: True)
+    monkeypatch.setattr(_shm.os, "statvfs", lambda path: Unlimited())
+    assert _shm.shm_free() is None and _shm.shm_total() is None
+    assert _shm.room_for(1 << 40)

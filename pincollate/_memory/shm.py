@@ -82,19 +82,21 @@ def new_shared(nbytes: int) -> torch.UntypedStorage:
 
 
 def shm_free() -> int | None:
-    """Bytes free in /dev/shm, or ``None`` where there is none to ask."""
+    """Bytes free in /dev/shm, or ``None`` where there is none to ask or it has no limit."""
     if not os.path.isdir("/dev/shm"):
         return None
     stat = os.statvfs("/dev/shm")
+    if stat.f_blocks == 0:  # a tmpfs mounted with size=0 has no limit, and reports no blocks at all
+        return None
     return stat.f_bavail * stat.f_frsize
 
 
 def shm_total() -> int | None:
-    """The size of /dev/shm in bytes, or ``None`` where there is none."""
+    """The size of /dev/shm in bytes, or ``None`` where there is none or it has no limit."""
     if not os.path.isdir("/dev/shm"):
         return None
     stat = os.statvfs("/dev/shm")
-    return stat.f_blocks * stat.f_frsize
+    return stat.f_blocks * stat.f_frsize if stat.f_blocks else None
 
 
 def room_for(nbytes: int) -> bool:

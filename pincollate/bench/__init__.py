@@ -207,6 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only time Ray Data's own batch conversion against ColumnCollate (trainer and data side), and exit",
     )
     args = parser.parse_args(argv)
+    # Checked before a run that may take minutes: a path that cannot be written would fail after it.
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+            parser.error(f"{flag} {path}: not a file in an existing folder")
+    if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".pdf", ".svg", ".jpg", ".jpeg"):
+        parser.error(f"--plot {args.plot}: give a .png (or .pdf, .svg, .jpg) path")
+    if args.workers < 0:
+        parser.error("--workers must be >= 0")
     if args.calls:
         from ._calls import format_calls, run_calls
 
@@ -236,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         return _only(args, "stages", lambda: main_stages(args.stages, args.quick), format_stages)
     if args.breakdown:
         return _only(args, "breakdown", lambda: worker_breakdown("video", args.quick), format_breakdown)
-    if args.workers < 0:
-        parser.error("--workers must be >= 0")
     if args.gpu and not torch.cuda.is_available():
         parser.error("--gpu needs a CUDA device")
     scenarios = args.scenario or list(SCENARIOS)
