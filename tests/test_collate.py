@@ -123,6 +123,7 @@ class _Validating(list):
         lambda i: _Varargs(torch.full((2,), float(i)), i),
         lambda i: {"x": _Varargs(torch.tensor([i]), i)},
         lambda i: _Validating([torch.full((2,), float(i)), i]),
+        lambda i: _Varargs({"x": torch.full((2,), float(i))}),  # one item, a container: cls(items) nests it
     ],
     ids=[
         "dict-tag-ctor",
@@ -131,6 +132,7 @@ class _Validating(list):
         "list-varargs",
         "nested-list-varargs",
         "list-raising",
+        "list-varargs-one-container",
     ],
 )
 @pytest.mark.parametrize("compile", [True, False])
@@ -152,6 +154,31 @@ def test_a_container_class_that_cannot_be_built_from_its_fields_keeps_every_fiel
         out = collate(samples)
         assert plain(out) == plain(expected)
         assert type(out) in (type(expected), dict, list, Batch, BatchList)
+
+
+class _TensorsOnlyDict(dict):
+    """A dict whose constructor refuses values other than tensors (and cannot be built empty)."""
+
+    def __init__(self, data):
+        if not all(isinstance(v, torch.Tensor) for v in data.values()):
+            raise TypeError("values must be tensors")
+        super().__init__(data)
+
+
+def _refused_by_its_constructor():
+    """A _TensorsOnlyDict holding a string: made without its constructor, which would refuse it."""
+    made = _TensorsOnlyDict.__new__(_TensorsOnlyDict)
+    dict.update(made, x="s")
+    return made
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_whether_a_class_is_built_depends_on_each_batchs_values_not_on_an_earlier_batchs(compile):
+    tensors = [{"m": _TensorsOnlyDict({"x": torch.full((2,), float(i))})} for i in range(2)]
+    strings = [{"m": _refused_by_its_constructor()} for _ in range(2)]
+    collate = MMCollate(pin_memory=False, compile=compile)
+    got = [type(collate(batch)["m"]).__name__ for batch in (tensors, tensors, strings, tensors, tensors)]
+    assert got == ["_TensorsOnlyDict", "_TensorsOnlyDict", "dict", "_TensorsOnlyDict", "_TensorsOnlyDict"]
 
 
 def test_slots_are_aligned_for_every_dtype():

@@ -289,5 +289,5 @@ def _built_class(cls: type | None, fields: tuple[Hashable, ...] | int) -> type:
     (a constructor of keyword fields).
     """
     if isinstance(fields, int):
-        return type(make_sequence(cls, [_PROBE] * fields, record=False))
-    return type(make_mapping(cls, dict.fromkeys(fields, _PROBE), record=False))
+        return type(make_sequence(cls, [_PROBE] * fields))
+    return type(make_mapping(cls, dict.fromkeys(fields, _PROBE)))

@@ -8,6 +8,7 @@ dataclass always. Used by the layout's specs and by :mod:`pincollate._types.kind
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -24,60 +25,32 @@ def container_cls(cls: type, plain: type) -> type | None:
     return cls
 
 
-#: How each container class was built, by its keys (a mapping's) or length (a sequence's): the
-#: first build checks that the class holds exactly what it was given; later ones of the same
-#: keys take the way that worked, without the check (a per-batch cost). Bounded.
-_WAYS: dict[tuple[type, Any], str] = {}
-_WAYS_KEPT = 1024
-
-
-#: Mapping classes whose constructor is a dict's own (read once per class), and those constructors.
+#: Mapping classes whose constructor is a dict's own (read once per class), and those constructors:
+#: such a class holds exactly what it is given, so it is built without checking what it holds.
 _PLAIN_INIT: dict[type, bool] = {}
 _DICT_INITS = frozenset((dict.__init__, collections.OrderedDict.__init__, collections.UserDict.__init__))
 
 
-def _way(cls: type, fields: Any, found: str, record: bool) -> str:
-    if record:
-        if len(_WAYS) >= _WAYS_KEPT:
-            _WAYS.clear()
-        _WAYS[(cls, fields)] = found
-    return found
-
-
-def make_mapping(cls: type | None, pairs: dict[Hashable, Any], record: bool = True) -> Any:
+def make_mapping(cls: type | None, pairs: dict[Hashable, Any]) -> Any:
     """A mapping of type ``cls`` (``None``: ``dict``) holding ``pairs``.
 
     As ``default_collate``: the type is kept where it can be built from a dict or
     built empty and updated; otherwise the result is a ``dict``. A build counts only
     where the result holds exactly ``pairs``: a class whose constructor takes the dict
     as some other argument (``__init__(self, tag, **fields)``) would hold none of them.
-    ``record=False``: a trial with stand-in values, which teaches nothing of how the
-    class takes a batch's.
+    Whether it does can depend on the values (a constructor that validates them), so a
+    class with a constructor of its own is checked at every build.
     """
     if cls is None:
         return pairs
     plain_init = _PLAIN_INIT.get(cls)
     if plain_init is None:
         plain_init = _PLAIN_INIT[cls] = getattr(cls, "__init__", None) in _DICT_INITS
-    if plain_init:  # a dict's (or OrderedDict's, UserDict's) own constructor holds what it is given
+    if plain_init:
         return cls(pairs)
-    fields = tuple(pairs)
-    way = _WAYS.get((cls, fields))
-    try:
-        if way == "init":
-            return cls(pairs)
-        if way == "update":
-            out = cls()
-            out.update(pairs)
-            return out
-    except Exception:  # these values refused where others were taken: judged anew
-        way = None
-    if way == "plain":
-        return pairs
     try:
         out = cls(pairs)
         if _holds_pairs(out, pairs):
-            _way(cls, fields, "init", record)
             return out
     except Exception:  # the class's own constructor refused: try it empty, then a dict
         pass
@@ -85,35 +58,26 @@ def make_mapping(cls: type | None, pairs: dict[Hashable, Any], record: bool = Tr
         out = cls()
         out.update(pairs)
         if _holds_pairs(out, pairs):
-            _way(cls, fields, "update", record)
             return out
     except Exception:  # no empty constructor; a read-only Mapping has no update
         pass
-    _way(cls, fields, "plain", record)
     return pairs
 
 
-def make_sequence(cls: type | None, items: list[Any], record: bool = True) -> Any:
+def make_sequence(cls: type | None, items: list[Any]) -> Any:
     """A sequence of type ``cls`` (``None``: ``list``; tuples become lists, as ``default_collate``).
 
-    The type is kept where ``cls(items)`` holds exactly ``items`` (a class whose
-    constructor takes ``*items``, or other arguments, comes back as a ``list``).
+    The type is kept where ``cls(items)`` holds exactly ``items``, each the item given (a
+    class whose constructor takes ``*items``, or other arguments, comes back as a ``list``).
     """
     if cls is None:
         return items
-    way = _WAYS.get((cls, len(items)))
-    if way == "plain":
-        return items
     try:
         out = cls(items)
-        if way == "init" or (len(out) == len(items) and all(map(_same, out, items))):
-            if way is None:
-                _way(cls, len(items), "init", record)
+        if len(out) == len(items) and all(map(operator.is_, out, items)):
             return out
     except Exception:  # the class's own constructor refused: a list
         pass
-    if way is None:
-        _way(cls, len(items), "plain", record)
     return items
 
 
@@ -122,12 +86,19 @@ def _holds_pairs(out: Any, pairs: dict[Hashable, Any]) -> bool:
 
 
 def _same(got: Any, given: Any) -> bool:
-    """Whether a built container holds ``given`` where it holds ``got``.
+    """Whether a built mapping holds ``given`` where it holds ``got``.
 
-    The value itself, or a container the class converted to its own kind (an
-    attribute-access dict makes the dicts inside it of its class).
+    The value itself, or a container the class converted to its own kind with the same
+    keys (an attribute-access dict makes the dicts inside it of its class); never a
+    container of other keys (a constructor that put the whole dict under one field).
     """
-    return got is given or isinstance(given, (Mapping, list, tuple))
+    if got is given:
+        return True
+    if isinstance(given, Mapping):
+        return isinstance(got, Mapping) and list(got.keys()) == list(given.keys())
+    if isinstance(given, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(given)
+    return False
 
 
 def new_dataclass(cls: type, fields: dict[str, Any]) -> Any:
