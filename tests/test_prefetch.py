@@ -98,14 +98,19 @@ def _stops_early(batch):
     return batch
 
 
-@pytest.mark.parametrize("stats", [True, False])
-def test_a_transform_that_raises_stop_iteration_is_an_error_not_the_epochs_end(stats):
+def _batches_before_stop_iteration(**options) -> list[list[int]]:
+    """The labels a loop over a Prefetcher whose transform raises StopIteration saw before its error."""
     loader = DataLoader([{"label": i} for i in range(8)], batch_size=2)
     seen = []
     with pytest.raises(RuntimeError, match="the Prefetcher's transform raised StopIteration"):
-        for batch in Prefetcher(loader, device="cpu", transform=_stops_early, stats=stats):
+        for batch in Prefetcher(loader, device="cpu", transform=_stops_early, **options):
             seen.append(batch["label"].tolist())
-    assert seen == [[0, 1], [2, 3]]
+    return seen
+
+
+@pytest.mark.parametrize("stats", [True, False])
+def test_a_transform_that_raises_stop_iteration_is_an_error_not_the_epochs_end(stats):
+    assert _batches_before_stop_iteration(stats=stats) == [[0, 1], [2, 3]]
 
 
 @pytest.mark.slow
@@ -129,12 +134,7 @@ def test_exiting_while_the_staging_thread_is_inside_torch_exits_cleanly(stats, h
 
 
 def test_a_transform_that_raises_stop_iteration_on_the_staging_thread_is_an_error(fake_pinned):
-    loader = DataLoader([{"label": i} for i in range(8)], batch_size=2)
-    seen = []
-    with pytest.raises(RuntimeError, match="the Prefetcher's transform raised StopIteration"):
-        for batch in Prefetcher(loader, device="cpu", pin_memory=True, transform=_stops_early):
-            seen.append(batch["label"].tolist())
-    assert seen == [[0, 1], [2, 3]]
+    assert _batches_before_stop_iteration(pin_memory=True) == [[0, 1], [2, 3]]
 
 
 def test_pin_thread_pins_each_batch_once(fake_pinned):

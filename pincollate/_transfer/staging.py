@@ -251,7 +251,8 @@ def _stop_running() -> None:
 
 
 def moved(owner: Owner, batch: Any) -> Any:
-    """A batch pinned on the staging thread, moved (off the CPU) and transformed on the consumer's."""
+    """A batch moved (off the CPU) and transformed on the consumer's thread: where nothing stages
+    it, or after the staging thread pinned it."""
     if owner.device.type != "cpu":
         batch = to_device(batch, owner.device)
     if owner.transform is not None:
@@ -267,13 +268,7 @@ class Passthrough(Stoppable, Iterator[Any]):
         self._owner: Owner = owner
 
     def __next__(self) -> Any:
-        batch = next(self._source)
-        owner = self._owner
-        if owner.device.type != "cpu":
-            batch = to_device(batch, owner.device)
-        if owner.transform is not None:
-            batch = transformed(owner.transform, batch)
-        return batch
+        return moved(self._owner, next(self._source))
 
     def close(self, wait: bool = True) -> None:
         close_source(self._source, wait)
@@ -303,12 +298,8 @@ class MeteredPassthrough(Passthrough):
                 clock.finish(sums, asked)
             raise
         read = perf_counter()
-        batch = host
         owner = self._owner
-        if owner.device.type != "cpu":
-            batch = to_device(batch, owner.device)
-        if owner.transform is not None:
-            batch = transformed(owner.transform, batch)
+        batch = moved(owner, host)
         got = perf_counter()
         counted = count(host)
         h2d = counted[1] if owner.device.type != "cpu" else 0
