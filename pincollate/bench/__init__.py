@@ -46,6 +46,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
     rounds_main, rounds_workers = (11, 3) if quick else (21, 5)
     scenarios = [name for name in SCENARIOS if name in scenarios]
     results: list[dict[str, Any]] = []
+    rounds_of: list[tuple[str, list[float]]] = []  # each method's rounds, for busy_reasons
     plan = []
     for scenario in scenarios:
         fns = {k: v for k, v in methods(scenario).items() if v is not None}
@@ -78,8 +79,12 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 # Each round timed every method back to back: its ratio, lowest and highest.
                 "main_spread": [min(main_ratios), max(main_ratios)],
             }
+            if name != baseline:
+                rounds_of.append((f"{scenario} {name} (main process)", main_ratios))
             if workers:
                 worker_ratios = [r / b for r, b in zip(worker_rates[name], worker_rates[baseline], strict=True)]
+                if name != baseline:
+                    rounds_of.append((f"{scenario} {name} (workers)", worker_ratios))
                 row["workers_batches_per_s"] = statistics.median(worker_rates[name])
                 row["workers_speedup"] = row["workers_batches_per_s"] / statistics.median(worker_rates[baseline])
                 row["workers_spread"] = [min(worker_ratios), max(worker_ratios)]
@@ -87,13 +92,6 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
                 row["padding_bytes_per_batch"] = padding
             results.append(row)
     bar.close()
-    spreads = [
-        (f"{row['scenario']} {row['method']} ({mode})", *row[f"{key}_spread"])
-        for row in results
-        if row["method"] != row["baseline"]
-        for key, mode in (("main", "main process"), ("workers", "workers"))
-        if f"{key}_spread" in row
-    ]
     return {
         "machine": machine(),
         "workers": workers,
@@ -101,7 +99,7 @@ def run(scenarios: list[str], quick: bool, workers: int, progress: bool = True) 
         "results": results,
         "first_batch": first_batch_cost(quick),
         "load_before": load,
-        "busy": busy_reasons(load, os.cpu_count(), spreads),
+        "busy": busy_reasons(load, os.cpu_count(), rounds_of),
     }
 
 
@@ -215,6 +213,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--plot {args.plot}: give a .png (or .pdf, .svg, .jpg) path")
     if args.workers < 0:
         parser.error("--workers must be >= 0")
+    # Each of these runs alone and exits: given together, all but one would be skipped without a word.
+    modes = [
+        flag
+        for flag, given in (
+            ("--calls", args.calls),
+            ("--ray", args.ray),
+            ("--small-shm", args.small_shm is not None),
+            ("--stats-cost", args.stats_cost),
+            ("--recipes", args.recipes),
+            ("--stages", args.stages is not None),
+            ("--breakdown", args.breakdown),
+        )
+        if given
+    ]
+    if len(modes) > 1:
+        parser.error(f"{' and '.join(modes)} each run alone: give one of them per run")
+    if args.gpu and args.no_gpu:
+        parser.error("--gpu and --no-gpu contradict each other")
+    if args.small_shm is not None:
+        from ._shm import small_shm_problem
+
+        problem = small_shm_problem(args.small_shm, args.workers)
+        if problem:
+            parser.error(f"--small-shm {args.small_shm}: {problem}")
     if args.calls:
         from ._calls import format_calls, run_calls
 
@@ -223,11 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         from ._ray import format_ray, run_ray
 
         return _only(args, "ray", lambda: run_ray(args.quick, not args.no_progress), format_ray)
-    if args.small_shm:
+    if args.small_shm is not None:
         from ._shm import format_small_shm, run_small_shm
 
         def small_shm() -> dict[str, Any]:
-            return run_small_shm(args.small_shm, args.workers or 2, 3 if args.quick else 5, not args.no_progress)
+            return run_small_shm(args.small_shm, args.workers, 3 if args.quick else 5, not args.no_progress)
 
         return _only(args, "small_shm", small_shm, format_small_shm, machine_line=False)
     if args.stats_cost:

@@ -147,6 +147,7 @@ def run_ray(
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     results: dict[str, Any] = {}
+    rounds_of: list[tuple[str, list[float]]] = []  # each method's rounds, for busy_reasons
     try:
         bar = tqdm(total=len(scenarios) * 3 * rounds, desc="pincollate.bench --ray", disable=not progress, leave=False)
         for scenario in scenarios:
@@ -167,6 +168,11 @@ def run_ray(
                     rates[name].append(count / (time.perf_counter() - start))
                     bar.update(1)
             base = rates["Ray's own conversion"]
+            rounds_of.extend(
+                (f"{scenario} {name}", [v / b for v, b in zip(values, base, strict=True)])
+                for name, values in rates.items()
+                if name != "Ray's own conversion"
+            )
             results[scenario] = {
                 name: {
                     "batches_per_s": statistics.median(values),
@@ -182,13 +188,7 @@ def run_ray(
     finally:
         if started:
             ray.shutdown()
-    spreads = [
-        (f"{scenario} {name}", *row["spread"])
-        for scenario, rows in results.items()
-        for name, row in rows.items()
-        if name != "Ray's own conversion"
-    ]
-    busy = busy_reasons(load, os.cpu_count(), spreads)
+    busy = busy_reasons(load, os.cpu_count(), rounds_of)
     return {"rounds": rounds, "batches": batches, "results": results, "load_before": load, "busy": busy}
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from torch.utils.data import DataLoader, default_collate
 from .._collate.collate import MMCollate
 from ..datasets import SCENARIOS, InMemory, _Repeat
 
-__all__ = ["format_small_shm", "run_small_shm"]
+__all__ = ["format_small_shm", "run_small_shm", "small_shm_problem"]
 
 _BATCHES = 48
 _METHODS: dict[str, Callable[[list[Any]], Any]] = {
@@ -91,6 +93,29 @@ def _child(size: str, workers: int, batches: int, name: str, batch_size: int) ->
 
 #: Samples per batch: 8 video samples are 23 MiB, 16 are 46 MiB.
 _SIZES = (8, 16)
+
+
+def small_shm_problem(size: str, workers: int) -> str | None:
+    """Why a ``--small-shm`` run cannot work here, or ``None``: asked before the run, not after its first minutes.
+
+    ``size`` becomes a tmpfs mount option: a number of bytes with an optional ``k``, ``m`` or
+    ``g``, or a share of memory (``10%``), as ``mount -t tmpfs -o size=`` reads it.
+
+    Examples:
+        >>> small_shm_problem("64m; rm -rf /", 2)
+        'the size must be a number with k, m or g (64m) or a share of memory (10%), as tmpfs takes it'
+        >>> small_shm_problem("64m", 0)
+        'it times DataLoader workers: give --workers 1 or more'
+    """
+    if not re.fullmatch(r"[1-9][0-9]*[kKmMgG]?|[1-9][0-9]?%|100%", size):
+        return "the size must be a number with k, m or g (64m) or a share of memory (10%), as tmpfs takes it"
+    if workers < 1:
+        return "it times DataLoader workers: give --workers 1 or more"
+    if shutil.which("unshare") is None:
+        return "it needs the unshare command (util-linux) to mount a private /dev/shm"
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "it needs root, to mount a private /dev/shm (unshare -m)"
+    return None
 
 
 def run_small_shm(size: str = "64m", workers: int = 2, rounds: int = 3, progress: bool = True) -> dict[str, Any]:
