@@ -34,6 +34,7 @@ from ._transfer.transforms import Normalize
 from ._types import builtin as _builtin_leaves  # noqa: F401
 from ._types.kinds import register_container
 from ._types.leaves import LeafHandler, register_leaf
+from ._types.wrap import Wrap
 
 __all__ = [
     "AsList",
@@ -56,6 +57,7 @@ __all__ = [
     "RaggedFieldWarning",
     "SharedMemoryWarning",
     "Stack",
+    "Wrap",
     "mm_collate",
     "pinned_footprint",
     "register_container",

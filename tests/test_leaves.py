@@ -283,8 +283,8 @@ def _rated(values, rate):
 
 
 def _register_rated():
+    from pincollate import Wrap
     from pincollate._types.builtin import TENSOR_DTYPE
-    from pincollate._types.wrap import Wrap
 
     base = lookup(torch.Tensor)
     register(

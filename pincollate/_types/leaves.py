@@ -57,10 +57,10 @@ class LeafHandler:
             leaves that are not tensors (strings), which are returned as a list.
         fill: ``fill(region, values)`` copies values into ``region``, whose first
             dimension indexes the values.
-        wrap: ``wrap(value)`` gives what turns a plain view of the buffer into the
-            value's type again (a tensor subclass and its metadata; the built-in
-            handlers use it for torchvision's ``tv_tensors``), or ``None`` for a plain
-            tensor.
+        wrap: ``wrap(value)`` gives the [Wrap][pincollate.Wrap] that turns a plain
+            view of the buffer into the value's type again (a tensor subclass and its
+            metadata; the built-in handlers use it for torchvision's ``tv_tensors``), or
+            ``None`` for a plain tensor.
         key: what must agree across a column for a cached plan to stack it, beside
             the type (a tensor's dtype); read at C speed, so a plain function. A later
             batch of a planned structure is checked by ``key`` (and ``meta``, and what

@@ -33,10 +33,45 @@ def rewrap(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class Wrap:
-    """How a plain view becomes a tensor subclass (a torchvision ``tv_tensors`` type).
+    """How a plain view of the buffer becomes a tensor subclass again: what a leaf handler's ``wrap`` returns.
 
-    ``meta`` holds keyword metadata as sorted pairs (a box format and canvas size);
-    with metadata the class's ``_wrap`` builds the output, else ``as_subclass``.
+    A batch's tensors are views of one buffer, so a subclass (torchvision's ``tv_tensors``,
+    a user's own) is made again over its view, with the metadata every value of the column
+    shares. Values whose ``Wrap`` differs (another class, another sample rate) are not
+    stacked: they come back one per sample.
+
+    Args:
+        cls: the tensor subclass made.
+        meta: keyword metadata as ``(name, value)`` pairs, hashable (a box format and
+            canvas size). With metadata, ``cls._wrap(view, **meta)`` builds the output
+            (torchvision's classes have it; a class of your own defines it); without,
+            ``view.as_subclass(cls)``.
+
+    Examples:
+        A waveform class that carries its sample rate, registered with the rate as its
+        metadata:
+
+        >>> import torch
+        >>> import pincollate
+        >>> class Wave(torch.Tensor):
+        ...     @classmethod
+        ...     def _wrap(cls, view, rate):
+        ...         out = view.as_subclass(cls)
+        ...         out.rate = rate
+        ...         return out
+        >>> def wave(values, rate):
+        ...     return Wave._wrap(torch.tensor(values), rate)
+        >>> def describe(value, sample, path):
+        ...     return value.dtype, tuple(value.shape)
+        >>> def fill(region, values):
+        ...     torch.stack(values, out=region)
+        >>> handler = pincollate.LeafHandler(
+        ...     "Wave", "tensor", describe, fill, wrap=lambda v: pincollate.Wrap(Wave, (("rate", v.rate),))
+        ... )
+        >>> pincollate.register_leaf(Wave, handler)
+        >>> out = pincollate.mm_collate([{"a": wave([1.0, 2.0], 16000)}, {"a": wave([3.0, 4.0], 16000)}])["a"]
+        >>> type(out).__name__, out.rate, out.shape
+        ('Wave', 16000, torch.Size([2, 2]))
     """
 
     __slots__ = ("cls", "meta", "names")
