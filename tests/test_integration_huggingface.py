@@ -156,6 +156,28 @@ def test_a_tokenizers_own_output_collates_as_data_collator_with_padding_and_a_mo
             assert torch.isfinite(model(**batch).loss)
 
 
+def test_an_integer_mask_from_pad_equals_data_collator_with_paddings_and_xlnet_takes_it():
+    # docs/integrations.md: XLNet subtracts from its mask; Pad(mask_dtype=torch.int64) gives it the tokenizer's 1/0 mask.
+    transformers = pytest.importorskip("transformers")
+    tokenizer, ds = _tokenized()
+    ds = ds.remove_columns(["attention_mask", "token_type_ids"])  # ids alone: the collate makes the mask
+    pad = Pad(value=tokenizer.pad_token_id, mask_key="attention_mask", lengths_key=None, mask_dtype=torch.int64)  # type: ignore[attr-defined]
+    collate = MMCollate(fields={"input_ids": pad}, rename={"label": "labels"})
+    reference = transformers.DataCollatorWithPadding(tokenizer)
+    config = transformers.XLNetConfig(vocab_size=24, d_model=8, n_layer=1, n_head=2, d_inner=16, num_labels=2)
+    model = transformers.XLNetForSequenceClassification(config).eval()
+    for _ in range(2):  # walked, then planned and compiled
+        for batch, rows in zip(DataLoader(ds, batch_size=4, collate_fn=collate), ([0, 1, 2, 3], [4, 5]), strict=True):
+            want = reference([ds[i] for i in rows])
+            assert sorted(batch) == sorted(want) == ["attention_mask", "input_ids", "labels"]
+            for key in want:
+                assert batch[key].dtype == want[key].dtype and torch.equal(batch[key], want[key]), key
+            with torch.no_grad():
+                assert torch.equal(model(**batch).logits, model(**want).logits)
+    with pytest.raises((TypeError, NotImplementedError), match="bool tensor"):  # why: XLNet cannot take a bool mask
+        model(**MMCollate(fields={"input_ids": Pad(mask_key="attention_mask")})([ds[0], ds[1]]))
+
+
 def test_arrow_token_columns_keep_their_types_and_a_cast_column_gives_int64():
     # docs/integrations.md: ColumnCollate keeps Arrow's int32 ids and int8 token types; a cast on
     # the dataset gives the int64 an embedding takes.

@@ -624,6 +624,69 @@ def test_pad_gives_what_indexing_by_hand_gives(dtype, left, trailing, dims, comp
         assert torch.equal(out["x_mask"], valid) if mask else "x_mask" not in out
 
 
+MASK_CASES = {
+    # name: (policy keywords, the values' shapes per batch); each batch differs from the one before.
+    "1-d": ({}, [[(3,), (0,), (5,)], [(2,), (6,), (6,)], [(1,), (1,), (1,)]]),
+    "rows": ({}, [[(3, 2), (1, 2), (4, 2)], [(5, 2), (2, 2), (2, 2)]]),
+    "two dims": ({"dims": [0, 1]}, [[(3, 2), (1, 4), (2, 2)], [(1, 1), (2, 3), (3, 1)]]),
+    "max length": ({"max_length": 4, "truncate": True}, [[(6,), (2,), (4,)], [(1,), (9,), (3,)]]),
+    "large rows": ({}, [[(300, 200), (100, 200), (250, 200)], [(50, 200), (300, 200), (10, 200)]]),
+}
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.int32, torch.uint8, torch.float32], ids=str)
+@pytest.mark.parametrize("case", list(MASK_CASES))
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("compile", [False, True], ids=["walk", "compiled"])
+def test_a_mask_of_another_dtype_holds_one_and_zero_where_the_bool_mask_holds_true_and_false(
+    mask_dtype, case, side, compile
+):
+    """``Pad(mask_dtype=...)``: the bool mask's places, as 1 and 0; the values and lengths as with a bool mask."""
+    keywords, batches = MASK_CASES[case]
+    generator = torch.Generator().manual_seed(1)
+    collate = MMCollate(
+        pin_memory=False, compile=compile, fields={"x": Pad(side=side, mask_dtype=mask_dtype, **keywords)}
+    )
+    reference = MMCollate(pin_memory=False, compile=False, fields={"x": Pad(side=side, **keywords)})
+    for shapes in [*batches, *batches]:  # walked, planned, compiled: every batch through each
+        samples = [{"x": torch.randn(*shape, generator=generator)} for shape in shapes]
+        out, expected = collate(samples), reference(samples)
+        assert out["x_mask"].dtype == mask_dtype and out["x_mask"].shape == expected["x_mask"].shape
+        assert torch.equal(out["x_mask"], expected["x_mask"].to(mask_dtype))
+        assert torch.equal(out["x"], expected["x"]) and torch.equal(out["x_lengths"], expected["x_lengths"])
+        assert_one_buffer(out)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["walk", "compiled"])
+def test_an_integer_mask_crosses_from_workers_and_saves_as_it_was_made(compile, tmp_path):
+    samples = [{"ids": torch.arange(1, n + 1)} for n in (3, 1, 4, 1, 5, 9, 2, 6)]
+    collate = MMCollate(compile=compile, fields={"ids": Pad(mask_key="attention_mask", mask_dtype=torch.int64)})
+    loader = DataLoader(samples, batch_size=4, num_workers=2, collate_fn=collate)
+    for i, batch in enumerate(loader):
+        lengths = torch.tensor([n for n in (3, 1, 4, 1, 5, 9, 2, 6)][4 * i : 4 * i + 4])
+        expected = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+        assert batch["attention_mask"].dtype == torch.int64 and torch.equal(batch["attention_mask"], expected)
+        torch.save(batch, tmp_path / "b.pt")
+        assert torch.equal(torch.load(tmp_path / "b.pt", weights_only=False)["attention_mask"], expected)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["walk", "compiled"])
+def test_a_batch_with_no_value_gives_an_all_zero_mask_of_the_asked_dtype(compile):
+    collate = MMCollate(pin_memory=False, missing="none", compile=compile, fields={"x": Pad(mask_dtype=torch.int64)})
+    some = [{"x": torch.ones(2)}, {"x": None}]
+    for batch in ([{"x": None}, {"x": None}], some, some, [{"x": None}, {"x": None}]):
+        mask = collate(batch)["x_mask"]
+        assert mask.dtype == torch.int64
+    assert mask.shape == (2, 0)
+    assert collate(some)["x_mask"].tolist() == [[1, 1], [0, 0]]
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bfloat16, torch.complex64, "int64", None, [torch.int64]], ids=str)
+def test_a_mask_dtype_numpy_cannot_write_is_refused_when_the_policy_is_made(mask_dtype):
+    with pytest.raises(CollateError, match=r"Pad\(mask_dtype=...\) must be torch.bool or an integer or floating"):
+        Pad(mask_dtype=mask_dtype)
+
+
 @pytest.mark.parametrize(
     "values",
     [

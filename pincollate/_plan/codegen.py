@@ -65,7 +65,7 @@ from .ops import (
 )
 from .packed import ConcatRecipe, none_as_empty
 from .packing import INT32_MAX, offsets, spread
-from .padding import Joined, cut, nonempty, pad_1d, valid_1d
+from .padding import Joined, cut, nonempty, pad_1d, valid_1d, valid_into
 from .ragged import MixedNumbers, PadRecipe
 from .recipe import Arrays, NumberLists, array_tensors, holds_none, number_tensor
 from .rows import Arrays as RowArrays
@@ -121,6 +121,7 @@ _WHOLE: dict[str, Any] = {
     "pad_1d": pad_1d,
     "cut": cut,
     "valid_1d": valid_1d,
+    "valid_into": valid_into,
     "nonempty": nonempty,
     "number_tensor": number_tensor,
     "Joined": Joined,
@@ -1013,7 +1014,9 @@ def _pad_copies(
     value, left = w.const(recipe.policy.value), w.const(recipe.left)
     valid = "None"
     if recipe.mask_name is not None:
-        valid = f"valid_1d({lengths}, {names[-1]}.shape[1], {left}, {names[-1]}.numpy())"
+        # A bool mask is the copy's own; another dtype's (1 and 0) is written from one.
+        writer = "valid_1d" if recipe.policy.mask_dtype == torch.bool else "valid_into"
+        valid = f"{writer}({lengths}, {names[-1]}.shape[1], {left}, {names[-1]}.numpy())"
     copies.append((pad_1d, names[0], f"{column}, {lengths}, {found['dim']}, {value}, {left}, {valid}", part))
 
 

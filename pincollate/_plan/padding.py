@@ -31,6 +31,7 @@ __all__ = [
     "nonempty",
     "pad_1d",
     "valid_1d",
+    "valid_into",
 ]
 
 #: Above this many bytes a padded field is copied row by row (one copy of each value);
@@ -116,8 +117,24 @@ def valid_1d(lengths: Sequence[int], size: int, left: bool, out: np.ndarray[Any,
     return np.less(positions, bounds, out=out)
 
 
+def valid_into(lengths: Sequence[int], size: int, left: bool, out: np.ndarray[Any, Any]) -> Any:
+    """:func:`valid_1d` written into a mask of another dtype than ``bool`` (1 and 0); returns the ``bool`` mask.
+
+    Examples:
+        >>> out = np.empty((2, 3), dtype=np.int64)
+        >>> valid_into([1, 3], 3, False, out).dtype, out.tolist()
+        (dtype('bool'), [[1, 0, 0], [1, 1, 1]])
+    """
+    valid = valid_1d(lengths, size, left)
+    out[...] = valid
+    return valid
+
+
 def fill_mask_1d(region: torch.Tensor, lengths: Sequence[int], *, left: bool) -> None:
-    valid_1d(lengths, region.shape[1], left, out=region.numpy())
+    if region.dtype == torch.bool:
+        valid_1d(lengths, region.shape[1], left, out=region.numpy())
+    else:
+        valid_into(lengths, region.shape[1], left, region.numpy())
 
 
 def fill_mask(region: torch.Tensor, lengths: list[list[int]], *, left: bool) -> None:

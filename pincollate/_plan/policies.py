@@ -28,7 +28,7 @@ from .fill import Node, Segment, TensorNode
 from .ops import PLAIN
 from .padding import Joined, fill_mask, fill_mask_1d, fill_padded, fill_padded_1d
 
-__all__ = ["AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "int_node", "pad_refusal"]
+__all__ = ["MASK_DTYPES", "AsList", "Pad", "PerSample", "Policy", "Stack", "Unpadded", "int_node", "pad_refusal"]
 
 
 class Policy:
@@ -231,6 +231,22 @@ class Unpadded(Exception):
         self.index = index
 
 
+#: A mask's dtypes: ``True``/``False``, or 1/0 in a dtype numpy writes (the mask is written through numpy).
+MASK_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+    }
+)
+
+
 class Pad(Policy):
     """Pad ragged values to one shape; add their lengths and a validity mask.
 
@@ -249,8 +265,11 @@ class Pad(Policy):
             shape the same from batch to batch.
         lengths_key: name of the lengths tensor (``int64``; shape ``(B,)`` for one
             padded dimension, ``(B, len(dims))`` otherwise), or ``None``.
-        mask_key: name of the mask (``bool``, ``(B, *padded sizes)``, ``True`` on
-            real values), or ``None``.
+        mask_key: name of the mask (``(B, *padded sizes)``, ``True`` on real values),
+            or ``None``.
+        mask_dtype: the mask's dtype: ``torch.bool``, or an integer or floating dtype
+            (``torch.int64``: 1 on real values, 0 on padding) for models that do
+            arithmetic on the mask (XLNet's ``attention_mask``).
 
     Examples:
         >>> import torch
@@ -261,6 +280,13 @@ class Pad(Policy):
         ([[1, 2, 3], [4, -1, -1]], [3, 1])
         >>> batch["ids_mask"].tolist()
         [[True, True, True], [True, False, False]]
+
+        An integer mask, as ``DataCollatorWithPadding`` gives it:
+
+        >>> collate = MMCollate(fields={"ids": Pad(mask_key="attention_mask", mask_dtype=torch.int64)})
+        >>> collate([{"ids": torch.tensor([1, 2, 3])}, {"ids": torch.tensor([4])}])["attention_mask"]
+        tensor([[1, 1, 1],
+                [1, 0, 0]])
     """
 
     numbers_as_sequence = True
@@ -277,6 +303,7 @@ class Pad(Policy):
         dims: Iterable[int] | None = None,
         lengths_key: str | None = "{key}_lengths",
         mask_key: str | None = "{key}_mask",
+        mask_dtype: torch.dtype = torch.bool,
     ):
         if side not in ("right", "left"):
             raise CollateError(f"Pad(side=...) must be 'right' or 'left', got {side!r}")
@@ -303,7 +330,12 @@ class Pad(Policy):
         self.truncate: bool = truncate
         self.dims: tuple[int, ...] | None = None if dims is None else tuple(dims)
         self.lengths_key: str | None = lengths_key
+        if not isinstance(mask_dtype, torch.dtype) or mask_dtype not in MASK_DTYPES:
+            raise CollateError(
+                f"Pad(mask_dtype=...) must be torch.bool or an integer or floating dtype numpy has, got {mask_dtype!r}"
+            )
         self.mask_key: str | None = mask_key
+        self.mask_dtype: torch.dtype = mask_dtype
 
     def _round(self, size: int) -> int:
         m = self.multiple_of
@@ -373,7 +405,7 @@ class Pad(Policy):
             extras[lengths_name] = int_node([0] * n if count == 1 else [[0] * count for _ in range(n)])
         mask_name = self._extra_name(self.mask_key, name)
         if mask_name is not None:
-            extras[mask_name] = _constant(torch.bool, shape, False)
+            extras[mask_name] = _constant(self.mask_dtype, shape, False)
         # float32 rows of nothing (or of padding); complex64 for a complex pad value.
         dtype = torch.complex64 if isinstance(self.value, complex) else torch.float32
         return _constant(dtype, shape, self.value), extras
@@ -449,5 +481,5 @@ class Pad(Policy):
         if mask_name is not None:
             mask_shape = (n, *(sizes[d] for d in dims))
             mask_fill = functools.partial(fill_mask_1d if len(dims) == 1 else fill_mask, left=left)
-            extras[mask_name] = TensorNode(torch.bool, mask_shape, [Segment(0, mask_shape, mask_fill, lengths)])
+            extras[mask_name] = TensorNode(self.mask_dtype, mask_shape, [Segment(0, mask_shape, mask_fill, lengths)])
         return node, extras

@@ -127,7 +127,7 @@ class PadRecipe(Recipe):
             specs.append(lengths)
             extras.append((self.lengths_name, lengths))
         if self.mask_name is not None:
-            mask = TensorSpec(torch.bool, (n, sizes[dim]), offset)
+            mask = TensorSpec(self.policy.mask_dtype, (n, sizes[dim]), offset)
             offset = align(offset + mask.nbytes)
             specs.append(mask)
             extras.append((self.mask_name, mask))
