@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 import warnings
 
@@ -171,12 +172,22 @@ def test_threads_sharing_a_collate_warn_once():
     assert [w.category for w in caught] == [RaggedFieldWarning]
 
 
-@pytest.mark.parametrize("key", ["a.b", 3.5], ids=["dotted", "float"])
-def test_the_warnings_suggested_pattern_names_a_key_with_a_dot_by_a_star(key):
-    # A dot-separated pattern cannot spell a key whose text holds a dot: the suggestion must work.
-    samples = [{"inp": {key: torch.zeros(2)}}, {"inp": {key: torch.zeros(3)}}]
-    _, said = _warned(MMCollate(pin_memory=False), samples)
-    assert "fields={'inp.*': AsList()} keeps the list without this warning" in said[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # neither the ragged warning nor an unmatched pattern's
-        MMCollate(pin_memory=False, fields={"inp.*": AsList()})(samples)
+@pytest.mark.parametrize("key", ["a.b", 3.5, "x*"], ids=["dotted", "float", "star"])
+@pytest.mark.parametrize("compile", [True, False])
+def test_the_warnings_suggested_setting_names_a_key_with_a_dot_and_not_its_siblings(key, compile):
+    # A dot-separated pattern cannot spell a key whose text holds a dot; "inp.*" would also
+    # have settled the sibling "c" without a word. The suggestion names the key alone.
+    samples = [{"inp": {key: torch.zeros(2), "c": torch.zeros(2)}}, {"inp": {key: torch.zeros(3), "c": torch.zeros(4)}}]
+    _, said = _warned(MMCollate(pin_memory=False, compile=compile), samples)
+    (about_key,) = [message for message in said if "['c']" not in message]
+    suggested = re.search(r"(fields=\{.*?\}) keeps the list without this warning", about_key)
+    assert suggested is not None and suggested.group(1) == f"fields={{('inp', {str(key)!r}): AsList()}}"
+    fields = eval(suggested.group(1)[len("fields=") :], {"AsList": AsList})
+    collate = MMCollate(pin_memory=False, compile=compile, fields=fields)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            out = collate(samples)
+    # The suggestion settles its field, and only it: the sibling still warns (once), no pattern is unmatched.
+    assert [str(w.message).split(" holds ")[0] for w in caught] == ["pincollate: ['inp']['c']"]
+    assert [v.shape for v in out["inp"][key]] == [(2,), (3,)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -27,6 +29,28 @@ def test_most_specific_pattern_wins():
 @pytest.mark.parametrize("pattern", ["", "a..b", "a.b*", "*x"])
 def test_malformed_patterns_are_rejected(pattern):
     with pytest.raises(CollateError, match="pattern"):
+        MMCollate(fields={pattern: Pad()})
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_tuple_pattern_names_keys_that_hold_a_dot_one_entry_per_key(compile):
+    samples = [{"v1.2": {"a.b": torch.arange(n), "c": torch.arange(n)}, "img": [torch.zeros(n)]} for n in (2, 3)]
+    fields = {("v1.2", "a.b"): Pad(), ("*", "c"): AsList(), ("img", 0): Pad(mask_key=None, lengths_key=None)}
+    collate = MMCollate(pin_memory=False, compile=compile, fields=fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every pattern matched, no field left ragged
+        for _ in range(3):
+            out = collate(samples)
+    assert out["v1.2"]["a.b"].tolist() == [[0, 1, 0], [0, 1, 2]] and out["v1.2"]["a.b_lengths"].tolist() == [2, 3]
+    assert [v.tolist() for v in out["v1.2"]["c"]] == [[0, 1], [0, 1, 2]]
+    assert out["img"][0].shape == (2, 3) and out["img"][0][0].tolist() == [0, 0, 0]
+    # A dotted string cannot name the key: it is read as two keys and matches nothing.
+    assert FieldRules({"v1.2.a.b": Pad()}).lookup(("v1.2", "a.b")) is None
+
+
+@pytest.mark.parametrize("pattern", [(), ("a", ""), ("a", None), ("a", True), ("a", 1.5)], ids=str)
+def test_a_malformed_tuple_pattern_is_refused(pattern):
+    with pytest.raises(CollateError, match="a field pattern given as a tuple holds one key per entry"):
         MMCollate(fields={pattern: Pad()})
 
 

@@ -20,7 +20,7 @@ from .._plan.cache import Plan, Plans
 from .._plan.careful import Planner
 from .._plan.fallback import Fallbacks
 from .._plan.fill import Mismatch
-from .._plan.patterns import FieldRules, Renames, Settings
+from .._plan.patterns import FieldRules, Fields, Pattern, Renames, Settings
 from .._plan.policies import Policy
 from .._types.kinds import is_sequence
 from .._types.leaves import REGISTRATIONS, type_name
@@ -76,7 +76,8 @@ class MMCollate:
             one prompt): stacked where they agree, else kept as a list.
         fields: policies by key-path pattern, e.g. ``{"input_ids": Pad()}``: keys
             joined by dots, list positions as digits, ``*`` for any one key or
-            position. The most specific pattern wins; one that matches nothing is
+            position; a tuple of keys (``("meta", "v1.2")``) names keys that hold a
+            dot. The most specific pattern wins; one that matches nothing is
             reported once.
         ragged: the policy for fields no pattern names: their tensors and arrays, in
             every batch, and their token-id lists where it is ``Pad``, ``Concat`` or
@@ -120,7 +121,7 @@ class MMCollate:
         pin_memory: PinMode = "auto",
         *,
         sequences: Literal["transpose", "items"] = "transpose",
-        fields: Mapping[str, Policy] | None = None,
+        fields: Fields | None = None,
         ragged: Policy | None = None,
         missing: Literal["error", "none"] = "error",
         rename: Mapping[str, str] | None = None,
@@ -145,7 +146,7 @@ class MMCollate:
             raise CollateError(f"ragged must be a policy or None, got {type_name(ragged)}")
         self.pin_memory: PinMode = pin_memory
         self.sequences: Literal["transpose", "items"] = sequences
-        self.fields: dict[str, Policy] = dict(fields or {})
+        self.fields: dict[Pattern, Policy] = dict((fields or {}).items())
         self.ragged: Policy | None = ragged
         self.missing: Literal["error", "none"] = missing
         self.rename: dict[str, str] = dict(rename or {})
@@ -154,7 +155,7 @@ class MMCollate:
         self.compile = compile
         self._rules = FieldRules(self.fields)
         self._renames = Renames(self.rename)
-        self._reported: set[str] = set()
+        self._reported: set[Pattern] = set()
         self._lock = threading.Lock()
         #: The fields warned of as per-sample lists: warned once a batch is made (a failed one warns of none).
         self._fallbacks = Fallbacks()

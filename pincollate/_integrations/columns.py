@@ -37,6 +37,7 @@ from .._errors import EXTRA_NAMES, CollateError
 from .._memory.arena import PinMode, allocate, resolve_kind
 from .._plan.fill import Fill, Node, Segment, TensorNode, Value
 from .._plan.padding import Joined
+from .._plan.patterns import Fields
 from .._plan.policies import Policy, Stack
 from .._types.builtin import fill_numbers, torch_dtype
 from .._types.leaves import type_name
@@ -95,7 +96,7 @@ class ColumnCollate:
         self,
         pin_memory: PinMode = "auto",
         *,
-        fields: Mapping[str, Policy] | None = None,
+        fields: Fields | None = None,
         ragged: Policy | None = None,
         rename: Mapping[str, str] | None = None,
         missing: Literal["error", "none"] = "error",

@@ -129,15 +129,20 @@ class Fallbacks:
             _warn(path, found, items)
 
 
-def pattern_for(path: Path) -> str:
-    """A field pattern that names ``path``: a key whose text holds a dot (``"a.b"``, ``3.5``, an
-    enum member) cannot be written in a dot-separated pattern, so ``*`` stands for it.
+def pattern_for(path: Path) -> str | tuple[str, ...]:
+    """A field pattern that names ``path`` and nothing else: its keys joined by dots, or, where a
+    key's text holds a dot (``"a.b"``, ``3.5``, an enum member) or an asterisk, one entry per key.
 
     Examples:
+        >>> pattern_for(("inp", "ids", 0))
+        'inp.ids.0'
         >>> pattern_for(("inp", "a.b", 0))
-        'inp.*.0'
+        ('inp', 'a.b', '0')
     """
-    return ".".join("*" if "." in str(key) else str(key) for key in path)
+    keys = tuple(map(str, path))
+    if any("." in key or "*" in key for key in keys):
+        return keys
+    return ".".join(keys)
 
 
 def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items: bool) -> None:

@@ -13,9 +13,15 @@ from .policies import Policy
 if TYPE_CHECKING:
     from .fallback import Fallbacks
 
-__all__ = ["FieldRules", "Renames", "Settings"]
+__all__ = ["FieldRules", "Fields", "Pattern", "Renames", "Settings"]
 
 Path = tuple[Hashable, ...]
+#: A field pattern: keys joined by dots (``"inp.ids"``), or one entry per key (``("inp", "a.b")``)
+#: where a key holds a dot.
+Pattern = str | tuple[str | int, ...]
+#: Policies by pattern. A mapping's key type is invariant: ``dict[str, Policy]`` (the common case)
+#: is not a ``Mapping[Pattern, Policy]``, so each form is named.
+Fields = Mapping[str, Policy] | Mapping[tuple[str | int, ...], Policy] | Mapping[Pattern, Policy]
 
 _SEGMENT = re.compile(r"^(\*|[^.*]+)$")
 
@@ -28,8 +34,10 @@ class FieldRules:
     """Field patterns compiled once; the most specific match wins.
 
     A pattern is dot-separated segments matched against a key path's keys (list
-    indices as digits); ``*`` matches any one key. More literal segments is more
-    specific; ties go to the pattern given first.
+    indices as digits); ``*`` matches any one key. A tuple gives one entry per key
+    instead (a string, ``"*"`` for any one key, or a list index), for keys that hold a
+    dot (``("inp", "a.b")``). More literal segments is more specific; ties go to the
+    pattern given first.
 
     Examples:
         >>> from pincollate import Concat, Pad, Stack
@@ -38,18 +46,14 @@ class FieldRules:
         Stack()
         >>> rules.lookup(("images", 0))
         Concat(offsets_key='{key}_offsets', counts_key='{key}_counts', item_offsets_key='{key}_item_offsets', items='cat')
+        >>> FieldRules({("meta", "v1.2"): Stack()}).lookup(("meta", "v1.2"))
+        Stack()
     """
 
-    def __init__(self, fields: Mapping[str, Policy] | None):
-        self._rules: list[tuple[int, int, tuple[str, ...], str, Policy]] = []
+    def __init__(self, fields: Fields | None):
+        self._rules: list[tuple[int, int, tuple[str, ...], Pattern, Policy]] = []
         for order, (pattern, policy) in enumerate((fields or {}).items()):
-            if not isinstance(pattern, str) or not pattern:
-                raise CollateError(f"field pattern must be a non-empty string, got {pattern!r}")
-            parts = tuple(pattern.split("."))
-            if not all(_SEGMENT.match(p) for p in parts):
-                raise CollateError(
-                    f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key"
-                )
+            parts = _parts(pattern)
             if not isinstance(policy, Policy):
                 raise CollateError(
                     f"field {pattern!r}: expected a policy (Stack, AsList, Pad, Concat, Jagged), got {type(policy).__name__}"
@@ -58,13 +62,13 @@ class FieldRules:
             self._rules.append((-literal, order, parts, pattern, policy))
         self._rules.sort(key=lambda rule: rule[:2])
         self._cache: dict[Path, Policy | None] = {}
-        self.matched: set[str] = set()
+        self.matched: set[Pattern] = set()
 
     def __bool__(self) -> bool:
         return bool(self._rules)
 
     @property
-    def patterns(self) -> list[str]:
+    def patterns(self) -> list[Pattern]:
         return [rule[3] for rule in self._rules]
 
     def lookup(self, path: Path) -> Policy | None:
@@ -87,6 +91,29 @@ class FieldRules:
             self._cache.clear()
         self._cache[path] = found
         return found
+
+
+def _parts(pattern: Pattern) -> tuple[str, ...]:
+    """A pattern's segments, as key paths' keys read as text are matched against them."""
+    if isinstance(pattern, tuple):
+        # Entries are keys as they are: a dot or an asterisk inside one is part of the key.
+        if not pattern or not all(
+            (isinstance(p, str) and p) or (isinstance(p, int) and not isinstance(p, bool)) for p in pattern
+        ):
+            raise CollateError(
+                f"a field pattern given as a tuple holds one key per entry (a non-empty string, '*' or a "
+                f"list index), got {pattern!r}"
+            )
+        return tuple(map(str, pattern))
+    if not isinstance(pattern, str) or not pattern:
+        raise CollateError(f"field pattern must be a non-empty string or a tuple of keys, got {pattern!r}")
+    parts = tuple(pattern.split("."))
+    if not all(_SEGMENT.match(p) for p in parts):
+        raise CollateError(
+            f"malformed field pattern {pattern!r}: use dot-separated keys and '*' for any one key "
+            "(a tuple of keys names a key that holds a dot)"
+        )
+    return parts
 
 
 class Renames:
