@@ -9,11 +9,28 @@ import re
 import threading
 from collections.abc import Hashable, Sequence
 
-__all__ = ["EXTRA_NAMES", "ITEMS", "Attr", "CollateError", "format_path"]
+__all__ = ["EXTRA_NAMES", "ITEMS", "Attr", "CollateError", "format_path", "is_items"]
+
+
+class _ItemsKey(str):
+    """The one key path entry of a sample's items: text ``*`` (as paths print it), told from a
+    key ``"*"`` of the user's by its type, since one-character strings are one object in CPython."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "ITEMS"  # the one instance, in every process a path crosses to
+
 
 #: The key path entry of a sample's items (a list under item semantics): every item,
-#: matched by ``*`` in a field pattern, never by an index.
-ITEMS = "*"
+#: matched by ``*`` in a field pattern, never by an index. :func:`is_items` tells it apart.
+ITEMS = _ItemsKey("*")
+
+
+def is_items(key: object) -> bool:
+    """Whether ``key`` is the items' path entry, not a key ``"*"`` of a sample."""
+    return type(key) is _ItemsKey
+
 
 #: What an error about an extra output's name (one that clashes with a key or another's) adds.
 EXTRA_NAMES = " (a policy's *_key arguments name its extra outputs; None leaves one out)"

@@ -330,6 +330,10 @@ def test_the_plot_keeps_its_labels_inside_and_apart_and_cuts_one_outlier():
         (["--calls", "--stats-cost"], "--calls and --stats-cost each run alone"),
         (["--stages", "ragged", "--breakdown"], "--stages and --breakdown each run alone"),
         (["--gpu", "--no-gpu"], "--gpu and --no-gpu contradict each other"),
+        # Settings a single-purpose mode does not read: dropped without a word before.
+        (["--stats-cost", "--plot", "x.png"], "--stats-cost does not read --plot"),
+        (["--stages", "ragged", "--scenario", "vlm"], "--stages does not read --scenario"),
+        (["--recipes", "--gpu"], "--recipes does not read --gpu"),
         # The size becomes a mount option: checked before any run, never passed to a shell as it is.
         (["--small-shm", "64m; echo x"], "--small-shm 64m; echo x: the size must be a number"),
         (["--small-shm", "64mb"], "--small-shm 64mb: the size must be a number"),
@@ -358,3 +362,23 @@ def test_a_small_shm_run_without_root_or_unshare_is_refused_before_it_starts(mon
     with pytest.raises(SystemExit):
         main(["--small-shm", "--no-progress"])
     assert "it needs the unshare command" in capsys.readouterr().err
+
+
+def test_a_small_shm_size_reaches_mount_as_one_word_never_as_shell_text(monkeypatch):
+    import subprocess
+
+    from pincollate.bench import _shm
+
+    with pytest.raises(ValueError, match="the size must be a number"):
+        _shm.run_small_shm("64m; touch /tmp/x", 2, 1, progress=False)  # checked where it is run, too
+    ran = []
+
+    def record(argv, **kwargs):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout='{"mm_collate": 1.0}', stderr="")
+
+    monkeypatch.setattr(_shm.subprocess, "run", record)
+    _shm._child("64m", 2, 4, "mm_collate", 8)
+    (argv,) = ran
+    script = argv[argv.index("-c") + 1]
+    assert "64m" not in script and argv[argv.index("-c") + 3] == "64m"  # after "sh": "$1"

@@ -191,3 +191,34 @@ def test_the_warnings_suggested_setting_names_a_key_with_a_dot_and_not_its_sibli
     # The suggestion settles its field, and only it: the sibling still warns (once), no pattern is unmatched.
     assert [str(w.message).split(" holds ")[0] for w in caught] == ["pincollate: ['inp']['c']"]
     assert [v.shape for v in out["inp"][key]] == [(2,), (3,)]
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_a_key_that_is_a_star_warns_as_any_key_does_and_its_suggestion_says_no_pattern_names_it(compile):
+    # "*" is also the path entry of a sample's items, which never warns: the key was listed silently.
+    samples = [{"inp": {"*": torch.zeros(2), "c": torch.zeros(2)}}, {"inp": {"*": torch.zeros(3), "c": torch.zeros(2)}}]
+    out, said = _warned(MMCollate(pin_memory=False, compile=compile), samples)
+    assert len(said) == 1 and said[0].startswith("pincollate: ['inp']['*'] holds values of different shapes")
+    assert "no pattern names a key '*' alone" in said[0] and "fields={'inp.*'" not in said[0]
+    assert [v.shape for v in out["inp"]["*"]] == [(2,), (3,)] and out["inp"]["c"].shape == (2, 2)
+
+
+def test_the_items_path_entry_stays_one_object_across_pickling_and_copying():
+    import copy
+
+    from pincollate._errors import ITEMS, is_items
+
+    assert pickle.loads(pickle.dumps(ITEMS)) is ITEMS and copy.deepcopy(ITEMS) is ITEMS
+    assert is_items(ITEMS) and not is_items("*") and ITEMS == "*"  # it prints, and compares, as "*"
+
+
+@pytest.mark.parametrize("compile", [True, False])
+def test_an_empty_key_gets_a_suggestion_that_works(compile):
+    samples = [{"inp": {"": torch.zeros(2), "c": torch.zeros(2)}}, {"inp": {"": torch.zeros(3), "c": torch.zeros(4)}}]
+    _, said = _warned(MMCollate(pin_memory=False, compile=compile), samples)
+    (about_key,) = [message for message in said if "['c']" not in message]
+    assert "fields={('inp', ''): AsList()} keeps the list" in about_key
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MMCollate(pin_memory=False, compile=compile, fields={("inp", ""): AsList()})(samples)
+    assert [str(w.message).split(" holds ")[0] for w in caught] == ["pincollate: ['inp']['c']"]

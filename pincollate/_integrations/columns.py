@@ -68,7 +68,9 @@ class ColumnCollate:
         pin_memory: as for [MMCollate][pincollate.MMCollate]: ``"auto"`` pins where this
             process has started an accelerator.
         fields: policies by column name (or key-path pattern inside a column's
-            values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``.
+            values), e.g. ``{"input_ids": Pad(mask_key="attention_mask")}``; a column
+            whose name holds a dot (Arrow's ``Table.flatten()`` gives ``"a.b"``) is named
+            by a tuple, ``{("a.b",): Pad()}``.
         ragged: the policy for columns of rows no pattern names (object arrays, Arrow
             lists and dense columns of two or more dimensions: their tensors, arrays and
             token-id lists, in every batch, as ``MMCollate(ragged=...)`` takes them of the

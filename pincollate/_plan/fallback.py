@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from .._errors import ITEMS, format_path
+from .._errors import format_path, is_items
 
 __all__ = ["Fallbacks", "FieldFallback", "RaggedFieldWarning", "two_shapes"]
 
@@ -89,7 +89,7 @@ class Fallbacks:
         ``items``: the shapes are per-sample stacks of items (lists of unequal length or
         items of different shapes), for which ``Concat()`` is the packing policy.
         """
-        if path in self._warned or ITEMS in path:
+        if path in self._warned or any(map(is_items, path)):
             return  # reported, or inside one sample's items: the field of the items reports
         found = two_shapes(pairs)
         if found is None:
@@ -130,8 +130,10 @@ class Fallbacks:
 
 
 def pattern_for(path: Path) -> str | tuple[str, ...]:
-    """A field pattern that names ``path`` and nothing else: its keys joined by dots, or, where a
-    key's text holds a dot (``"a.b"``, ``3.5``, an enum member) or an asterisk, one entry per key.
+    """A field pattern that names ``path``: its keys joined by dots, or, where a key's text holds
+    a dot (``"a.b"``, ``3.5``, an enum member) or an asterisk, or is empty, one entry per key.
+
+    A key that is ``"*"`` itself is read as any one key by either form: no pattern names it alone.
 
     Examples:
         >>> pattern_for(("inp", "ids", 0))
@@ -140,7 +142,7 @@ def pattern_for(path: Path) -> str | tuple[str, ...]:
         ('inp', 'a.b', '0')
     """
     keys = tuple(map(str, path))
-    if any("." in key or "*" in key for key in keys):
+    if any(not key or "." in key or "*" in key for key in keys):
         return keys
     return ".".join(keys)
 
@@ -158,7 +160,14 @@ def _warn(path: Path, found: tuple[tuple[int, Shape], tuple[int, Shape]], items:
             f"{where} holds lists of items that do not stack: sample {a}'s stack to {first}, sample {b}'s to {second}"
         )
     # The setting that names this field: a pattern, or for a batch of bare tensors ragged=.
-    setting = f"fields={{{pattern_for(path)!r}: AsList()}}" if path else "ragged=AsList()"
+    if not path:
+        setting = "ragged=AsList()"
+    elif "*" in map(str, path):
+        setting = (
+            "a key other than '*' with fields={...: AsList()} (no pattern names a key '*' alone: '*' is any one key)"
+        )
+    else:
+        setting = f"fields={{{pattern_for(path)!r}: AsList()}}"
     packing = (
         "Concat() packs lists of items into one tensor (Concat(items='stack') for whole images), "
         "Pad() pads lists of numbers (token ids) into one"

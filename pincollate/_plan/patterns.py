@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .._errors import ITEMS, CollateError
+from .._errors import CollateError
 from .policies import Policy
 
 if TYPE_CHECKING:
@@ -18,10 +18,11 @@ __all__ = ["FieldRules", "Fields", "Pattern", "Renames", "Settings"]
 Path = tuple[Hashable, ...]
 #: A field pattern: keys joined by dots (``"inp.ids"``), or one entry per key (``("inp", "a.b")``)
 #: where a key holds a dot.
-Pattern = str | tuple[str | int, ...]
-#: Policies by pattern. A mapping's key type is invariant: ``dict[str, Policy]`` (the common case)
-#: is not a ``Mapping[Pattern, Policy]``, so each form is named.
-Fields = Mapping[str, Policy] | Mapping[tuple[str | int, ...], Policy] | Mapping[Pattern, Policy]
+Pattern = str | tuple[str | int | float, ...]
+#: Policies by pattern. A mapping's key type is invariant and a union of mappings gives a dict
+#: literal no context, so no narrower type takes ``{"a": Pad()}``, ``{("a", "b.c"): Pad()}`` and
+#: both mixed alike; the keys are checked when the rules are made.
+Fields = Mapping[Any, Policy]
 
 _SEGMENT = re.compile(r"^(\*|[^.*]+)$")
 
@@ -33,11 +34,11 @@ _LOOKUPS_KEPT = 4096
 class FieldRules:
     """Field patterns compiled once; the most specific match wins.
 
-    A pattern is dot-separated segments matched against a key path's keys (list
-    indices as digits); ``*`` matches any one key. A tuple gives one entry per key
-    instead (a string, ``"*"`` for any one key, or a list index), for keys that hold a
-    dot (``("inp", "a.b")``). More literal segments is more specific; ties go to the
-    pattern given first.
+    A pattern is dot-separated segments matched against a key path's keys read as text
+    (list indices as digits); ``*`` matches any one key. A tuple gives one entry per key
+    instead (a string, a number, or ``"*"`` for any one key), for keys a dotted pattern
+    cannot spell: one that holds a dot or an asterisk, or is empty (``("inp", "a.b")``).
+    More literal segments is more specific; ties go to the pattern given first.
 
     Examples:
         >>> from pincollate import Concat, Pad, Stack
@@ -79,9 +80,7 @@ class FieldRules:
         found = None
         keys = tuple(str(k) for k in path)
         for _, _, parts, pattern, policy in self._rules:
-            if len(parts) == len(keys) and all(
-                p == "*" or (p == k and k != ITEMS) for p, k in zip(parts, keys, strict=True)
-            ):
+            if len(parts) == len(keys) and all(p == "*" or p == k for p, k in zip(parts, keys, strict=True)):
                 # A pattern that matches but loses to a more specific one did match.
                 self.matched.add(pattern)
                 if found is None:
@@ -96,13 +95,11 @@ class FieldRules:
 def _parts(pattern: Pattern) -> tuple[str, ...]:
     """A pattern's segments, as key paths' keys read as text are matched against them."""
     if isinstance(pattern, tuple):
-        # Entries are keys as they are: a dot or an asterisk inside one is part of the key.
-        if not pattern or not all(
-            (isinstance(p, str) and p) or (isinstance(p, int) and not isinstance(p, bool)) for p in pattern
-        ):
+        # Entries are keys as they are: a dot or an asterisk inside one is part of the key. Keys
+        # are matched as text, so a number names the key whose text it has (3.5, a list index).
+        if not pattern or not all(isinstance(p, (str, int, float)) and not isinstance(p, bool) for p in pattern):
             raise CollateError(
-                f"a field pattern given as a tuple holds one key per entry (a non-empty string, '*' or a "
-                f"list index), got {pattern!r}"
+                f"a field pattern given as a tuple holds one key per entry (a string, a number or '*'), got {pattern!r}"
             )
         return tuple(map(str, pattern))
     if not isinstance(pattern, str) or not pattern:

@@ -166,8 +166,8 @@ def pad_refusal(value: complex, dtype: torch.dtype) -> str | None:
     Examples:
         >>> pad_refusal(-1, torch.int64) is None, pad_refusal(1j, torch.complex64) is None
         (True, True)
-        >>> pad_refusal(70000.0, torch.complex32)
-        'pad value 70000.0 does not fit dtype torch.complex32'
+        >>> pad_refusal(70000.0, torch.float16), pad_refusal(1.5, torch.int64)
+        ('pad value 70000.0 does not fit dtype torch.float16', 'pad value 1.5 does not fit dtype torch.int64')
     """
     return _pad_refusal(value, type(value).__name__, dtype)
 
@@ -246,6 +246,8 @@ MASK_DTYPES = frozenset(
     }
 )
 
+_MASK_NAMES = ", ".join(sorted(str(dtype) for dtype in MASK_DTYPES))
+
 
 class Pad(Policy):
     """Pad ragged values to one shape; add their lengths and a validity mask.
@@ -267,9 +269,10 @@ class Pad(Policy):
             padded dimension, ``(B, len(dims))`` otherwise), or ``None``.
         mask_key: name of the mask (``(B, *padded sizes)``, ``True`` on real values),
             or ``None``.
-        mask_dtype: the mask's dtype: ``torch.bool``, or an integer or floating dtype
-            (``torch.int64``: 1 on real values, 0 on padding) for models that do
-            arithmetic on the mask (XLNet's ``attention_mask``).
+        mask_dtype: the mask's dtype: ``torch.bool``, or ``int8``, ``int16``, ``int32``,
+            ``int64``, ``uint8``, ``float16``, ``float32`` or ``float64`` (``torch.int64``:
+            1 on real values, 0 on padding) for models that do arithmetic on the mask
+            (XLNet's ``attention_mask``).
 
     Examples:
         >>> import torch
@@ -331,9 +334,7 @@ class Pad(Policy):
         self.dims: tuple[int, ...] | None = None if dims is None else tuple(dims)
         self.lengths_key: str | None = lengths_key
         if not isinstance(mask_dtype, torch.dtype) or mask_dtype not in MASK_DTYPES:
-            raise CollateError(
-                f"Pad(mask_dtype=...) must be torch.bool or an integer or floating dtype numpy has, got {mask_dtype!r}"
-            )
+            raise CollateError(f"Pad(mask_dtype=...) must be one of {_MASK_NAMES}, got {mask_dtype!r}")
         self.mask_key: str | None = mask_key
         self.mask_dtype: torch.dtype = mask_dtype
 

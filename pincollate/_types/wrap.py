@@ -37,8 +37,9 @@ class Wrap:
 
     A batch's tensors are views of one buffer, so a subclass (torchvision's ``tv_tensors``,
     a user's own) is made again over its view, with the metadata every value of the column
-    shares. Values whose ``Wrap`` differs (another class, another sample rate) are not
-    stacked: they come back one per sample.
+    shares. Where the values' metadata differs, their stack is the class alone, without
+    metadata, as ``torch.stack`` gives it; a handler whose ``meta`` returns the metadata
+    keeps such values apart, one per sample (as the example's does).
 
     Args:
         cls: the tensor subclass made.
@@ -66,12 +67,19 @@ class Wrap:
         >>> def fill(region, values):
         ...     torch.stack(values, out=region)
         >>> handler = pincollate.LeafHandler(
-        ...     "Wave", "tensor", describe, fill, wrap=lambda v: pincollate.Wrap(Wave, (("rate", v.rate),))
+        ...     "Wave",
+        ...     "tensor",
+        ...     describe,
+        ...     fill,
+        ...     wrap=lambda v: pincollate.Wrap(Wave, (("rate", v.rate),)),
+        ...     meta=lambda v: v.rate,  # waves of two rates never stack
         ... )
         >>> pincollate.register_leaf(Wave, handler)
         >>> out = pincollate.mm_collate([{"a": wave([1.0, 2.0], 16000)}, {"a": wave([3.0, 4.0], 16000)}])["a"]
         >>> type(out).__name__, out.rate, out.shape
         ('Wave', 16000, torch.Size([2, 2]))
+        >>> [w.rate for w in pincollate.mm_collate([{"a": wave([1.0], 16000)}, {"a": wave([2.0], 8000)}])["a"]]
+        [16000, 8000]
     """
 
     __slots__ = ("cls", "meta", "names")

@@ -229,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if len(modes) > 1:
         parser.error(f"{' and '.join(modes)} each run alone: give one of them per run")
+    if modes:
+        # A single-purpose mode reads its own settings: one it does not read would be dropped without a word.
+        unread = [
+            flag
+            for flag, given, readers in (
+                ("--plot", args.plot is not None, ()),
+                ("--scenario", args.scenario is not None, ("--calls",)),
+                ("--gpu", args.gpu, ()),
+                ("--no-gpu", args.no_gpu, ()),
+            )
+            if given and modes[0] not in readers
+        ]
+        if unread:
+            parser.error(f"{modes[0]} does not read {' or '.join(unread)}")
     if args.gpu and args.no_gpu:
         parser.error("--gpu and --no-gpu contradict each other")
     if args.small_shm is not None:

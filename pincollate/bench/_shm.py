@@ -73,13 +73,14 @@ def _rates(workers: int, batches: int, names: list[str] | None = None, batch_siz
 
 def _child(size: str, workers: int, batches: int, name: str, batch_size: int) -> dict[str, float | str]:
     """One method's rate in a fresh namespace: what one method leaves in /dev/shm cannot slow another."""
-    command = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
+    # The size is the script's first argument, never its text: the shell reads it as one word.
+    command = 'mount -t tmpfs -o "size=$1" tmpfs /dev/shm && shift && exec "$@"'
     code = (
         "import json; from pincollate.bench._shm import _rates; "
         f"print(json.dumps(_rates({workers}, {batches}, [{name!r}], {batch_size})))"
     )
     result = subprocess.run(
-        ["unshare", "-m", "sh", "-c", command, "sh", sys.executable, "-c", code],
+        ["unshare", "-m", "sh", "-c", command, "sh", size, sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=900,
@@ -119,8 +120,16 @@ def small_shm_problem(size: str, workers: int) -> str | None:
 
 
 def run_small_shm(size: str = "64m", workers: int = 2, rounds: int = 3, progress: bool = True) -> dict[str, Any]:
-    """Median batches/s of each method with ample /dev/shm and with ``size``, rounds alternating."""
+    """Median batches/s of each method with ample /dev/shm and with ``size``, rounds alternating.
+
+    Raises:
+        ValueError: the run cannot work here (:func:`small_shm_problem` says why).
+    """
     from tqdm.auto import tqdm
+
+    problem = small_shm_problem(size, workers)
+    if problem:
+        raise ValueError(f"small /dev/shm run of {size!r}: {problem}")
 
     cases = [(n, name) for n in _SIZES for name in _METHODS]
     ample: dict[tuple[int, str], list[float | str]] = {case: [] for case in cases}
