@@ -131,24 +131,11 @@ def _close(token: int) -> None:
         receiver = _receivers.pop(token, None)
         if receiver is not None:
             receiver.closed = True
-            receiver.slots.clear()  # leased batches hold their own mapping
-    if receiver is not None and not _alive(receiver.pid, receiver.started):
-        _remove_orphans(receiver.pid)
-
-
-def _remove_orphans(pid: int) -> None:
-    """Remove the /dev/shm files a dead worker left: a kill between creating one and unlinking it.
-
-    The ring only runs under torch's ``file_descriptor`` sharing strategy, which unlinks
-    each segment's name right after creating it: no process ever opens one by name, so
-    a name still there after its creator died is an orphan (``SIGKILL`` cannot be caught).
-    """
-    prefix = f"torch_{pid}_"
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(prefix):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join("/dev/shm", name))
+            # Leased batches hold their own mapping. No /dev/shm name is removed here: torch
+            # names a segment by its creator's pid alone, and a name of a dead worker's pid may
+            # be another process's (a container sharing /dev/shm across pid namespaces, a pid
+            # used again), live and read by name under the file_system strategy.
+            receiver.slots.clear()
 
 
 def _watch(receiver: _Receiver) -> None:
