@@ -6,8 +6,9 @@ import ast
 import base64
 import pickle
 import re
-import threading
 from collections.abc import Hashable, Sequence
+
+from ._locks import new_lock
 
 __all__ = ["EXTRA_NAMES", "ITEMS", "Attr", "CollateError", "format_path", "is_items"]
 
@@ -130,7 +131,7 @@ _PART = re.compile(r"\[((?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]'\"])*)\]|
 
 #: One thread at a time reads a key back: CPython 3.11's ``ast`` module counts its recursion in a
 #: global, and two threads parsing at once can raise ``SystemError`` instead of giving the key.
-_LITERALS = threading.Lock()
+_LITERALS = new_lock()
 
 
 def _parse_path(text: str) -> tuple[Hashable, ...] | None:

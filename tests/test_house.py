@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pincollate"
 
 #: The stages, lowest first. A module imports only from its own stage or one below it.
 LAYERS = (
+    "_locks",
     "_errors",
     "_generate",
     "_types",
@@ -227,3 +228,78 @@ def test_the_factory_check_sees_a_call_without_a_device(tmp_path):
     (tmp_path / "_plan").mkdir()
     (tmp_path / "_plan" / "x.py").write_text("import torch\na = torch.zeros(2)\nb = torch.zeros(2, device='cpu')\n")
     assert _factory_calls_without_device(tmp_path) == ["_plan.x:2"]
+
+
+def _plain_locks(root: Path = PACKAGE) -> list[str]:
+    """Locks made without ``pincollate._locks`` (a forked child would get them as the parent held them)."""
+    found = []
+    for name, path in _modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("threading.Lock", "threading.RLock"):
+                found.append(f"{name}:{node.lineno}")
+    return [spot for spot in found if not spot.startswith("_locks:")]
+
+
+def test_every_lock_is_made_unlocked_again_in_a_forked_child():
+    assert _plain_locks() == []
+
+
+def test_a_lock_held_by_another_thread_at_a_fork_is_free_in_the_child():
+    import os
+    import threading
+    import warnings
+
+    from pincollate._locks import new_lock, new_rlock
+
+    locks = [new_lock(), new_rlock()]
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for lock in locks:
+            lock.acquire()
+        held.set()
+        release.wait(30)
+        for lock in locks:
+            lock.release()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(30)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12 warns of any fork with threads
+            pid = os.fork()
+        if pid == 0:  # the child: the holder's copy never runs here
+            os._exit(0 if all(lock.acquire(timeout=5) for lock in locks) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join(30)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _cached_properties(root: Path = PACKAGE) -> list[str]:
+    found = []
+    for name, path in _modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    text = ast.unparse(decorator)
+                    if text in ("cached_property", "functools.cached_property"):
+                        found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_no_cached_property_whose_lock_a_fork_could_carry_into_a_worker():
+    # Up to Python 3.11 functools.cached_property takes one lock per property, for every
+    # instance: a DataLoader forking its workers while another thread was inside one left
+    # each worker's first careful walk waiting on it for good (Column.present, found by a
+    # concurrency round: 7 of 132 loaders hung).
+    assert _cached_properties() == []
+
+
+def test_the_cached_property_check_sees_one(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import functools\nclass A:\n    @functools.cached_property\n    def x(self):\n        return 1\n"
+    )
+    assert _cached_properties(tmp_path) == ["m.x"]

@@ -7,13 +7,13 @@ slot, :mod:`pincollate._memory.arena` allocates the buffer, :mod:`pincollate._ba
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Literal
 
 from .._batch.layout import Layout
 from .._errors import CollateError
+from .._locks import new_lock
 from .._memory import ring as _ring
 from .._memory.arena import Kind, PinMode, resolve_kind
 from .._plan.cache import Plan, Plans
@@ -156,7 +156,7 @@ class MMCollate:
         self._rules = FieldRules(self.fields)
         self._renames = Renames(self.rename)
         self._reported: set[Pattern] = set()
-        self._lock = threading.Lock()
+        self._lock = new_lock()
         #: The fields warned of as per-sample lists: warned once a batch is made (a failed one warns of none).
         self._fallbacks = Fallbacks()
         settings = Settings(

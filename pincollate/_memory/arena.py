@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Literal
@@ -24,6 +23,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from .._errors import CollateError
+from .._locks import new_rlock
 from . import registration as _registration
 from . import ring as _ring
 from . import shm as _shm
@@ -92,7 +92,7 @@ class _PinnedLedger:
         self._blocks: dict[weakref.ref[torch.UntypedStorage], int] = {}
         # Reentrant: a storage's death (a callback here) can come from a collection that
         # an allocation inside add() started, on this same thread.
-        self._lock = threading.RLock()
+        self._lock = new_rlock()
 
     def add(self, buffer: torch.Tensor) -> None:
         nbytes = buffer.numel()

@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+
+from .._locks import new_rlock
 
 __all__ = ["Lease", "bytes_of", "grant", "hold", "holder", "live", "verdict"]
 
@@ -91,7 +92,7 @@ def verdict(lease: Lease) -> bool | None:
 _live: dict[int, Lease] = {}  # this process's leases that are not over yet
 # Reentrant: the garbage collector may run a callback (another lease's end) while this
 # thread holds it.
-_lock = threading.RLock()
+_lock = new_rlock()
 #: Set at interpreter exit: what dies then ends no lease (its owners are going too).
 _exiting: list[bool] = []
 atexit.register(_exiting.append, True)

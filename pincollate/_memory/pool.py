@@ -7,10 +7,10 @@ its size; a small one is made fresh for each batch, with nothing to hand back.
 from __future__ import annotations
 
 import collections
-import threading
 
 import torch
 
+from .._locks import new_lock
 from . import ownership as _ownership
 from .ring import capacity_for
 
@@ -48,7 +48,7 @@ class Recycled:
         self.least = least
         self.kept: list[_Kept] = []
         self.recent: collections.deque[int] = collections.deque(maxlen=window)
-        self.lock = threading.Lock()
+        self.lock = new_lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
         if nbytes == 0:

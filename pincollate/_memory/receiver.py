@@ -18,12 +18,12 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import threading
 import weakref
 from typing import Any
 
 import torch
 
+from .._locks import new_rlock
 from . import ownership as _ownership
 from . import registration as _registration
 from .ring import LAYOUTS_KEPT, Header, RecentLayouts, words
@@ -123,7 +123,7 @@ def layout(token: int, key: int, sent: Any) -> Any:
 _receivers: dict[int, _Receiver] = {}
 # Reentrant: a lease released by the garbage collector while this thread holds the
 # lock (inside lease()) may close a ring.
-_receiving = threading.RLock()
+_receiving = new_rlock()
 
 
 def _close(token: int) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 import warnings
 from typing import Any
 
 import torch
+
+from .._locks import new_lock
 
 __all__ = ["clear_error", "cudart", "hold_until_copied", "is_registered", "prune", "register", "runtime", "unregister"]
 
@@ -82,7 +83,7 @@ def unregister(ptr: int) -> bool:
 
 
 _in_flight: list[tuple[Any, torch.Tensor]] = []
-_flight_lock = threading.Lock()
+_flight_lock = new_lock()
 
 
 def is_registered(buffer: torch.Tensor) -> bool:

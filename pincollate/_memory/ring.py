@@ -31,7 +31,6 @@ import ctypes
 import functools
 import os
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from .._locks import new_rlock
 from . import ownership as _ownership
 from . import shm as _shm
 
@@ -111,7 +111,7 @@ class _Ring:
         self.state = words(self.state_storage, slots)
         self.slots: list[_Slot | None] = [None] * slots
         # Reentrant: a lease's end (a finalizer) may run while this thread holds it.
-        self.lock = threading.RLock()
+        self.lock = new_rlock()
         self.state_sent = False
         self.pin = False  # ask the receiver to register slots with CUDA
         self.starved = False  # the last wait timed out (see wait)

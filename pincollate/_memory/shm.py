@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 import warnings
 import weakref
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from .._locks import new_lock
 from . import ownership as _ownership
 
 __all__ = [
@@ -111,7 +111,7 @@ def room_for(nbytes: int) -> bool:
 #: made it (the receiver pins the batch where that collate would pin in its process) and its
 #: memfd, or ``None`` for plain memory whose bytes cross by pipe.
 _outside: dict[int, tuple[Any, int | None]] = {}
-_lock = threading.Lock()
+_lock = new_lock()
 
 
 def outside_buffer(nbytes: int, pin: Any) -> torch.Tensor:

@@ -18,7 +18,6 @@ and the batch is planned again: at most two plans for any batch.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from .._batch.batch import carries, make_batch
 from .._batch.layout import Layout, PartSpec, Spec, bulk_of
 from .._batch.views import START
+from .._locks import new_lock
 from .._memory.arena import Kind, PinMode, allocate
 from .._types.builtin import KEPT_VALUES, NUMBERS
 from .._types.kinds import LISTS, MAPPING, SEQUENCE, kind_of
@@ -228,7 +228,7 @@ class Plans:
         #: Each structure's last planned signature: where a new one differs only in shapes, those
         #: fields are planned for each batch from then on (one plan, not one per shape).
         self._shapes: OrderedDict[Hashable, Hashable] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = new_lock()
 
     def signature(self, samples: Sequence[Any]) -> Hashable:
         return (len(samples), _signature(samples[0], (), self.careful, self.items), self._keys(samples))

@@ -9,7 +9,6 @@ promoted dtype, whether its values stack, and the class a stack of them has.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -106,6 +105,12 @@ class Column:
         self.origins: list[tuple[int, Path]] | None = origins
         #: Plain tensors, every one present, described at C speed (:func:`~pincollate._types.builtin.describe_plain`).
         self.plain = False
+        # Read once each, on first use. Not functools.cached_property: up to Python 3.11 it takes one
+        # lock per property for every instance, and a DataLoader forking its workers while another
+        # thread holds it leaves each worker's first walk waiting on it for good.
+        self._known: dict[int, tuple[int, ...]] | None = None
+        self._present: list[int] | None = None
+        self._dtype: torch.dtype | None = None
 
     @classmethod
     def empty(cls, n: int, path: Path) -> Column:
@@ -136,18 +141,31 @@ class Column:
         sample, path = self.origin(i)
         return CollateError(message, sample=sample, path=path)
 
-    @functools.cached_property
+    @property
     def known(self) -> dict[int, tuple[int, ...]]:
         """The shapes of the values present, by index."""
-        return {i: shape for i, shape in enumerate(self.shapes) if shape is not None}
+        if self._known is None:
+            self._known = {i: shape for i, shape in enumerate(self.shapes) if shape is not None}
+        return self._known
 
-    @functools.cached_property
+    @property
     def present(self) -> list[int]:
-        return [i for i, shape in enumerate(self.shapes) if shape is not None]
+        if self._present is None:
+            self._present = [i for i, shape in enumerate(self.shapes) if shape is not None]
+        return self._present
 
-    @functools.cached_property
+    @property
     def dtype(self) -> torch.dtype:
         """The promoted dtype of all present values (``torch.result_type`` rules)."""
+        if self._dtype is None:
+            self._dtype = self._promoted()
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, dtype: torch.dtype) -> None:  # a column of numbers takes default_collate's dtype
+        self._dtype = dtype
+
+    def _promoted(self) -> torch.dtype:
         found = set(self.dtypes)
         found.discard(None)
         if len(found) < 2:  # one dtype (read at C speed), or none present

@@ -19,6 +19,7 @@ from collections.abc import Hashable, Iterable
 from typing import Any
 
 from .._errors import format_path, is_items
+from .._locks import new_lock
 
 __all__ = ["Fallbacks", "FieldFallback", "RaggedFieldWarning", "two_shapes"]
 
@@ -74,7 +75,7 @@ class Fallbacks:
 
     def __init__(self) -> None:
         self._warned: set[Path] = set()
-        self._lock = threading.Lock()
+        self._lock = new_lock()
         self._local = threading.local()
         #: Reports waiting in any thread: what the collate reads after each batch (no lock, no thread-local).
         self.waiting = 0

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from time import perf_counter, sleep
@@ -42,6 +41,7 @@ import torch
 
 from .._batch.batch import Batch
 from .._errors import CollateError
+from .._locks import new_lock
 from .._types.kinds import kind_of
 
 __all__ = [
@@ -436,7 +436,7 @@ class Clock:
                 raise ImportError("progress=True needs tqdm: pip install tqdm") from error
         if not (isinstance(summary, bool) or callable(summary)):
             raise CollateError(f"summary=... must be a bool or a callable taking a line, got {summary!r}")
-        self.lock = threading.Lock()
+        self.lock = new_lock()
         self.progress = progress
         self.say: Callable[[str], None] | None = print if summary is True else (summary or None)
         self.number = -1
