@@ -249,6 +249,29 @@ def test_the_warning_is_given_once_per_loader():
         _shm.warn_once(None)
 
 
+def test_workers_that_unpickled_their_own_dataset_share_one_notice_key(monkeypatch):
+    # Spawned and forkserver workers (and each epoch's new ones) hold a dataset object of their own:
+    # keyed by its id, their notices made one warning per worker and epoch.
+    from types import SimpleNamespace
+
+    class Numbered(torch.utils.data.Dataset):
+        def __init__(self, n: int):
+            self.n = n
+
+    keys = []
+    for worker in range(3):
+        info = SimpleNamespace(dataset=Numbered(4), id=worker)
+        monkeypatch.setattr(_shm, "get_worker_info", lambda info=info: info)
+        monkeypatch.setattr(_shm, "_noticed", False)
+        _shm.note("waited for a slot")
+        keys.append(_shm.take_notice()[0])
+    assert keys[0] == keys[1] == keys[2] and keys[0][1].endswith("Numbered")
+    monkeypatch.setattr(_shm, "get_worker_info", lambda: SimpleNamespace(dataset=[1, 2], id=0))
+    monkeypatch.setattr(_shm, "_noticed", False)
+    _shm.note("waited for a slot")
+    assert _shm.take_notice()[0] != keys[0]  # another dataset class: its own warning
+
+
 def test_a_wait_is_bounded_and_remembered(monkeypatch):
     """A ring whose slot is held waits at most WAIT_S once, then skips the wait until a slot is back."""
     monkeypatch.setattr(_shm, "WAIT_S", 0.1)

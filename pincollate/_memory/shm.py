@@ -19,7 +19,7 @@ goes, in this order, into:
    process, pinned where its collate would pin there, and the run goes on.
 
 The first batch that waits or takes the pipe carries a notice; the main process turns it
-into one :class:`SharedMemoryWarning` per loader.
+into one :class:`SharedMemoryWarning` per dataset class.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _MARGIN = 1 << 20
 class SharedMemoryWarning(UserWarning):
     """/dev/shm is too small for a loader's batches: workers wait, or send batches outside it.
 
-    Warned once per loader. A batch that does not fit waits for one of its worker's
+    Warned once per dataset class (not per worker or epoch). A batch that does not fit waits for one of its worker's
     slots, else crosses in a memfd (or, without ``memfd_create``, through the result
     pipe): slower, with the same values. The message says how big /dev/shm is and how
     to give it more.
@@ -199,8 +199,11 @@ def note(what: str) -> None:
         return
     _noticed = True
     info = get_worker_info()
-    # One warning per loader: its workers share the dataset object (and the parent).
-    key = (os.getppid(), id(info.dataset) if info is not None else None)
+    # One warning per dataset of the parent, whatever made the workers: spawned and forkserver
+    # workers (and each epoch's new ones) unpickle a dataset object of their own, so its id would
+    # make one warning per worker and epoch; its class is the same in every one.
+    dataset = type(info.dataset) if info is not None else None
+    key = (os.getppid(), None if dataset is None else f"{dataset.__module__}.{dataset.__qualname__}")
     total, free = shm_total() or 0, shm_free() or 0
     text = (
         f"pincollate: /dev/shm is too small for this loader's batches: it has {total / 2**20:.0f} MiB "
@@ -232,7 +235,7 @@ _warned: set[Any] = set()
 
 
 def warn_once(notice: tuple[Any, str] | None) -> None:
-    """Warn about a worker's notice, once per loader."""
+    """Warn about a worker's notice, once per dataset class."""
     if notice is None:
         return
     key, text = notice

@@ -54,7 +54,7 @@ def _rates(workers: int, batches: int, names: list[str] | None = None, batch_siz
         )
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the small /dev/shm warning, said once per loader
+                warnings.simplefilter("ignore")  # the small /dev/shm warning, said once per dataset class
                 iterator = iter(loader)
                 next(iterator)  # workers started and warm
                 start = time.perf_counter()
