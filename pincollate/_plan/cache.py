@@ -42,7 +42,7 @@ from .sized import SizedLayouts
 from .template import Template
 from .tree_ops import CarefulOp, DataclassOp, MappingOp, RegisteredOp, SequenceOp
 
-__all__ = ["Plan", "Plans"]
+__all__ = ["CAREFUL_LEAST", "Plan", "Plans"]
 
 Path = tuple[Hashable, ...]
 
@@ -55,6 +55,10 @@ WALK_FIRST_SIGHT = True
 
 #: The source shown for a plan that walks its whole batch: it runs the walk, no generated code.
 _WALKED = "# the careful walk of the whole batch (Plan._walk_whole): no generated code\n"
+
+
+#: The fewest careful paths a cache keeps before it cuts them back to its plans' own.
+CAREFUL_LEAST = 1024
 
 
 class Plan:
@@ -70,6 +74,7 @@ class Plan:
 
     __slots__ = (
         "bulk",
+        "careful",
         "carrier",
         "compiled",
         "key",
@@ -106,6 +111,8 @@ class Plan:
         self.bulk = bulk_of(template)
         self.layout = Layout(template, nbytes, bulk=self.bulk) if nparts == 0 else None
         self.key: Hashable = None
+        #: The key paths this plan walks for each batch: what of the cache's careful paths it needs.
+        self.careful: frozenset[Path] = frozenset()
         self.sized: SizedLayouts | None = None
         #: The function that walks every part of a batch (where a part's guard in the plan's own
         #: function misses): made by the first batch that needs it.
@@ -200,7 +207,11 @@ class Plan:
 class Plans:
     """The cache of plans of one :class:`~pincollate.MMCollate`, keyed by signature.
 
-    ``careful`` holds the key paths planned anew for each batch; it only grows.
+    ``careful`` holds the key paths planned anew for each batch. It grows as plans learn
+    them, and where keys come from the data (a file name per sample) it would grow for good, and
+    make every plan cost more (each copies it): past twice what the cached plans need (and
+    :data:`CAREFUL_LEAST`), it is cut back to the paths of the plans still cached. A structure
+    evicted with its plan learns its paths again if it comes back.
     ``planned`` counts the plans made, so tests can tell the cache is used.
 
     A structure is compiled the second time it comes (:meth:`first_sight`): its first batch
@@ -217,6 +228,7 @@ class Plans:
         self.items: bool = settings.items
         self.capacity: int = capacity
         self.careful: set[Path] = set()
+        self._careful_bound = CAREFUL_LEAST
         self.planned = 0
         #: The plan the last batch used: tried first, without a signature.
         self.last: Plan | None = None
@@ -245,8 +257,17 @@ class Plans:
         return frozenset().union(*samples)
 
     def get(self, key: Hashable) -> Plan | None:
-        """The cached plan for a signature, or ``None``."""
-        return self._plans.get(key)
+        """The cached plan for a signature, or ``None``; a plan found is the last the cache evicts.
+
+        Least recently used, not first in: a structure a loader keeps coming back to (the
+        training batches between evaluation batches of many shapes) keeps its plan.
+        """
+        plan = self._plans.get(key)
+        if plan is not None:
+            with self._lock:
+                if key in self._plans:
+                    self._plans.move_to_end(key)
+        return plan
 
     def first_sight(self, samples: Sequence[Any]) -> Hashable | None:
         """The structure of ``samples`` where it has not come before (:meth:`saw` remembers it), else ``None``.
@@ -312,6 +333,7 @@ class Plans:
             with self._lock:
                 # A new set, not the old one changed: another thread may be reading it for a signature.
                 self.careful = self.careful | template.careful
+                plan.careful = frozenset(template.own)
                 self.planned += 1
                 # The key later batches compute, now that the careful paths are known.
                 plan.key = self.signature(samples)
@@ -319,6 +341,11 @@ class Plans:
                 self.last = plan
                 if len(self._plans) > self.capacity:
                     self._plans.popitem(last=False)
+                if len(self.careful) > self._careful_bound:
+                    # Each cached plan keeps its own paths, so its key, computed with them careful,
+                    # is what its later batches compute still.
+                    self.careful = set().union(*(kept.careful for kept in self._plans.values()))
+                    self._careful_bound = max(CAREFUL_LEAST, 2 * len(self.careful))
                 # Under the structure later batches compute, now that the careful paths are known.
                 now = (len(samples), _signature(samples[0], (), self.careful, self.items, shapes=False))
                 self._shapes[now] = plan.key

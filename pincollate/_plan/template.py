@@ -72,6 +72,8 @@ class Template:
         self.nparts = 0
         #: Mappings two of whose parts may give an extra output of one name: planned again as parts.
         self.clashing: set[Path] = set()
+        #: The paths this plan walks for each batch (``careful`` also holds other structures').
+        self.own: set[Path] = set()
 
     def take(self, nbytes: int) -> int:
         offset = self.offset
@@ -83,6 +85,7 @@ class Template:
     ) -> tuple[Spec, Op]:
         """A field planned for each batch: read by its recipe where ``column`` gets one, else walked."""
         self.careful.add(path)
+        self.own.add(path)
         index = self.nparts
         self.nparts += 1
         recipe = None
