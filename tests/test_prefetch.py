@@ -212,14 +212,21 @@ def test_dropping_an_unfinished_iterator_never_waits_for_a_loader_inside_a_slow_
         def __iter__(self):
             return slow()
 
-    before = set(threading.enumerate())
-    iterator = iter(Prefetcher(Loader(), device="cpu", pin_memory=True, stats=stats))
-    next(iterator)
-    ours = [t for t in threading.enumerate() if t.name == "pincollate-prefetch" and t not in before]
-    start = time.perf_counter()
-    del iterator
+    # What the suite made before is frozen: a full collection of a large heap (after the slow
+    # integration tests, seconds on a 2-core machine) is no measure of the close.
     gc.collect()
-    waited = time.perf_counter() - start  # a close that waits blocks until the 10 s join times out
+    gc.freeze()
+    try:
+        before = set(threading.enumerate())
+        iterator = iter(Prefetcher(Loader(), device="cpu", pin_memory=True, stats=stats))
+        next(iterator)
+        ours = [t for t in threading.enumerate() if t.name == "pincollate-prefetch" and t not in before]
+        start = time.perf_counter()
+        del iterator
+        gc.collect()
+        waited = time.perf_counter() - start  # a close that waits blocks until the 10 s join times out
+    finally:
+        gc.unfreeze()
     release.set()
     for thread in ours:
         thread.join(timeout=60)
