@@ -483,17 +483,18 @@ def test_a_samples_callable_that_returns_no_int_is_named():
     assert InputMeter([[1, 2]], samples=lambda batch: np.int64(len(batch))) is not None
 
 
-def test_closing_a_metered_iterator_closes_its_source():
+def test_closing_a_metered_iterator_closes_the_source_it_made():
     closed = []
 
-    def batches():
-        try:
-            yield {"x": torch.zeros(2)}
-            yield {"x": torch.zeros(2)}
-        finally:
-            closed.append(True)
+    class Batches:
+        def __iter__(self):
+            try:
+                yield {"x": torch.zeros(2)}
+                yield {"x": torch.zeros(2)}
+            finally:
+                closed.append(True)
 
-    iterator = iter(InputMeter(batches()))
+    iterator = iter(InputMeter(Batches()))
     next(iterator)
     iterator.close()
     assert closed == [True]
@@ -746,3 +747,129 @@ def test_a_first_tensor_of_no_rows_is_passed_over_in_every_container(make):
     meter = InputMeter([make(), make()])
     list(meter)
     assert meter.epoch.samples == 18
+
+
+@pytest.mark.parametrize("wrap", ["meter", "prefetcher", "prefetcher_no_stats"])
+def test_a_generator_passed_in_goes_on_after_a_break(wrap):
+    # A generator is its own iterator: the caller's, as it would be without the wrapper.
+    # Closing it when the loop's iterator is dropped lost the rest of the stream.
+    def batches():
+        for i in range(6):
+            yield {"x": torch.full((2,), float(i))}
+
+    source = batches()
+    wrapped = {
+        "meter": lambda: InputMeter(source),
+        "prefetcher": lambda: Prefetcher(source, device="cpu"),
+        "prefetcher_no_stats": lambda: Prefetcher(source, device="cpu", stats=False),
+    }[wrap]()
+    first = next(iter(wrapped))  # the loop's iterator dropped at once, as a `break` drops it
+    assert first["x"][0] == 0
+    assert [b["x"][0].item() for b in wrapped] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_a_plain_batch_between_two_of_one_layout_counts_each_as_itself():
+    collated = mm_collate([{"img": torch.zeros(3, 8, 8)} for _ in range(4)])
+    plain = {"tokens": torch.zeros(2, 5)}
+    meter = InputMeter([collated, plain, collated, plain, collated])
+    assert _drain(meter) == 5
+    assert meter.epoch.batch_bytes == 3 * collated.layout.nbytes + 2 * 40
+    assert meter.epoch.samples == 3 * 4 + 2 * 2
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_sparse_and_nested_tensors_are_counted():
+    sparse = torch.eye(4).to_sparse()
+    nested = torch.nested.as_nested_tensor([torch.zeros(2, 3), torch.zeros(4, 3)])
+    assert count_batch({"adj": sparse}) == (4, sparse._indices().nbytes + sparse._values().nbytes)
+    assert count_batch({"n": nested})[0] == 2
+    assert count_batch([sparse, torch.zeros(4)]) == (4, 64 + 16 + 16)  # indices, values, the dense tensor
+    # The Prefetcher's stats are on by default: a sparse batch must not stop the loop.
+    assert len(list(Prefetcher([{"adj": sparse}], device="cpu"))) == 1
+
+
+def test_an_attribute_dict_batch_is_counted_and_moved():
+    # The attribute-dict idiom: __getattr__ is dict.__getitem__, which raises KeyError.
+    class AttrDict(dict):
+        __getattr__ = dict.__getitem__
+
+    batch = AttrDict(x=torch.zeros(2, 3))
+    meter = InputMeter([batch, batch])
+    assert _drain(meter) == 2 and meter.epoch.samples == 4
+    assert count_batch(batch) == (2, 24)
+    (moved,) = list(Prefetcher([batch], device="cpu"))
+    assert torch.equal(moved["x"], batch["x"])
+    moved = pincollate.to_device(batch, "cpu")
+    assert type(moved) is AttrDict and torch.equal(moved["x"], batch["x"])
+
+
+def test_set_epoch_reaches_a_distributed_sampler_inside_a_batch_sampler():
+    data = list(range(16))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
+    loader = DataLoader(data, batch_sampler=torch.utils.data.BatchSampler(sampler, 4, False))
+    for wrapper in (InputMeter(loader), Prefetcher(loader, device="cpu")):
+        orders = []
+        for epoch in range(3):
+            wrapper.set_epoch(epoch)
+            orders.append([b.tolist() for b in wrapper])
+            assert sampler.epoch == epoch
+        assert orders[0] != orders[1] != orders[2]
+
+
+def test_a_reset_inside_a_loop_counts_from_there_and_says_the_summary():
+    lines: list[str] = []
+    meter = InputMeter([{"x": torch.zeros(4)}] * 10, summary=lines.append)
+    for i, _ in enumerate(meter):
+        if i == 2:
+            meter.reset()  # after a warm-up
+            assert meter.epoch.batches == 0
+    assert (meter.epoch.batches, meter.total.batches, meter.epoch.samples) == (7, 7, 28)
+    assert len(lines) == 1 and lines[0].startswith("epoch 0: 7 batches")
+    assert _drain(meter) == 10
+    assert (meter.epoch.batches, meter.total.batches) == (10, 17)
+
+
+def test_a_reset_inside_a_prefetcher_loop_counts_from_there():
+    prefetcher = Prefetcher([{"x": torch.zeros(4)}] * 6, device="cpu", transform=lambda b: b)
+    for i, _ in enumerate(prefetcher):
+        if i == 1:
+            prefetcher.stats.reset()
+    assert (prefetcher.stats.epoch.batches, prefetcher.stats.total.batches) == (4, 4)
+
+
+def test_a_reset_inside_an_inner_loop_keeps_the_outer_loop_counting():
+    meter = InputMeter([{"x": torch.zeros(2)}] * 3)
+    for outer, _ in enumerate(meter):
+        if outer == 0:
+            for j, _ in enumerate(meter):  # a nested pass over the same wrapper
+                if j == 0:
+                    meter.reset()
+    # After the reset: the inner loop's 2 later batches, and the outer loop's 2 later batches.
+    assert meter.total.batches == 4
+
+
+def test_a_loop_left_by_break_closes_its_progress_bar(capsys):
+    pytest.importorskip("tqdm")
+    meter = InputMeter([{"x": torch.zeros(2)}] * 5, progress=True)
+    iterator = iter(meter)
+    next(iterator)
+    bar = meter._clock._bar
+    assert bar is not None
+    del iterator  # what a `break` does to the loop's iterator
+    assert meter._clock._bar is None and bar.disable  # tqdm marks a closed bar disabled
+
+
+def test_an_empty_epoch_reports_no_input_bound_share():
+    lines: list[str] = []
+    meter = InputMeter([], summary=lines.append)
+    assert _drain(meter) == 0
+    assert meter.epoch.batches == 0 and meter.epoch.input_bound == 0.0
+    assert lines == [lines[0]] and "the loader gave none" in lines[0] and "input-bound" not in lines[0]
+
+
+def test_a_list_of_samples_counts_its_samples():
+    # collate_fn=list (or lambda b: b): the batch is the samples themselves.
+    samples = [{"img": torch.zeros(3, 8, 8), "label": 1} for _ in range(4)]
+    assert count_batch(samples)[0] == 4
+    # A list of fields (default_collate of tuples) still counts its first tensor's rows.
+    assert count_batch([torch.zeros(5, 3), torch.zeros(5)])[0] == 5

@@ -29,7 +29,7 @@ from .specs import (
     jagged,
 )
 
-__all__ = ["Carried", "carried", "is_batch"]
+__all__ = ["Carried", "carried", "is_batch", "state_of"]
 
 Carried = tuple[Layout, torch.Tensor, list[Any]]
 
@@ -37,14 +37,30 @@ Carried = tuple[Layout, torch.Tensor, list[Any]]
 _END = object()
 
 
+def state_of(obj: Any) -> Carried | None:
+    """``(layout, buffer, values)`` as ``obj`` was made with them; ``None`` where it is no batch.
+
+    Read only where ``obj``'s class is a batch class (every one defines the attribute): any
+    other object's ``__getattr__`` is never asked, so an attribute dict (whose
+    ``__getattr__`` is ``dict.__getitem__``, raising ``KeyError``) is simply not a batch.
+
+    Example:
+        >>> class AttrDict(dict):
+        ...     __getattr__ = dict.__getitem__
+        >>> state_of(AttrDict(x=1)) is None
+        True
+    """
+    return obj._pincollate if hasattr(type(obj), "_pincollate") else None
+
+
 def is_batch(obj: Any) -> bool:
     """Whether ``obj`` was made as a batch with a layout (:func:`carried` says if it still matches it)."""
-    return getattr(obj, "_pincollate", None) is not None
+    return state_of(obj) is not None
 
 
 def carried(batch: Any) -> Carried | None:
     """``(layout, buffer, values)`` of a batch whose contents still match its layout."""
-    state = getattr(batch, "_pincollate", None)
+    state = state_of(batch)
     if state is None:
         return None
     layout, buffer, values = state

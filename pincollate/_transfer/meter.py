@@ -40,6 +40,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from .._batch.batch import Batch
+from .._batch.check import state_of
 from .._errors import CollateError
 from .._locks import new_lock
 from .._types.kinds import kind_of
@@ -76,9 +77,11 @@ class InputStats:
         samples: samples in them: each batch's first tensor's length, depth first (the
             values of a mapping, a tuple, a list or a dataclass in order, passing over
             those that give none, such as a string; a list inside a mapping counts its
-            items), or what ``samples=`` says; 0 where none is found.
-        batch_bytes: bytes of the batches' tensors as the loop received them (a
-            pincollate batch: its buffer's used bytes, as collated, alignment included).
+            items, and so does a batch that is a list of samples, mappings or dataclasses,
+            as ``collate_fn=list`` gives), or what ``samples=`` says; 0 where none is found.
+        batch_bytes: bytes of the batches' tensors as the loader gave them, before a
+            ``Prefetcher``'s transform (a pincollate batch: its buffer's used bytes, as
+            collated, alignment included; a sparse tensor: its indices and values).
         waited_s: seconds the loop spent waiting for a batch, from asking for it
             (``next()``) to having it; the first includes starting the iteration (a
             ``DataLoader`` starting its workers).
@@ -120,8 +123,11 @@ class InputStats:
         """The share of the loop's time spent waiting for data, from 0 to 1.
 
         Near 0 the loop is compute-bound: faster input would not speed it up. Near 1
-        the step waits for every batch: the input pipeline sets the pace.
+        the step waits for every batch: the input pipeline sets the pace. 0 where no
+        batch arrived (an empty epoch's start is no wait for data).
         """
+        if not self.batches:  # no batch arrived: nothing was waited for
+            return 0.0
         return self.waited_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
@@ -195,6 +201,8 @@ class InputStats:
             >>> print(InputStats(batches=40, samples=1280, batch_bytes=4_000_000, waited_s=0.5, busy_s=1.5).summary())
             40 batches, 1,280 samples in 2.00 s: 20.0 batches/s, 640 samples/s, 2.0 MB/s; input-bound 25% (waited 0.50 s)
         """
+        if not self.batches:
+            return f"0 batches in {self.elapsed_s:.2f} s: the loader gave none"
         parts = [f"{self.batches:,} batches"]
         if self.samples:
             parts.append(f"{self.samples:,} samples")
@@ -232,13 +240,14 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
     by the tensor after it.
     """
     if isinstance(tree, torch.Tensor):
-        return int(tree.shape[0]) if tree.dim() else 0
+        # size(0), not shape[0]: a strided nested tensor has no shape.
+        return int(tree.size(0)) if tree.dim() else 0
     if depth > 8:
         return 0
     if isinstance(tree, dict):  # a Batch: read on every batch, so without the Mapping ABC's check
         for value in tree.values():
-            if type(value) is torch.Tensor and value.dim() and value.shape[0]:
-                return int(value.shape[0])
+            if type(value) is torch.Tensor and value.dim() and value.size(0):
+                return int(value.size(0))
             found = _first_length(value, False, depth + 1)
             if found:
                 return found
@@ -246,8 +255,9 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
     if isinstance(tree, Mapping):
         values: Iterable[Any] = tree.values()
     elif isinstance(tree, (list, tuple)):
-        if not top and not hasattr(tree, "_fields"):
-            return len(tree)  # a per-sample list inside the batch
+        if not hasattr(tree, "_fields") and (not top or (tree and _is_sample(tree[0]))):
+            # A per-sample list inside the batch; at the top, a list of samples (``collate_fn=list``).
+            return len(tree)
         values = tree
     elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         values = (getattr(tree, field.name, None) for field in dataclasses.fields(tree))
@@ -260,9 +270,24 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
     return 0
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """A tensor's bytes: its elements' for a strided one; a sparse COO tensor's indices and values."""
+    try:
+        return int(t.nbytes)
+    except (RuntimeError, NotImplementedError):  # "nbytes is not defined for sparse tensors"
+        if t.layout is torch.sparse_coo:
+            return int(t._indices().nbytes + t._values().nbytes)
+        return 0
+
+
+def _is_sample(value: Any) -> bool:
+    """Whether a top-level list's first item is a sample (a mapping or a dataclass), not a field's values."""
+    return isinstance(value, Mapping) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
 def _tensor_bytes(tree: Any, depth: int) -> int:
     if isinstance(tree, torch.Tensor):
-        return tree.nbytes
+        return _nbytes(tree)
     if depth > 100:
         return 0
     if type(tree) is dict:
@@ -274,8 +299,11 @@ def _tensor_bytes(tree: Any, depth: int) -> int:
         values = kind.children(tree)
     total = 0
     for value in values:
-        # Most batches are dicts of tensors: those without a call each.
-        total += value.nbytes if type(value) is torch.Tensor else _tensor_bytes(value, depth + 1)
+        # Most batches are dicts of strided tensors: those without a call each.
+        if type(value) is torch.Tensor and value.layout is torch.strided:
+            total += value.nbytes
+        else:
+            total += _tensor_bytes(value, depth + 1)
     return total
 
 
@@ -288,7 +316,7 @@ def count_batch(batch: Any) -> tuple[int, int]:
         >>> count_batch([torch.zeros(8, 2, dtype=torch.uint8), torch.arange(8)])
         (8, 80)
     """
-    carried = getattr(batch, "_pincollate", None)
+    carried = state_of(batch)
     nbytes = carried[0].nbytes if carried is not None else _tensor_bytes(batch, 0)
     return _first_length(batch, True, 0), nbytes
 
@@ -313,7 +341,7 @@ class Counter:
         self.known: dict[int, tuple[Any, int]] = {}
 
     def __call__(self, batch: Any) -> tuple[int, int]:
-        carried = getattr(batch, "_pincollate", None)
+        carried = state_of(batch)
         if self.samples is not None:
             samples = self.samples(batch)
             try:
@@ -347,6 +375,10 @@ class _Sums:
     The loop's time is one line from ``start``: waits and work in turn, up to ``last``
     (when the last batch was handed over, or the loop asked past the end). So the work
     is what of that line was not waiting, and a batch costs no sum for it.
+
+    ``moved`` is where an iteration's figures go on after :meth:`Clock.reset`: the fresh
+    sums that replaced these while their iteration ran. Every writer follows it
+    (:meth:`live`), so a reset inside a loop starts the figures there, not stops them.
     """
 
     __slots__ = (
@@ -356,6 +388,7 @@ class _Sums:
         "h2d_bytes",
         "last",
         "loader",
+        "moved",
         "open",
         "reads_loader",
         "samples",
@@ -376,6 +409,14 @@ class _Sums:
         self.reads_loader = reads_loader
         #: Whether an iteration may still write these sums (Clock.begin's; finished or closed: not).
         self.open = False
+        self.moved: _Sums | None = None
+
+    def live(self) -> _Sums:
+        """The sums an iteration that began with these writes now (these, unless reset since)."""
+        sums = self
+        while sums.moved is not None:
+            sums = sums.moved
+        return sums
 
     def snapshot(self) -> _Sums:
         """A whole copy, taken while the consumer's thread may be writing a batch's figures."""
@@ -417,7 +458,9 @@ class _Sums:
         )
 
 
-_FOLDED = tuple(name for name in _Sums.__slots__ if name not in ("start", "last", "reads_loader", "seq"))
+_FOLDED = tuple(
+    name for name in _Sums.__slots__ if name not in ("start", "last", "moved", "open", "reads_loader", "seq")
+)
 
 
 class Clock:
@@ -469,10 +512,23 @@ class Clock:
             return total.stats()
 
     def reset(self) -> None:
+        """Forget every figure. An iteration still running goes on counting from now, as epoch 0."""
+        now = perf_counter()
         with self.lock:
-            self._current, self._past, self._running = _Sums(), _Sums(), []
-            self._released.clear()
-            self.number, self._next = -1, None
+            self._settle()
+            current = self._current
+            self._current = self._fresh(current, now) if current.open else _Sums()
+            self._running = [self._fresh(running, now) for running in self._running]
+            self._past = _Sums()
+            self.number, self._next = (0 if current.open else -1), None
+
+    @staticmethod
+    def _fresh(sums: _Sums, now: float) -> _Sums:
+        """New sums, from ``now``, for the open iteration writing ``sums``; its writers follow ``moved`` there."""
+        fresh = _Sums(now, sums.reads_loader)
+        fresh.open = True
+        sums.moved = fresh
+        return fresh
 
     def renumber(self, epoch: int) -> None:
         """``set_epoch(epoch)``: new epoch sums now, and the next iteration is epoch ``epoch``."""
@@ -493,10 +549,21 @@ class Clock:
         """An iteration finished or closed: nothing writes ``sums`` any more.
 
         Never takes the lock: a garbage collector's close (an iterator's ``__del__``) may run on
-        a thread that holds it, inside a locked call; the next locked call folds ``sums``.
+        a thread that holds it, inside a locked call; the next locked call folds ``sums``. The
+        current iteration's bar closes (a loop left by ``break`` leaves none drawn).
         """
+        sums = sums.live()
         sums.open = False
         self._released.append(sums)
+        bar = self._bar
+        if bar is not None and sums is self._current:
+            self._bar = None
+            # Read without a snapshot: a collector's close may run on the writer's thread between
+            # its two steps of the sequence number, where a snapshot would wait for ever.
+            elapsed = sums.waited + sums.work()
+            if sums.batches and elapsed > 0:
+                bar.set_postfix_str(f"input-bound {sums.waited / elapsed:.0%}", refresh=False)
+            bar.close()
 
     def _settle(self) -> None:
         """Fold the released sums of earlier iterations into the run's (under the lock)."""
@@ -535,6 +602,7 @@ class Clock:
         """The iteration's start is over (the loader's iterator made): that was waiting."""
         now = perf_counter()
         with self.lock:
+            sums = sums.live()
             sums.waited += now - sums.start
             sums.last = now
 
@@ -549,6 +617,8 @@ class Clock:
         h2d: int,
     ) -> None:
         """One Prefetcher batch asked for at ``asked`` and handed over at ``got``, with its staging figures."""
+        if sums.moved is not None:
+            sums = sums.live()
         sums.seq += 1
         try:
             sums.batches += 1
@@ -566,6 +636,8 @@ class Clock:
 
     def arrive(self, sums: _Sums, at: float, batches: int, count: tuple[int, int]) -> None:
         """A framework's hook: a step received its batch at ``at``; since the last mark it waited."""
+        if sums.moved is not None:
+            sums = sums.live()
         sums.seq += 1
         try:
             sums.batches += batches
@@ -584,6 +656,7 @@ class Clock:
 
     def add(self, sums: _Sums, **figures: float) -> None:
         """Any of a batch's sums by name (the framework callbacks' slower path), on the consumer's thread."""
+        sums = sums.live()
         sums.seq += 1
         try:
             for name, value in figures.items():
@@ -593,16 +666,18 @@ class Clock:
 
     def mark(self, sums: _Sums, at: float) -> None:
         """The loop's line reaches ``at``: the time since the last mark that was not waiting was work."""
-        sums.last = at  # one write: whole to any reader
+        sums.live().last = at  # one write: whole to any reader
 
     def add_copies(self, sums: _Sums, seconds: float, nbytes: int) -> None:
         with self.lock:
+            sums = sums.live()
             sums.timed_s += seconds
             sums.timed_bytes += nbytes
 
     def finish(self, sums: _Sums, asked: float) -> None:
         """The loop asked past the epoch's end at ``asked``: the last step's work counts, the bar
         closes, the summary is said."""
+        sums = sums.live()
         self.mark(sums, asked)
         self.release(sums)
         self._close_bar()
@@ -617,12 +692,22 @@ class Clock:
 
 
 def pass_epoch(loader: Any, epoch: int) -> None:
-    """``set_epoch(epoch)`` on the loader's sampler, batch sampler and dataset, where they have it;
-    else on the loader itself."""
+    """``set_epoch(epoch)`` on the loader's sampler, batch sampler (and the sampler inside it) and
+    dataset, where they have it; else on the loader itself.
+
+    A ``DataLoader(batch_sampler=BatchSampler(DistributedSampler(...), ...))`` keeps its
+    ``DistributedSampler`` inside the batch sampler: without the call there, every epoch
+    would draw the same order.
+    """
     seen: set[int] = set()
     found = False
-    for name in ("sampler", "batch_sampler", "dataset"):
-        target = getattr(loader, name, None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for target in (
+        getattr(loader, "sampler", None),
+        batch_sampler,
+        getattr(batch_sampler, "sampler", None),
+        getattr(loader, "dataset", None),
+    ):
         if target is None or id(target) in seen:
             continue
         seen.add(id(target))
@@ -757,7 +842,7 @@ class InputMeter(LoaderWrapper, Generic[T]):
             clock.release(sums)  # no epoch began: none is left open
             raise
         clock.started(sums)
-        return Metered(source, clock, sums, self._count)
+        return Metered(source, clock, sums, self._count, owned=source is not self.loader)
 
     def _renumber(self, epoch: int) -> None:
         self._clock.renumber(epoch)
@@ -771,7 +856,9 @@ class Stoppable:
 
 
 def close_source(source: Any, wait: bool) -> None:
-    """Close ``source`` where it can be closed.
+    """Close ``source`` where it can be closed. Only an iterator the wrapper made (``iter(loader)``
+    that is not the loader itself) is closed: a generator the user passed stays theirs, and a
+    loop left by ``break`` goes on where it stopped, as it would without the wrapper.
 
     ``wait=False`` is the garbage collector's close: it runs on whatever thread dropped the
     last reference (the training loop's, after a ``break``) and must never stall it on a
@@ -791,13 +878,22 @@ class Metered(Stoppable, Iterator[T]):
     The consumer's per-batch cost is what the meter costs a loop, so the common case is
     inline: two clock reads, one lookup of the batch's layout (a pincollate batch of
     the layout seen last has its counts already), and five sums between two steps of
-    the sequence number.
+    the sequence number. ``owned``: ``source`` was made by the wrapper (closed with it; see
+    :func:`close_source`).
     """
 
-    __slots__ = ("_by_layout", "_clock", "_count", "_counted", "_done", "_layout", "_source", "_sums")
+    __slots__ = ("_by_layout", "_clock", "_count", "_counted", "_done", "_layout", "_owned", "_source", "_sums")
 
-    def __init__(self, source: Iterator[T], clock: Clock, sums: _Sums, count: Callable[[Any], tuple[int, int]]):
+    def __init__(
+        self,
+        source: Iterator[T],
+        clock: Clock,
+        sums: _Sums,
+        count: Callable[[Any], tuple[int, int]],
+        owned: bool = True,
+    ):
         self._source = source
+        self._owned = owned
         self._clock = clock
         self._sums = sums
         self._count = count
@@ -817,7 +913,8 @@ class Metered(Stoppable, Iterator[T]):
                 self._clock.finish(self._sums, asked)
             raise
         got = perf_counter()
-        carried = getattr(batch, "_pincollate", None)
+        # state_of, inline: read only from a batch class (an attribute dict's __getattr__ raises KeyError).
+        carried = batch._pincollate if hasattr(type(batch), "_pincollate") else None  # type: ignore[attr-defined]
         if carried is not None and carried[0] is self._layout:
             # The bytes are the layout's; the samples the batch's own (it may have changed after
             # collating): a Batch's first tensor read inline, the rest by the walk.
@@ -828,9 +925,12 @@ class Metered(Stoppable, Iterator[T]):
                 samples = _first_length(batch, True, 0)
         else:
             samples, nbytes = self._counted = self._count(batch)
-            if carried is not None and self._by_layout:
-                self._layout = carried[0]
+            # Counted by its layout only where the count came from it: a batch of another kind
+            # between two of one layout counts anew the next of that layout.
+            self._layout = carried[0] if carried is not None and self._by_layout else None
         sums = self._sums
+        if sums.moved is not None:  # the meter was reset during this iteration
+            sums = self._sums = sums.live()
         sums.seq += 1
         try:
             sums.batches += 1
@@ -846,7 +946,8 @@ class Metered(Stoppable, Iterator[T]):
 
     def close(self, wait: bool = True) -> None:
         """Close the source (a Prefetcher's pin thread, a generator) where it can be closed; its figures are whole."""
-        close_source(getattr(self, "_source", None), wait)
+        if getattr(self, "_owned", False):
+            close_source(self._source, wait)
         clock = getattr(self, "_clock", None)
         if clock is not None:
             clock.release(self._sums)

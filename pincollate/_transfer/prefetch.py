@@ -185,9 +185,10 @@ class Prefetcher(LoaderWrapper, Generic[T]):
             # transformed on the consumer's.
             hand = None if self.device.type == "cpu" and self.transform is None else functools.partial(moved, self)
             return Ahead(source, self.depth, pin, self.device, hand, metering, copies=self.device.type != "cpu")
+        owned = source is not self.loader  # a generator passed in stays the caller's: never closed here
         if metering is None:
-            return Passthrough(source, self)
+            return Passthrough(source, self, owned)
         if direct:
             # Nothing to stage: the loop's waits are its reads, timed as any metered loader's.
-            return Metered(source, *metering)
-        return MeteredPassthrough(source, self, metering)
+            return Metered(source, *metering, owned=owned)
+        return MeteredPassthrough(source, self, metering, owned)

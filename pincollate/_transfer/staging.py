@@ -261,17 +261,20 @@ def moved(owner: Owner, batch: Any) -> Any:
 
 
 class Passthrough(Stoppable, Iterator[Any]):
-    """No accelerator: move (a no-op on CPU) and transform, synchronously."""
+    """No accelerator: move (a no-op on CPU) and transform, synchronously. ``owned``: ``source``
+    was made by the Prefetcher (see :func:`~pincollate._transfer.meter.close_source`)."""
 
-    def __init__(self, source: Iterator[Any], owner: Owner):
+    def __init__(self, source: Iterator[Any], owner: Owner, owned: bool = True):
         self._source: Iterator[Any] = source
         self._owner: Owner = owner
+        self._owned = owned
 
     def __next__(self) -> Any:
         return moved(self._owner, next(self._source))
 
     def close(self, wait: bool = True) -> None:
-        close_source(self._source, wait)
+        if getattr(self, "_owned", False):
+            close_source(self._source, wait)
 
     def __del__(self) -> None:
         self.close(wait=False)
@@ -282,8 +285,8 @@ class MeteredPassthrough(Passthrough):
     time, moving and transforming the staging's. (With nothing to stage, the Prefetcher
     meters its loader as :class:`~pincollate._transfer.meter.Metered` does any.)"""
 
-    def __init__(self, source: Iterator[Any], owner: Owner, metering: Metering):
-        super().__init__(source, owner)
+    def __init__(self, source: Iterator[Any], owner: Owner, metering: Metering, owned: bool = True):
+        super().__init__(source, owner, owned)
         self._metering = metering
         self._done = False
 
