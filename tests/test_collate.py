@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import default_collate
 
 import pincollate
-from pincollate import Batch, BatchList, CollateError, MMCollate, RaggedFieldWarning, mm_collate
+from pincollate import AsList, Batch, BatchList, CollateError, MMCollate, PerSample, RaggedFieldWarning, mm_collate
 from samples import (
     PARITY,
     RAGGED,
@@ -759,3 +759,26 @@ def test_a_refused_tensor_among_numbers_is_named_by_its_own_sample(odd, says, co
     with pytest.raises(CollateError) as info:
         MMCollate(pin_memory=False, compile=compile)(samples)
     assert (info.value.sample, info.value.path) == (0, ("z", 1)) and says in str(info.value)
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+@pytest.mark.parametrize(
+    ("numbers", "dtype"),
+    [([1.5, 2], torch.float64), ([1.5, 2, 3j], torch.complex128), ([2, 1.5], torch.float32), ([True, 2], torch.int64)],
+    ids=["float-first", "complex-later", "int-first", "bool-first"],
+)
+def test_numbers_not_stacked_take_their_columns_dtype(compile, numbers, dtype):
+    # One rule for a column of numbers, stacked or not: each value listed by AsList(), kept per
+    # sample by PerSample(), or beside absent entries has the dtype the stacked column has.
+    stacked = MMCollate(pin_memory=False, compile=compile)([{"f": n} for n in numbers])["f"]
+    assert stacked.dtype == dtype
+    for fields in ({"f": AsList()}, {"f": PerSample()}):
+        collate = MMCollate(fields=fields, pin_memory=False, compile=compile)
+        for _ in range(2):  # the walk's batch, then the plan's
+            got = collate([{"f": n} for n in numbers])["f"]
+            assert [v.dtype for v in got] == [dtype] * len(numbers)
+            assert [v.item() for v in got] == stacked.tolist()
+    collate = MMCollate(missing="none", pin_memory=False, compile=compile)
+    for _ in range(2):
+        got = collate([{"f": n, "k": 0} for n in numbers] + [{"k": 0}])["f"]
+        assert [v.dtype for v in got[:-1]] == [dtype] * len(numbers) and got[-1] is None

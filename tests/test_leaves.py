@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pincollate import CollateError, MMCollate, RaggedFieldWarning, mm_collate
+from pincollate import CollateError, MMCollate, RaggedFieldWarning, Stack, mm_collate
 from pincollate._types.leaves import LeafHandler, lookup
 from pincollate._types.leaves import register_leaf as register
 from samples import storages
@@ -313,3 +313,51 @@ def test_a_leafs_meta_and_wrap_metadata_are_checked_by_the_compiled_plan(compile
     assert type(out) is _Rated and out.rate == 22050  # the plan's rate was kept before
     mixed = collate([{"a": _rated([1, 2], 8000)}, {"a": _rated([3, 4], 16000)}])["a"]
     assert isinstance(mixed, list) and [v.rate for v in mixed] == [8000, 16000]  # meta differs: not stacked
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_boxes_stay_per_image_wherever_they_sit_in_the_column(compile, at):
+    # Boxes after a plain tensor of the same shape were stacked into a plain tensor: their
+    # format and canvas size lost, and the result depended on the samples' order.
+    box = tv_tensors.BoundingBoxes(torch.ones(2, 4), format="XYXY", canvas_size=(4, 5))
+    column: list[torch.Tensor] = [torch.zeros(2, 4), torch.zeros(2, 4)]
+    column.insert(at, box)
+    collate = MMCollate(pin_memory=False, compile=compile)
+    plain = collate([{"o": torch.zeros(2, 4)} for _ in range(3)])  # a plan that stacks this field
+    assert plain["o"].shape == (3, 2, 4)
+    for _ in range(2):  # the plan made by the first, and the one that batch's structure keeps
+        got = collate([{"o": value} for value in column])["o"]
+        assert type(got) is list and [type(v) for v in got] == [type(v) for v in column]
+        assert got[at].canvas_size == (4, 5) and got[at].format == tv_tensors.BoundingBoxFormat.XYXY
+        assert all(
+            torch.equal(g.as_subclass(torch.Tensor), v.as_subclass(torch.Tensor))
+            for g, v in zip(got, column, strict=True)
+        )
+    with pytest.raises(CollateError, match=rf"sample {at} at \['o'\]: Stack\(\) cannot stack BoundingBoxes"):
+        MMCollate(fields={"o": Stack()}, compile=compile)([{"o": value} for value in column])
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+@pytest.mark.parametrize("sequences", [None, "items"])
+def test_an_image_and_a_mask_are_blamed_as_the_pair_torch_refuses(compile, sequences):
+    # A plain tensor stacks with either: the error named it (or an Image beside it) instead.
+    image, mask, plain = (
+        tv_tensors.Image(torch.zeros(3, 4, 4)),
+        tv_tensors.Mask(torch.zeros(3, 4, 4)),
+        torch.zeros(3, 4, 4),
+    )
+    collate = MMCollate(pin_memory=False, compile=compile, **({"sequences": sequences} if sequences else {}))
+    if sequences is None:
+        cases = {(plain, image, mask): (2, "Mask", "Image", 1), (image, plain, mask): (2, "Mask", "Image", 0)}
+        for values, (sample, here, other, partner) in cases.items():
+            with pytest.raises(
+                CollateError,
+                match=rf"^sample {sample} at \['x'\]: {here} here does not stack with {other} in sample {partner}:",
+            ):
+                collate([{"x": value} for value in values])
+    else:  # one sample's list of items
+        with pytest.raises(
+            CollateError, match=r"^sample 0 at \['x'\]\[2\]: Mask here does not stack with Image in sample 0:"
+        ):
+            collate([{"x": [plain, image, mask]}, {"x": [plain]}])

@@ -328,6 +328,7 @@ class _Walk(ContainerWalk):
         dtypes: list[torch.dtype | None] = []
         shapes: list[tuple[int, ...] | None] = []
         metas: list[Hashable] | None = [] if handler.meta is not None else None
+        unstackable: tuple[int, LeafHandler] | None = None
         first_type = None
         for i, value in enumerate(values):
             if value is None and self.missing:
@@ -345,13 +346,19 @@ class _Walk(ContainerWalk):
             if first_type is None:
                 first_type = type(value)
                 handler = h
+            elif not h.stackable and handler.stackable and unstackable is None:
+                unstackable = (i, h)  # boxes after a plain tensor: the column never stacks
+            if metas is None and h.meta is not None:
+                metas = [None] * len(dtypes)  # metadata after values without any: they differ
             sample, where = self._blame(i, path, origins)
             dtype, shape = h.describe(value, sample, where)  # type: ignore[misc]
             dtypes.append(dtype)
             shapes.append(tuple(shape))  # a handler may give a list
             if metas is not None:
                 metas.append(h.meta(value) if h.meta is not None else None)
-        return Column(values, path, handler, dtypes, shapes, metas, origins)
+        column = Column(values, path, handler, dtypes, shapes, metas, origins)
+        column.unstackable = unstackable
+        return column
 
     def _leaves(
         self,
@@ -392,7 +399,7 @@ class _Walk(ContainerWalk):
         self._took(depth, LEAVES, policy)
         if policy is None:
             node = stack_or_list(column)
-            if type(node) is not TensorNode and column.handler.stackable:
+            if type(node) is not TensorNode and column.stackable:
                 self.fallbacks.report(path, ((column.origin(i)[0], shape) for i, shape in enumerate(column.shapes)))
             return node, {}
         return policy.plan(column, self.renames.key(path))

@@ -32,6 +32,7 @@ __all__ = [
     "listed",
     "plain_stack",
     "promote_all",
+    "refused_pair",
     "stack_node",
     "stack_or_list",
     "stacked_class",
@@ -105,6 +106,9 @@ class Column:
         self.origins: list[tuple[int, Path]] | None = origins
         #: Plain tensors, every one present, described at C speed (:func:`~pincollate._types.builtin.describe_plain`).
         self.plain = False
+        #: The first value whose class never stacks (``BoundingBoxes``) where the first value's
+        #: class stacks (a plain tensor before boxes): its index and handler. Set by the describer.
+        self.unstackable: tuple[int, LeafHandler] | None = None
         # Read once each, on first use. Not functools.cached_property: up to Python 3.11 it takes one
         # lock per property for every instance, and a DataLoader forking its workers while another
         # thread holds it leaves each worker's first walk waiting on it for good.
@@ -178,9 +182,20 @@ class Column:
             ) from None
 
     @property
+    def stackable(self) -> bool:
+        """Whether every value's class stacks: boxes anywhere in the column keep it one tensor per value."""
+        return self.handler.stackable and self.unstackable is None
+
+    def refusing(self) -> tuple[int, LeafHandler]:
+        """The first value whose class never stacks, and its handler (the column is not :attr:`stackable`)."""
+        if self.unstackable is not None:
+            return self.unstackable
+        return (self.present[0] if self.present else 0), self.handler
+
+    @property
     def uniform(self) -> bool:
         """All values present, of one shape, with agreeing metadata: stackable."""
-        if not self.handler.stackable or self.shapes[0] is None or len(set(self.shapes)) != 1:
+        if not self.stackable or self.shapes[0] is None or len(set(self.shapes)) != 1:
             return False
         return self.metas is None or all(meta == self.metas[0] for meta in self.metas)
 
@@ -216,12 +231,11 @@ class Column:
         try:
             return stacked_class(classes, join)
         except TypeError:  # every __torch_function__ declined
-            first = next(i for i, v in enumerate(self.values) if v is not None)
-            i = next(i for i, v in enumerate(self.values) if v is not None and type(v) is not classes[0])
+            i, partner = refused_pair([None if v is None else type(v) for v in self.values], join)
             verb = "stack" if join is torch.stack else "concatenate"
             raise self.error(
-                f"{type_name(self.values[i])} here does not {verb} with {classes[0].__name__} in sample "
-                f"{self.origin(first)[0]}: torch.{join.__name__} refuses the two classes together",
+                f"{type_name(self.values[i])} here does not {verb} with {type_name(self.values[partner])} in sample "
+                f"{self.origin(partner)[0]}: torch.{join.__name__} refuses the two classes together",
                 i,
             ) from None
 
@@ -234,10 +248,12 @@ class Column:
         shape = self.shapes[i]
         if shape is None:
             return Value(None)
-        dtype = self.dtypes[i]
+        # A number takes its column's dtype (a float first: float64 for every value), as it would stacked.
+        dtype = self.dtype if self.handler.family == "number" else self.dtypes[i]
         assert dtype is not None  # present values have a dtype
-        segment = Segment(0, shape, self.handler.fill_one, [self.values[i]])
-        return TensorNode(dtype, shape, [segment], self._wrap(i), stackable=self.handler.stackable)
+        handler = lookup(type(self.values[i])) or self.handler
+        segment = Segment(0, shape, handler.fill_one, [self.values[i]])
+        return TensorNode(dtype, shape, [segment], self._wrap(i), stackable=handler.stackable)
 
 
 def stacked_class(classes: Sequence[type], join: Callable[..., torch.Tensor] = torch.stack) -> type | None:
@@ -251,6 +267,44 @@ def stacked_class(classes: Sequence[type], join: Callable[..., torch.Tensor] = t
         return None
     probes: list[torch.Tensor] = [torch.empty(0, device="cpu").as_subclass(cls) for cls in classes]
     return type(join(probes))
+
+
+def refused_pair(classes: Sequence[type | None], join: Callable[..., torch.Tensor] = torch.stack) -> tuple[int, int]:
+    """Where ``join`` refuses tensors of ``classes`` together (``None``: absent): the first whose class
+    torch refuses with those before it, and the earlier one it is refused with.
+
+    An ``Image`` and a ``Mask`` are refused together; a plain tensor beside either is not the culprit.
+
+    Examples:
+        >>> class Only(torch.Tensor):  # declines any other subclass beside its own
+        ...     @classmethod
+        ...     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        ...         if any(t is not cls for t in types):
+        ...             return NotImplemented
+        ...         return super().__torch_function__(func, types, args, kwargs)
+        >>> class Other(Only):
+        ...     pass
+        >>> refused_pair([torch.Tensor, Other, None, Only])
+        (3, 1)
+    """
+    present = [i for i, cls in enumerate(classes) if cls is not None]
+    seen: dict[type, int] = {}
+    for i in present:
+        cls = classes[i]
+        assert cls is not None
+        if cls in seen:
+            continue
+        for earlier, at in seen.items():
+            try:
+                stacked_class([earlier, cls], join)
+            except TypeError:
+                return i, at
+        seen[cls] = i
+        try:
+            stacked_class(list(seen), join)
+        except TypeError:  # refused only with several before it together
+            return i, present[0]
+    return present[-1], present[0]
 
 
 def stack_node(

@@ -34,7 +34,7 @@ from .._types.kinds import (
 )
 from .._types.leaves import LeafHandler, lookup, type_name
 from .._types.wrap import Wrap
-from .column import MAX_DEPTH, Column, Unpromoted, promote_all, stack_or_list, stacked_class
+from .column import MAX_DEPTH, Column, Unpromoted, promote_all, refused_pair, stack_or_list, stacked_class
 from .fallback import Fallbacks, two_shapes
 from .fill import Fill, Listed, Node, Segment, TensorNode, Tree, Value
 from .listed import ItemsRecipe
@@ -447,9 +447,9 @@ def _stacked_wrap(slots: list[TensorNode], refused: Refused) -> Wrap | None:
     try:
         cls = stacked_class(classes)
     except TypeError:  # every __torch_function__ declined: two tv_tensors kinds, say
-        i = next(i for i, cls in enumerate(classes) if cls is not classes[0])
+        i, partner = refused_pair(classes)
         why = "torch.stack refuses the two classes together"
-        raise refused(i, 0, classes[i].__name__, classes[0].__name__, why) from None
+        raise refused(i, partner, classes[i].__name__, classes[partner].__name__, why) from None
     for wrap in wraps:
         if wrap is not None and wrap.cls is cls and not wrap.meta:
             return wrap

@@ -165,8 +165,9 @@ class Concat(Policy):
     def _stacked(self, column: Column) -> TensorNode:
         """Each present value whole, as one row (``items="stack"``): they must share a shape."""
         present = column.present
-        if not column.handler.stackable:
-            raise column.error(f"Concat(items='stack') cannot stack {column.handler.name}: they stay one tensor each")
+        if not column.stackable:
+            i, refusing = column.refusing()
+            raise column.error(f"Concat(items='stack') cannot stack {refusing.name}: they stay one tensor each", i)
         first = column.known[present[0]]
         for i in present:
             if column.known[i] != first:

@@ -101,8 +101,9 @@ class Stack(Policy):
     fixed_when_uniform = True
 
     def plan(self, column: Column, name: Hashable, counts: list[int] | None = None) -> tuple[Node, dict[str, Node]]:
-        if not column.handler.stackable:
-            raise column.error(f"Stack() cannot stack {column.handler.name}: they stay one tensor per sample")
+        if not column.stackable:
+            i, refusing = column.refusing()
+            raise column.error(f"Stack() cannot stack {refusing.name}: they stay one tensor per sample", i)
         if not column.uniform:
             first = column.shapes[0]
             for i, shape in enumerate(column.shapes):
