@@ -830,7 +830,8 @@ class InputMeter(LoaderWrapper, Generic[T]):
         return self._clock.total
 
     def reset(self) -> None:
-        """Forget every epoch's figures."""
+        """Forget every epoch's figures. A loop still running (a reset after its warm-up batches) goes
+        on counting from here, as epoch 0, and says its summary at its end."""
         self._clock.reset()
 
     def __iter__(self) -> Iterator[T]:
