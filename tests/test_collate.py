@@ -782,3 +782,75 @@ def test_numbers_not_stacked_take_their_columns_dtype(compile, numbers, dtype):
     for _ in range(2):
         got = collate([{"f": n, "k": 0} for n in numbers] + [{"k": 0}])["f"]
         assert [v.dtype for v in got[:-1]] == [dtype] * len(numbers) and got[-1] is None
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+def test_a_wrapper_tensor_subclass_is_refused_by_name(compile):
+    # A __torch_dispatch__ subclass answers the copy into the buffer itself: a tensor made of two
+    # came back as a plain tensor holding one of them, silently.
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    pair = two_tensor.TwoTensor(torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0]))
+    collate = MMCollate(pin_memory=False, compile=compile)
+    collate([{"x": torch.zeros(2)}, {"x": torch.zeros(2)}])  # a plan that stacks plain tensors
+    for samples, where in (
+        ([{"x": pair}, {"x": pair}], r"sample 0 at \['x'\]"),
+        ([{"x": torch.zeros(2)}, {"x": pair}], r"sample 1 at \['x'\]"),
+        ([{"x": [torch.zeros(2), pair]}, {"x": [torch.zeros(2)]}], r"sample 0 at \['x'\]\[1\]"),
+    ):
+        with pytest.raises(CollateError, match=rf"^{where}: TwoTensor is a wrapper tensor subclass"):
+            collate(samples)
+
+
+class _DecodedOnRead(dict):
+    """A dict that decodes a list into a tensor each time a value is read (as default_collate reads: by [])."""
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        return torch.tensor(value) if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+def test_mappings_are_read_by_their_keys_and_items_as_default_collate_reads_them(compile):
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):
+        got = collate([_DecodedOnRead(x=[1.0, 2.0], n=1) for _ in range(2)])
+        assert type(got) is _DecodedOnRead and torch.equal(got["x"], torch.tensor([[1.0, 2.0], [1.0, 2.0]]))
+    collate = MMCollate(pin_memory=False, compile=compile, missing="none")
+    for _ in range(3):
+        got = collate([_DecodedOnRead(x=[1.0, 2.0]), _DecodedOnRead(y=1)])
+        listed = dict.__getitem__(got, "x")  # the output's own class would decode the list on reading it
+        assert torch.equal(listed[0], torch.tensor([1.0, 2.0])) and listed[1] is None
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+def test_a_mapping_whose_len_is_not_its_key_count_keeps_its_class(compile):
+    # A TensorDict's len() is its batch size (0 here): it came back a dict, and from the second
+    # batch on raised "the samples changed while they were collated".
+    tensordict = pytest.importorskip("tensordict")
+    samples = [
+        tensordict.TensorDict({"obs": torch.full((4,), float(i)), "r": torch.tensor(1.0)}, batch_size=[])
+        for i in range(3)
+    ]
+    expected = default_collate(samples)
+    collate = MMCollate(pin_memory=False, compile=compile)
+    for _ in range(3):
+        got = collate(samples)
+        assert type(got) is type(expected) and set(got.keys()) == {"obs", "r"}
+        assert torch.equal(got["obs"], expected["obs"]) and torch.equal(got["r"], expected["r"])
+
+
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "walk"])
+def test_numbers_past_a_narrow_dtypes_range_are_inf_without_a_warning(compile, recwarn):
+    # torch.tensor makes them inf without a word; numpy's cast warned (an error under -W error,
+    # raised as one without a sample or key path).
+    import warnings
+
+    collate = MMCollate(pin_memory=False, compile=compile)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            assert collate([{"x": 1}, {"x": 1e300}])["x"].tolist() == [1.0, float("inf")]
+            got = collate([{"x": np.float16(1.5)}, {"x": 70000}])["x"]
+            assert got.dtype == torch.float16 and got.tolist() == [1.5, float("inf")]
+            got = collate([{"x": 1, "y": 2.5}, {"x": 1e300, "y": 3}])
+            assert got["x"].tolist() == [1.0, float("inf")] and got["x"].dtype == torch.float32

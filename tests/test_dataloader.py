@@ -190,3 +190,36 @@ def test_a_batch_whose_samples_are_its_part_crosses_from_workers(policy):
     kept = [batch for _ in range(2) for batch in loader]
     for batch, reference in zip(kept, expected * 2, strict=True):
         assert_same(batch, reference)
+
+
+def _report(batch, queue):
+    queue.put((type(batch).__name__, batch["x"].tolist(), batch.layout is not None))
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_batch_crosses_to_a_spawned_process_and_a_spawned_workers_dataset(context):
+    # Pickled for a process's launch, a batch crossed as a shared-memory descriptor of a storage
+    # made for the pickle: closed before the launch, so the child failed ("unable to resize
+    # file") and a spawned DataLoader refused its dataset ("bad value(s) in fds_to_keep").
+    import multiprocessing
+
+    made = mm_collate([{"x": torch.arange(3.0)}, {"x": torch.ones(3)}])
+    from_worker = next(
+        iter(
+            DataLoader(
+                [{"x": torch.full((3,), 2.0)}] * 4, batch_size=2, num_workers=1, collate_fn=mm_collate, timeout=60
+            )
+        )
+    )
+    ctx = multiprocessing.get_context(context)
+    for batch in (made, from_worker):
+        queue = ctx.Queue()
+        child = ctx.Process(target=_report, args=(batch, queue))
+        child.start()
+        assert queue.get(timeout=120) == ("Batch", batch["x"].tolist(), True)
+        child.join(60)
+        assert child.exitcode == 0
+    loader = DataLoader([made, made], batch_size=None, num_workers=2, multiprocessing_context=context, timeout=60)
+    got = list(loader)
+    assert [type(b) for b in got] == [Batch, Batch] and all(torch.equal(b["x"], made["x"]) for b in got)
+    assert torch.equal(made["x"], torch.stack([torch.arange(3.0), torch.ones(3)]))  # the sender's batch as it was

@@ -3,12 +3,14 @@
 A batch in a slot of this worker's ring crosses as the slot's index and its layout's
 key (:mod:`pincollate._memory.ring`, :mod:`pincollate._memory.receiver`); any other batch as its layout and buffer: the
 buffer in shared memory as torch shares a tensor, or, where /dev/shm has no room for
-it (:mod:`pincollate._memory.shm`), as a memfd or as its bytes inside the pickle. Every carrier class
+it (:mod:`pincollate._memory.shm`), as a memfd or as its bytes inside the pickle; pickled for a new
+process's launch (spawn, forkserver), as its bytes inside the pickle. Every carrier class
 (:mod:`pincollate._batch.batch`) registers :func:`reduce_across` with the pickler as it is made.
 """
 
 from __future__ import annotations
 
+from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
@@ -40,6 +42,13 @@ def reduce_across(batch: Any) -> Any:
     if state is None:
         return reduce_changed(batch, across=True)
     layout, buffer, values = state
+    if get_spawning_popen() is not None and buffer.device.type == "cpu":
+        # Pickled for a new process's launch (a spawned Process's arguments, a spawned DataLoader
+        # worker's dataset): shared memory crosses there as a descriptor that must stay open until
+        # the launch, after the pickle (and any storage made for it) is gone. Its bytes cross.
+        made = _shm.outside(buffer)
+        data = buffer[: layout.nbytes].numpy().tobytes()
+        return (_from_pipe, (layout, data, values, "auto" if made is None else made[0], _shm.take_notice()))
     crossing = _ring.send(buffer, layout)
     if crossing is not None:
         header, index, generation, storage, sent = crossing

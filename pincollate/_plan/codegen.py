@@ -27,6 +27,7 @@ import operator
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._batch.batch import Batch, BatchList, carrier_class, carries, make_batch
@@ -41,6 +42,7 @@ from .._memory.arena import allocate
 from .._types.build import make_mapping, make_sequence, new_dataclass
 from .._types.builtin import (
     KEPT_VALUES,
+    NARROW,
     TENSOR_DTYPE,
     TENSOR_SHAPE,
     concat_tensors,
@@ -98,6 +100,9 @@ _GLOBALS: dict[str, Any] = {
     "islice": itertools.islice,
     "LISTS": LISTS,
     "FIRST": FIRST,
+    "KEYS": operator.methodcaller("keys"),
+    "errstate": np.errstate,
+    "NARROW": NARROW,
 }
 
 
@@ -827,9 +832,20 @@ def _copies(w: _PlanWriter, copies: list[tuple[Any, Any, str, Op]], size: int, l
     w.line(1, "grad = is_grad_enabled()")
     w.line(1, "set_grad_enabled(False)  # copies into the buffer are never part of a graph")
     w.line(1, "try:")
-    for at, ((fill, _, payload, owner), region) in enumerate(zip(copies, regions, strict=True)):
+    for at, ((fill, spec, payload, owner), region) in enumerate(zip(copies, regions, strict=True)):
         w.line(2, f"at = {at}  # " + text(format_path(owner.path)))
-        if fill is stack_tensors:  # the common copies, as the calls their fill would make
+        numbers = fill is fill_one_field or fill is fill_numbers
+        if numbers and not isinstance(spec, TensorSpec):  # a part's: its dtype is the batch's
+            w.line(2, f"if {region}.dtype in NARROW:  # a number past its range is inf, unwarned")
+            w.line(3, f"{w.const(fill)}({region}, {payload})")
+            w.line(2, "else:")
+            w.line(3, f"{region}.numpy()[{f':{size}' if fill is fill_one_field else '...'}] = {payload}")
+        elif numbers and spec.dtype in NARROW:
+            # Python numbers into float32 or narrower: one past its range is inf, as torch.tensor
+            # makes it, without numpy's overflow warning (an error under warnings-as-errors).
+            w.line(2, 'with errstate(over="ignore"):')
+            w.line(3, f"{region}.numpy()[{f':{size}' if fill is fill_one_field else '...'}] = {payload}")
+        elif fill is stack_tensors:  # the common copies, as the calls their fill would make
             w.line(2, f"stack({payload}, out={region})")
         elif fill is fill_one_field:
             w.line(2, f"{region}.numpy()[:{size}] = {payload}")
@@ -1324,6 +1340,9 @@ def _numbers(w: _PlanWriter, op: NumbersOp, column: str, depth: int) -> None:
     w.copy(depth, fill_block, op.block, rows, op)
 
 
+_DICT = frozenset((dict,))
+
+
 def _mapping(w: _PlanWriter, op: MappingOp, column: str, depth: int) -> None:
     _comment(w, depth, op.path)
     _types(w, op, column, depth)
@@ -1331,11 +1350,15 @@ def _mapping(w: _PlanWriter, op: MappingOp, column: str, depth: int) -> None:
     w.line(depth, f"{first} = {column}[0]")
     w.line(depth, f"{columns} = None")
     # One class and size everywhere, sample 0's keys in order and of the same types
-    # (True is not 1), and every key found: the key sets agree.
+    # (True is not 1), and every key found: the key sets agree. A dict's len() and iteration
+    # are its keys; another mapping's may not be (a TensorDict's len() is its batch size), so
+    # its keys are read as the walk reads them, by keys().
+    keys = first if op.types == _DICT else f"{first}.keys()"
+    sizes = column if op.types == _DICT else f"map(KEYS, {column})"
     w.line(
         depth,
-        f"if set(map(len, {column})) == {w.const(op.sizes)} and tuple({first}) == {w.const(op.keys)}"
-        f" and tuple(map(type, {first})) == {w.const(op.key_types)}:",
+        f"if set(map(len, {sizes})) == {w.const(op.sizes)} and tuple({keys}) == {w.const(op.keys)}"
+        f" and tuple(map(type, {keys})) == {w.const(op.key_types)}:",
     )
     w.line(depth + 1, "try:")
     if op.gather is None:

@@ -20,7 +20,7 @@ import torch
 
 from .._errors import EXTRA_NAMES, Attr
 from .._types.builtin import describe_tensor
-from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys
+from .._types.kinds import MAPPING, is_sequence, kind_of, registered, union_keys, value_at
 from .._types.leaves import type_name
 from .fill import Node, Tree
 from .items import (
@@ -83,7 +83,7 @@ class ContainerWalk(ItemWalk):
                 )
         if self.missing:
             keys = union_keys(values)
-            columns = ([None if v is None else v.get(key) for v in values] for key in keys)
+            columns = ([None if v is None else value_at(v, key) for v in values] for key in keys)
         else:
             columns = (list(map(operator.itemgetter(key), values)) for key in keys)
         return self._mapping_of(first, keys, columns, path, origins, depth, items)

@@ -34,7 +34,17 @@ from .._types.builtin import (
     builtin,
     fill_numbers,
 )
-from .._types.kinds import DATACLASS, EXACT_KEYS, MAPPING, NAMEDTUPLE, SEQUENCE, Registered, kind_of, union_keys
+from .._types.kinds import (
+    DATACLASS,
+    EXACT_KEYS,
+    MAPPING,
+    NAMEDTUPLE,
+    SEQUENCE,
+    Registered,
+    kind_of,
+    union_keys,
+    value_at,
+)
 from .._types.leaves import lookup
 from .column import MAX_DEPTH
 from .fill import TensorNode
@@ -300,13 +310,13 @@ class Template:
         numbers: dict[tuple[type, torch.dtype], list[Hashable]] = {}
         gathered: list[Hashable] = []
         for key in keys:
-            child = [v.get(key) for v in column]
+            child = [value_at(v, key) for v in column]
             dtype = self.number(child, (*path, key)) if type(child[0]) in NUMBERS else None
             if dtype is not None:
                 numbers.setdefault((type(child[0]), dtype), []).append(key)
             else:
                 gathered.append(key)
-        columns = list(zip(*([v.get(key) for key in gathered] for v in column), strict=True))
+        columns = list(zip(*([value_at(v, key) for key in gathered] for v in column), strict=True))
         names = self.renames.outputs(path, keys)
         if self.renames.twice(keys, names) is not None:
             return self.part(path, siblings, column)  # two keys renamed alike: the careful walk refuses it

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._batch.layout import Part
 from .._errors import EXTRA_NAMES, CollateError
-from .._types.kinds import Registered, union_keys
+from .._types.kinds import Registered, union_keys, value_at
 from .fill import Fill, Mismatch
 from .ops import BlockOp, NumbersOp, Op
 from .recipe import Recipe
@@ -84,7 +84,7 @@ class MappingOp(_Fields):
         keys = union_keys(column)
         if tuple(keys) != self.keys or tuple(map(type, keys)) != self.key_types:
             raise Mismatch(self.path)
-        rows = [tuple(value.get(key) for key in self.gathered) for value in column]
+        rows = [tuple(value_at(value, key) for key in self.gathered) for value in column]
         return list(zip(*rows, strict=True))
 
 

@@ -82,7 +82,8 @@ def make_sequence(cls: type | None, items: list[Any]) -> Any:
 
 
 def _holds_pairs(out: Any, pairs: dict[Hashable, Any]) -> bool:
-    return len(out) == len(pairs) and all(key in out and _same(out[key], value) for key, value in pairs.items())
+    # Its keys counted, not len(): a TensorDict's len() is its batch size.
+    return len(out.keys()) == len(pairs) and all(key in out and _same(out[key], value) for key, value in pairs.items())
 
 
 def _same(got: Any, given: Any) -> bool:

@@ -29,6 +29,7 @@ __all__ = [
     "ARRAY_DTYPE",
     "BUILTIN",
     "KEPT_VALUES",
+    "NARROW",
     "NUMBERS",
     "NUMBER_TYPES",
     "TENSOR_DTYPE",
@@ -60,10 +61,23 @@ Path = tuple[Hashable, ...]
 _ON_DEVICE = " (return CPU tensors from the dataset; move the batch with batch.to(device) or the Prefetcher)"
 
 
+#: A tensor class's ``__torch_dispatch__`` where it defines none: torch's own, which turns dispatch off.
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def tensor_refusal(value: torch.Tensor) -> str | None:
-    """Why a tensor cannot be collated (nested, quantized, sparse, off the CPU); ``None`` where it can."""
+    """Why a tensor cannot be collated (nested, quantized, sparse, off the CPU, a wrapper subclass);
+    ``None`` where it can."""
     if value.is_nested:
         return "nested tensors are not supported; pass their components as a list"
+    if type(value).__torch_dispatch__ is not _NO_DISPATCH:
+        # A wrapper subclass (MaskedTensor, a tensor of tensors) answers every op itself: a copy
+        # into a view of the buffer copies what its dispatch gives (one inner tensor, or an error).
+        return (
+            f"{type(value).__name__} is a wrapper tensor subclass (it defines __torch_dispatch__): its data is not "
+            "a storage of its own that the batch's buffer could hold; pass its inner tensors, or stack it in "
+            "a collate of your own"
+        )
     if value.is_quantized:
         return "quantized tensors are not supported; pass their dequantize() or int_repr()"
     if value.layout != torch.strided:
@@ -380,12 +394,20 @@ def ints_fit_float64(values: Sequence[Any]) -> bool:
     return not ints or (min(ints) > -_FLOAT64_INT_LIMIT and max(ints) < _FLOAT64_INT_LIMIT)
 
 
+#: Number dtypes a Python number may overflow to inf in (numpy warns there; torch.tensor does not).
+NARROW = frozenset((torch.float16, torch.float32, torch.complex64))
+
+
 def fill_numbers(region: torch.Tensor, values: list[Any]) -> None:
     # One numpy assignment is ten times cheaper than torch.tensor(values).
     try:
         array = region.numpy()
     except TypeError:  # a dtype numpy lacks (bfloat16, where it is the default dtype): torch reads them
         region.copy_(torch.tensor(values, dtype=region.dtype, device="cpu"))
+        return
+    if region.dtype in NARROW:
+        with np.errstate(over="ignore"):  # past the range is inf, as torch.tensor makes it, unwarned
+            array[...] = values
         return
     array[...] = values
 

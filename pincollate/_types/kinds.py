@@ -39,6 +39,7 @@ __all__ = [
     "register_container",
     "registered",
     "union_keys",
+    "value_at",
 ]
 
 Flatten = Callable[[Any], tuple[Sequence[Hashable], Sequence[Any]]]
@@ -78,7 +79,12 @@ class Kind:
 
 class _Mapping(Kind):
     def flatten(self, value: Any) -> tuple[list[Hashable], list[Any]]:
-        return list(value.keys()), list(value.values())
+        if type(value) is dict:
+            return list(value.keys()), list(value.values())
+        # By key, as default_collate and the walk read a mapping: a dict subclass's values()
+        # passes over its __getitem__ (one that decodes on access, say).
+        keys = list(value.keys())
+        return keys, [value[key] for key in keys]
 
     def rebuild(self, value: Any, keys: list[Hashable], children: list[Any]) -> Any:
         pairs = dict(zip(keys, children, strict=True))
@@ -200,6 +206,21 @@ def _classify(value: Any) -> Kind | None:
 #: with its own key objects. Others (a float, where -0.0 == 0.0; a tuple, where (True,) ==
 #: (1,)) are each sample's own: the careful walk keeps them.
 EXACT_KEYS = frozenset((str, int, bool, bytes, type(None)))
+
+
+def value_at(mapping: Any, key: Hashable) -> Any:
+    """``mapping[key]``, or ``None`` where ``mapping`` lacks ``key`` (``missing="none"``).
+
+    Read by ``[]``, as ``default_collate`` reads it: ``get`` of a dict subclass passes over its
+    ``__getitem__`` (one that decodes on access, say).
+
+    Example:
+        >>> value_at({"a": 1}, "a"), value_at({"a": 1}, "b")
+        (1, None)
+    """
+    if type(mapping) is dict:
+        return mapping.get(key)
+    return mapping[key] if key in mapping else None  # noqa: SIM401  (get() passes over a subclass's __getitem__)
 
 
 def union_keys(column: Sequence[Any]) -> list[Hashable]:

@@ -152,7 +152,10 @@ def register_leaf(cls: type | tuple[type, ...], handler: LeafHandler, /) -> None
     The nearest registered class in a value's method resolution order wins, so a
     handler for a subclass overrides its base's. As torch's ``default_collate_fn_map``
     does for ``default_collate``. A registration reaches collates that already ran:
-    they drop their plans and plan again.
+    they drop their plans and plan again. Register at import of the module that defines
+    ``cls``: a ``DataLoader`` worker started by ``spawn`` or ``forkserver`` imports that
+    module but runs nothing of ``main()``, and without the handler it collates the values
+    as their base class would be.
 
     Examples:
         >>> import torch
