@@ -867,9 +867,40 @@ def test_an_empty_epoch_reports_no_input_bound_share():
     assert lines == [lines[0]] and "the loader gave none" in lines[0] and "input-bound" not in lines[0]
 
 
-def test_a_list_of_samples_counts_its_samples():
-    # collate_fn=list (or lambda b: b): the batch is the samples themselves.
-    samples = [{"img": torch.zeros(3, 8, 8), "label": 1} for _ in range(4)]
-    assert count_batch(samples)[0] == 4
-    # A list of fields (default_collate of tuples) still counts its first tensor's rows.
-    assert count_batch([torch.zeros(5, 3), torch.zeros(5)])[0] == 5
+def test_a_batch_that_is_a_list_of_mappings_counts_their_rows():
+    # (inputs, targets) samples of dicts collate into a list of two dicts: the batch size is their rows.
+    samples = [({"x": torch.zeros(3)}, {"y": torch.tensor(1)})] * 16
+    for collate in (default_collate, MMCollate(pin_memory=False)):
+        meter = InputMeter(DataLoader(samples, batch_size=8, collate_fn=collate))
+        assert _drain(meter) == 2 and meter.epoch.samples == 16
+
+
+def test_many_resets_inside_a_loop_leave_one_step_to_the_live_sums():
+    prefetcher = Prefetcher([{"x": torch.zeros(2)}] * 40, device="cpu", transform=lambda b: b)
+    iterator = iter(prefetcher)
+    first = iterator._metering[1]
+    for i, _ in enumerate(iterator):
+        if i > 2:  # the iterator's own sums point straight at the newest once a batch was written there
+            assert first.moved is prefetcher.stats._clock._current
+        prefetcher.stats.reset()
+    assert prefetcher.stats.epoch.batches == 0 and prefetcher.stats.total.batches == 0
+
+
+def test_an_abandoned_iterators_release_during_a_new_epochs_start_leaves_its_bar(monkeypatch):
+    pytest.importorskip("tqdm")
+    meter = InputMeter([{"x": torch.zeros(2)}] * 5, progress=True)
+    old = iter(meter)
+    next(old)
+    made = []
+    real = meter_module._Sums.__init__
+
+    def init(sums, *args, **kwargs):
+        real(sums, *args, **kwargs)
+        if not made and args:  # the new epoch's sums: the collector finalizes the last iterator here
+            made.append(True)
+            old.close(wait=False)
+
+    monkeypatch.setattr(meter_module._Sums, "__init__", init)
+    iterator = iter(meter)
+    next(iterator)
+    assert meter._clock._bar is not None and not meter._clock._bar.disable

@@ -77,11 +77,10 @@ class InputStats:
         samples: samples in them: each batch's first tensor's length, depth first (the
             values of a mapping, a tuple, a list or a dataclass in order, passing over
             those that give none, such as a string; a list inside a mapping counts its
-            items, and so does a batch that is a list of samples, mappings or dataclasses,
-            as ``collate_fn=list`` gives), or what ``samples=`` says; 0 where none is found.
+            items), or what ``samples=`` says; 0 where none is found.
         batch_bytes: bytes of the batches' tensors as the loader gave them, before a
             ``Prefetcher``'s transform (a pincollate batch: its buffer's used bytes, as
-            collated, alignment included; a sparse tensor: its indices and values).
+            collated, alignment included; a sparse COO tensor: its indices and values).
         waited_s: seconds the loop spent waiting for a batch, from asking for it
             (``next()``) to having it; the first includes starting the iteration (a
             ``DataLoader`` starting its workers).
@@ -255,9 +254,8 @@ def _first_length(tree: Any, top: bool, depth: int) -> int:
     if isinstance(tree, Mapping):
         values: Iterable[Any] = tree.values()
     elif isinstance(tree, (list, tuple)):
-        if not hasattr(tree, "_fields") and (not top or (tree and _is_sample(tree[0]))):
-            # A per-sample list inside the batch; at the top, a list of samples (``collate_fn=list``).
-            return len(tree)
+        if not top and not hasattr(tree, "_fields"):
+            return len(tree)  # a per-sample list inside the batch
         values = tree
     elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         values = (getattr(tree, field.name, None) for field in dataclasses.fields(tree))
@@ -278,11 +276,6 @@ def _nbytes(t: torch.Tensor) -> int:
         if t.layout is torch.sparse_coo:
             return int(t._indices().nbytes + t._values().nbytes)
         return 0
-
-
-def _is_sample(value: Any) -> bool:
-    """Whether a top-level list's first item is a sample (a mapping or a dataclass), not a field's values."""
-    return isinstance(value, Mapping) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
 
 
 def _tensor_bytes(tree: Any, depth: int) -> int:
@@ -416,6 +409,10 @@ class _Sums:
         sums = self
         while sums.moved is not None:
             sums = sums.moved
+        # Each sums on the way points at the newest: a writer that kept these walks one step later.
+        step = self
+        while step.moved is not None and step.moved is not sums:
+            step.moved, step = sums, step.moved
         return sums
 
     def snapshot(self) -> _Sums:
@@ -581,10 +578,6 @@ class Clock:
         ``reads_loader``: the consumer reads the loader itself (not a staging thread).
         """
         self._close_bar()
-        if self.progress:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=length, desc=f"epoch {self.number + 1}", unit="batch", file=sys.stderr)
         start = perf_counter()
         with self.lock:
             self._settle()
@@ -594,8 +587,12 @@ class Clock:
             self.number = self._next if self._next is not None else self.number + 1
             self._next = None
         self._shown = start
-        if self._bar is not None:
-            self._bar.set_description_str(f"epoch {self.number}", refresh=False)
+        if self.progress:
+            # Made once these sums are current: a collector's release of the last iteration's
+            # (an abandoned iterator) closes only a bar of sums that are still current.
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=length, desc=f"epoch {self.number}", unit="batch", file=sys.stderr)
         return sums
 
     def started(self, sums: _Sums) -> None:
