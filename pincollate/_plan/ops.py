@@ -17,11 +17,10 @@ import operator
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .._batch.layout import TensorSpec
-from .._types.builtin import NARROW, fits_int64
+from .._types.builtin import fill_numbers, fits_int64
 from .fill import Filler
 
 __all__ = [
@@ -198,12 +197,8 @@ def fill_block(region: torch.Tensor, rows: list[Any]) -> None:
 
 
 def fill_one_field(region: torch.Tensor, values: list[Any]) -> None:
-    # A block of one number field: its values are the block's first row.
-    if region.dtype in NARROW:
-        with np.errstate(over="ignore"):  # past the range is inf, as torch.tensor makes it, unwarned
-            region.numpy()[: len(values)] = values
-        return
-    region.numpy()[: len(values)] = values
+    # A block of one number field: its values are the block's first row, filled as any numbers are.
+    fill_numbers(region[: len(values)], values)
 
 
 class NumbersOp(Op):
